@@ -1,0 +1,43 @@
+# The project's interface. Heavy things (the venv with torch, the Go-built control
+# plane) are cached outside the repo, keyed by version; see hack/*.sh.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+CLUSTER_DIR ?= /tmp/gpujob-cluster
+PYTEST_ARGS ?=
+export GPUJOB_CLUSTER_DIR := $(CLUSTER_DIR)
+
+VENV_CMD := bash hack/venv.sh
+PY = "$$($(VENV_CMD))/bin/python"
+
+.PHONY: help venv tools test unit lint fmt cluster cluster-down demo demo-down crds
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+venv: ## create or reuse the virtualenv (outside the repo)
+	@$(VENV_CMD) >/dev/null
+
+tools: ## build or reuse etcd, kube-*, kubectl and helm from Go modules
+	@bash hack/build-tools.sh >/dev/null
+
+test: venv tools ## run every test tier (unit, integration on a real control plane, e2e)
+	@$(PY) -m pytest $(PYTEST_ARGS)
+
+unit: venv ## run only the unit tests (no cluster)
+	@$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+lint: venv ## ruff + mypy
+	@V=$$($(VENV_CMD)); $$V/bin/ruff check . && $$V/bin/ruff format --check . && \
+	  $$V/bin/mypy operator/gpujob_operator trainer_image/gpujob_trainer localcluster/gpujob_localcluster
+
+fmt: venv ## format the code
+	@V=$$($(VENV_CMD)); $$V/bin/ruff check --fix . ; $$V/bin/ruff format .
+
+cluster: venv tools ## start the local control plane + GPU node agent in the background
+	@$(PY) -m gpujob_localcluster.cli up --dir $(CLUSTER_DIR)
+
+cluster-down: venv ## stop the local cluster
+	@$(PY) -m gpujob_localcluster.cli down --dir $(CLUSTER_DIR)
+
+demo: venv tools ## the whole story: cluster, chart, operator, a job training to 100%
+	@echo "make demo is not there yet: the demo issue lands it. Meanwhile: make cluster" >&2; exit 1

@@ -1,0 +1,1 @@
+"""Local control plane for tests and the demo."""

@@ -1,0 +1,384 @@
+"""Start and stop a real Kubernetes control plane on loopback.
+
+etcd, kube-apiserver (RBAC on, service-account signing keys so ``kubectl create
+token`` works), kube-controller-manager and kube-scheduler run as child processes,
+each in its own process group with its log in ``<folder>/logs``. Readiness is waited
+for with deadlines; a component that exits early fails start-up with its log tail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from gpujob_localcluster.pki import API_SERVER_SANS, Identity, Pki
+from gpujob_localcluster.tools import bin_dir
+
+log = logging.getLogger("gpujob.localcluster")
+
+SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
+STATE_FILE = "state.json"
+# What a previous run leaves behind; certificates are kept (a fresh CA is not needed).
+STALE_PARTS = ("etcd", "agent", "apiserver-certs", "logs")
+
+
+class ClusterError(RuntimeError):
+    """The local control plane could not start or is in a state we refuse to touch."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with ``pid`` exists (and is not a zombie we could reap)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def wait_for(
+    check: Callable[[], bool], timeout: float, what: str, alive: Callable[[], str | None] | None = None
+) -> None:
+    """Poll ``check`` until it is true; fail after ``timeout`` or when ``alive`` reports death."""
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    while True:
+        if alive is not None:
+            problem = alive()
+            if problem:
+                raise ClusterError(f"while waiting for {what}: {problem}")
+        with contextlib.suppress(Exception):
+            if check():
+                return
+        if time.monotonic() > deadline:
+            raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.5)
+
+
+def log_tail(path: Path, lines: int = 25) -> str:
+    """The last ``lines`` lines of a log file, for error messages."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+@dataclass
+class Component:
+    """One running binary of the control plane."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    def problem(self) -> str | None:
+        """A message if the process has exited, else None."""
+        code = self.proc.poll()
+        if code is None:
+            return None
+        return f"{self.name} exited with code {code}; last lines of {self.log_path}:\n{log_tail(self.log_path)}"
+
+
+def kubeconfig(server: str, ca: Path, user: str, cert: Path | None = None, key: Path | None = None,
+               token: str | None = None) -> dict:  # fmt: skip
+    """A kubeconfig dict for one user; either a client certificate or a bearer token."""
+    creds: dict[str, str] = {}
+    if token is not None:
+        creds["token"] = token
+    if cert is not None and key is not None:
+        creds["client-certificate"] = str(cert)
+        creds["client-key"] = str(key)
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "local", "cluster": {"server": server, "certificate-authority": str(ca)}}],
+        "users": [{"name": user, "user": creds}],
+        "contexts": [{"name": "local", "context": {"cluster": "local", "user": user}}],
+        "current-context": "local",
+    }
+
+
+@dataclass
+class ControlPlane:
+    """A local control plane rooted at ``folder``.
+
+    ``start()`` refuses a folder whose previous cluster still runs, wipes a stale one
+    (saying so), and leaves ``admin.kubeconfig`` ready when it returns.
+    """
+
+    folder: Path
+    components: list[Component] = field(default_factory=list)
+    server: str = ""
+    bins: Path | None = None
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        return self.folder / "admin.kubeconfig"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.folder / "logs"
+
+    @property
+    def pki(self) -> Pki:
+        return Pki(self.folder / "pki")
+
+    def bin(self, name: str) -> str:
+        assert self.bins is not None
+        return str(self.bins / name)
+
+    # -- lifecycle -----------------------------------------------------------------
+    def _check_stale(self) -> None:
+        state = self.folder / STATE_FILE
+        if state.exists():
+            pids = json.loads(state.read_text()).get("pids", {})
+            alive = {n: p for n, p in pids.items() if pid_alive(int(p))}
+            if alive:
+                listing = ", ".join(f"{n} (pid {p})" for n, p in alive.items())
+                raise ClusterError(
+                    f"a local cluster already runs in {self.folder}: {listing}. "
+                    f"Stop it first (make cluster-down) or use another folder."
+                )
+            state.unlink()
+        stale = [self.folder / n for n in STALE_PARTS if (self.folder / n).exists()]
+        if stale:
+            log.warning("removing stale cluster data in %s from a run that is no longer alive", self.folder)
+            for path in stale:
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+    def _spawn(self, name: str, args: list[str]) -> Component:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{name}.log"
+        out = open(log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
+        proc = subprocess.Popen(
+            args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+        out.close()
+        comp = Component(name, proc, log_path)
+        self.components.append(comp)
+        self._write_state()
+        return comp
+
+    def _write_state(self, extra: dict | None = None) -> None:
+        state_path = self.folder / STATE_FILE
+        state = json.loads(state_path.read_text()) if state_path.exists() else {}
+        state.setdefault("pids", {})
+        for c in self.components:
+            state["pids"][c.name] = c.proc.pid
+        state["server"] = self.server
+        state["kubeconfig"] = str(self.admin_kubeconfig)
+        if extra:
+            state.update(extra)
+        state_path.write_text(json.dumps(state, indent=2))
+
+    def register_pid(self, name: str, pid: int) -> None:
+        """Record an extra process (the node agent) so stale checks and teardown see it."""
+        self._write_state({"pids": {**self._pids(), name: pid}})
+
+    def _pids(self) -> dict[str, int]:
+        state_path = self.folder / STATE_FILE
+        if not state_path.exists():
+            return {}
+        return dict(json.loads(state_path.read_text()).get("pids", {}))
+
+    def start(self, timeout: float = 180.0) -> ControlPlane:
+        """Start every component and wait until the API server serves and RBAC is ready."""
+        self._check_stale()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.bins = bin_dir()
+        started = time.monotonic()
+        try:
+            self._start(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        log.info("control plane ready in %.1fs at %s", time.monotonic() - started, self.server)
+        return self
+
+    def _start(self, timeout: float) -> None:
+        pki = self.pki
+        server_id = pki.issue("apiserver", "kube-apiserver", sans=API_SERVER_SANS)
+        admin = pki.issue("admin", "gpujob-admin", orgs=("system:masters",))
+        cm = pki.issue("controller-manager", "system:kube-controller-manager")
+        sched = pki.issue("scheduler", "system:kube-scheduler")
+        sa_key, sa_pub = pki.service_account_keys()
+
+        etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
+        cm_port, sched_port = free_port(), free_port()
+        self.server = f"https://127.0.0.1:{api_port}"
+        self._write_kubeconfig(self.admin_kubeconfig, "admin", admin)
+        cm_kc = self._write_kubeconfig(self.folder / "controller-manager.kubeconfig", "cm", cm)
+        sched_kc = self._write_kubeconfig(self.folder / "scheduler.kubeconfig", "scheduler", sched)
+
+        etcd_url = f"http://127.0.0.1:{etcd_port}"
+        etcd = self._spawn("etcd", [
+            self.bin("etcd"), "--name", "local", "--data-dir", str(self.folder / "etcd"),
+            "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
+            "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
+            "--initial-cluster", f"local=http://127.0.0.1:{peer_port}",
+            "--unsafe-no-fsync", "--quota-backend-bytes", str(2 * 1024**3), "--log-level", "warn",
+        ])  # fmt: skip
+        wait_for(lambda: _http_ok(f"{etcd_url}/health"), 30, "etcd /health", etcd.problem)
+
+        api = self._spawn("kube-apiserver", [
+            self.bin("kube-apiserver"), "--etcd-servers", etcd_url,
+            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+            "--secure-port", str(api_port), "--cert-dir", str(self.folder / "apiserver-certs"),
+            "--tls-cert-file", str(server_id.cert), "--tls-private-key-file", str(server_id.key),
+            "--client-ca-file", str(pki.ca_cert), "--authorization-mode", "RBAC",
+            "--service-account-issuer", SA_ISSUER, "--api-audiences", SA_ISSUER,
+            "--service-account-key-file", str(sa_pub),
+            "--service-account-signing-key-file", str(sa_key),
+            "--service-cluster-ip-range", "10.96.0.0/16", "--allow-privileged=true",
+            "--endpoint-reconciler-type", "none", "--profiling=false",
+            "--enable-priority-and-fairness=false", "--v", "1",
+        ])  # fmt: skip
+        ctx = self.ssl_context(admin)
+        wait_for(lambda: _http_ok(f"{self.server}/readyz", ctx), timeout, "kube-apiserver /readyz", api.problem)
+
+        cm_proc = self._spawn("kube-controller-manager", [
+            self.bin("kube-controller-manager"), "--kubeconfig", str(cm_kc),
+            "--authentication-kubeconfig", str(cm_kc), "--authorization-kubeconfig", str(cm_kc),
+            "--bind-address", "127.0.0.1", "--secure-port", str(cm_port),
+            "--service-account-private-key-file", str(sa_key), "--root-ca-file", str(pki.ca_cert),
+            "--use-service-account-credentials=true", "--leader-elect=false",
+            "--controllers", "*",
+            "--concurrent-gc-syncs", "5", "--v", "1",
+        ])  # fmt: skip
+        sched_proc = self._spawn("kube-scheduler", [
+            self.bin("kube-scheduler"), "--kubeconfig", str(sched_kc),
+            "--authentication-kubeconfig", str(sched_kc), "--authorization-kubeconfig", str(sched_kc),
+            "--bind-address", "127.0.0.1", "--secure-port", str(sched_port),
+            "--leader-elect=false", "--v", "1",
+        ])  # fmt: skip
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE
+        wait_for(lambda: _http_ok(f"https://127.0.0.1:{cm_port}/healthz", insecure), timeout,
+                 "kube-controller-manager /healthz", cm_proc.problem)  # fmt: skip
+        wait_for(lambda: _http_ok(f"https://127.0.0.1:{sched_port}/healthz", insecure), timeout,
+                 "kube-scheduler /healthz", sched_proc.problem)  # fmt: skip
+        # The default namespace's ServiceAccount marks the controllers as working.
+        wait_for(lambda: self.kubectl("get", "serviceaccount", "default", "-n", "default").returncode == 0,
+                 timeout, "the default ServiceAccount", cm_proc.problem)  # fmt: skip
+
+    def ssl_context(self, ident: Identity | None = None) -> ssl.SSLContext:
+        """A TLS context that trusts the local CA and presents the admin certificate."""
+        ident = ident or Identity(self.pki.folder / "admin.crt", self.pki.folder / "admin.key")
+        ctx = ssl.create_default_context(cafile=str(self.pki.ca_cert))
+        ctx.load_cert_chain(str(ident.cert), str(ident.key))
+        return ctx
+
+    def _write_kubeconfig(self, path: Path, user: str, ident: Identity) -> Path:
+        cfg = kubeconfig(self.server, self.pki.ca_cert, user, ident.cert, ident.key)
+        path.write_text(yaml.safe_dump(cfg))
+        return path
+
+    def problems(self) -> list[str]:
+        """Messages for every component that has died."""
+        return [p for c in self.components if (p := c.problem())]
+
+    def kubectl(self, *args: str, input: str | None = None, kubeconfig_path: Path | None = None,
+                timeout: float = 60) -> subprocess.CompletedProcess[str]:  # fmt: skip
+        """Run the built kubectl against this cluster; never raises on a non-zero exit."""
+        assert self.bins is not None
+        cfg = kubeconfig_path or self.admin_kubeconfig
+        return subprocess.run(
+            [self.bin("kubectl"), "--kubeconfig", str(cfg), *args],
+            capture_output=True, text=True, input=input, timeout=timeout,
+        )  # fmt: skip
+
+    def token_kubeconfig(self, namespace: str, service_account: str, path: Path,
+                         duration: str = "24h") -> Path:  # fmt: skip
+        """A kubeconfig that authenticates as a ServiceAccount through a bound token."""
+        res = self.kubectl("create", "token", service_account, "-n", namespace, "--duration", duration)
+        if res.returncode != 0:
+            raise ClusterError(f"kubectl create token {namespace}/{service_account}: {res.stderr.strip()}")
+        cfg = kubeconfig(self.server, self.pki.ca_cert, f"{namespace}-{service_account}",
+                         token=res.stdout.strip())  # fmt: skip
+        path.write_text(yaml.safe_dump(cfg))
+        return path
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Stop every component (and recorded extra processes), newest first, by process group."""
+        pids = self._pids()
+        own = {c.proc.pid for c in self.components}
+        extra = [int(p) for n, p in pids.items() if int(p) not in own]
+        for pid in extra:
+            terminate_group(pid, grace)
+        for comp in reversed(self.components):
+            terminate_group(comp.proc.pid, grace)
+            with contextlib.suppress(Exception):
+                comp.proc.wait(timeout=1)
+        self.components.clear()
+        state = self.folder / STATE_FILE
+        if state.exists():
+            state.unlink()
+
+
+def terminate_group(pid: int, grace: float) -> None:
+    """SIGTERM a process group, then SIGKILL it once ``grace`` seconds have passed."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and pid_alive(pid):
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def stop_folder(folder: Path, grace: float = 10.0) -> list[str]:
+    """Stop whatever a state file in ``folder`` records; returns the names stopped."""
+    state = folder / STATE_FILE
+    if not state.exists():
+        return []
+    pids = json.loads(state.read_text()).get("pids", {})
+    order = ["supervisor", "node-agent", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"]
+    names = sorted(pids, key=lambda n: order.index(n) if n in order else -1)
+    stopped = []
+    for name in names:
+        pid = int(pids[name])
+        if pid_alive(pid):
+            terminate_group(pid, grace)
+            stopped.append(name)
+    state.unlink()
+    return stopped
+
+
+def _http_ok(url: str, ctx: ssl.SSLContext | None = None) -> bool:
+    try:
+        with urllib.request.urlopen(url, context=ctx, timeout=2) as resp:
+            return int(resp.status) == 200
+    except (urllib.error.URLError, OSError):
+        return False
