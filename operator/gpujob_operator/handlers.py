@@ -1,0 +1,102 @@
+"""kopf wiring: settings, the pod index, one reconcile daemon per job, wake-ups.
+
+Level-based (kopf's "reconciliation" pattern): handlers never carry state machines;
+each job's daemon observes the job and the index of its pods, asks the pure planner
+what the world should look like, and applies the difference. Events on the job or
+its pods only wake that daemon early.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from gpujob_operator import api, builders
+from gpujob_operator.kube import Kube
+from gpujob_operator.reconciler import RESYNC_SECONDS, JobLoop
+
+log = logging.getLogger("gpujob.handlers")
+
+PREFIX = "gpujob.dev"
+LOOPS: dict[tuple[str, str], JobLoop] = {}
+_KUBE: Kube | None = None
+
+
+def kube() -> Kube:
+    """One API client for the whole operator (created after kopf has logged in)."""
+    global _KUBE
+    if _KUBE is None:
+        _KUBE = Kube()
+    return _KUBE
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    """Every kopf setting the operator depends on, explicit and in one place."""
+    settings.persistence.finalizer = f"{PREFIX}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=PREFIX, key="last-handled-configuration"
+    )
+    settings.posting.enabled = True
+    settings.posting.level = logging.WARNING  # our own Events are posted explicitly
+    settings.watching.server_timeout = int(os.environ.get("GPUJOB_WATCH_SERVER_TIMEOUT", "300"))
+    settings.watching.client_timeout = settings.watching.server_timeout + 30
+    settings.watching.connect_timeout = 30
+    settings.networking.request_timeout = 60
+    settings.batching.worker_limit = int(os.environ.get("GPUJOB_WORKER_LIMIT", "200"))
+    settings.peering.standalone = os.environ.get("GPUJOB_PEERING", "") == ""
+    if not settings.peering.standalone:
+        settings.peering.name = os.environ["GPUJOB_PEERING"]
+        settings.peering.mandatory = True
+        settings.peering.clusterwide = os.environ.get("GPUJOB_PEERING_CLUSTERWIDE", "") == "1"
+
+
+@kopf.index("pods", labels={builders.LABEL_JOB_NAME: kopf.PRESENT})
+def job_pods(namespace: str, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """Pods by (namespace, job name): the observed children the planner reads."""
+    return {(namespace, labels[builders.LABEL_JOB_NAME]): dict(body)}
+
+
+@kopf.on.event("pods", labels={builders.LABEL_JOB_NAME: kopf.PRESENT})
+def pod_changed(namespace: str, labels: Mapping[str, str], **_: Any) -> None:
+    """Wake the job's loop; it re-reads the index."""
+    loop = LOOPS.get((namespace, labels[builders.LABEL_JOB_NAME]))
+    if loop is not None:
+        loop.wake.set()
+
+
+@kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
+def job_changed(namespace: str, name: str, **_: Any) -> None:
+    loop = LOOPS.get((namespace, name))
+    if loop is not None:
+        loop.wake.set()
+
+
+def _post_event(job: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+    kopf.event(dict(job), type=type_, reason=reason, message=message)
+
+
+@kopf.daemon(api.GROUP, api.VERSION, api.PLURAL, cancellation_timeout=10)
+async def run_job(body: kopf.Body, namespace: str, name: str, stopped: kopf.DaemonStopped,
+                  job_pods: kopf.Index[Any, Any], **_: Any) -> None:  # fmt: skip
+    """The job's reconcile loop, for as long as the job exists."""
+    loop = JobLoop(kube(), _post_event)
+    LOOPS[(namespace, name)] = loop
+    try:
+        while not stopped:
+            try:
+                pods = list(job_pods.get((namespace, name), []))
+                plan = await loop.reconcile(body, pods)
+                timeout = min(plan.requeue_after or RESYNC_SECONDS, RESYNC_SECONDS)
+            except Exception:
+                log.exception("reconcile of %s/%s failed; retrying", namespace, name)
+                timeout = 5.0
+            await loop.sleep(max(timeout, 0.0), stopped)
+    finally:
+        if LOOPS.get((namespace, name)) is loop:
+            del LOOPS[(namespace, name)]
