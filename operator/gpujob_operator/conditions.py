@@ -1,0 +1,216 @@
+"""Condition types, reasons and pure helpers for ``status.conditions``.
+
+One module owns every type and reason string (the Kubebuilder memcached sample's
+habit), so handlers, planner, analyzer and tests never spell them twice.
+
+Conditions are plain dicts in the wire format of ``metav1.Condition``:
+``{"type", "status", "reason", "message", "lastTransitionTime", "observedGeneration"}``.
+The display ``phase`` is *derived* from them, never stored independently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, Final, Literal
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+TRUE: Final = "True"
+FALSE: Final = "False"
+UNKNOWN: Final = "Unknown"
+
+# ---- condition types -------------------------------------------------------------------
+# Lifecycle (owned by the planner).
+CREATED: Final = "Created"
+RUNNING: Final = "Running"
+RESTARTING: Final = "Restarting"
+SUSPENDED: Final = "Suspended"
+SUCCEEDED: Final = "Succeeded"
+FAILED: Final = "Failed"
+# Observability (owned by the scraper/analyzer; the planner preserves them, and resets
+# Stalled when it restarts the gang because of a stall).
+STALLED: Final = "Stalled"
+METRICS_AVAILABLE: Final = "MetricsAvailable"
+BOTTLENECK_DETECTED: Final = "BottleneckDetected"
+
+LIFECYCLE_TYPES: Final = (CREATED, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED)
+ALL_TYPES: Final = (*LIFECYCLE_TYPES, STALLED, METRICS_AVAILABLE, BOTTLENECK_DETECTED)
+
+# ---- reasons ---------------------------------------------------------------------------
+# CamelCase, matching metav1.Condition's reason pattern.
+PODS_CREATING: Final = "PodsCreating"
+PODS_CREATED: Final = "PodsCreated"
+PODS_PENDING: Final = "PodsPending"
+UNSCHEDULABLE: Final = "Unschedulable"
+IMAGE_PULL_FAILED: Final = "ImagePullFailed"
+CONTAINER_CONFIG_ERROR: Final = "ContainerConfigError"
+ALL_RANKS_RUNNING: Final = "AllRanksRunning"
+ALL_RANKS_SUCCEEDED: Final = "AllRanksSucceeded"
+RANK_FAILED: Final = "RankFailed"
+POD_LOST: Final = "PodLost"
+GANG_RESTART: Final = "GangRestart"
+WAITING_FOR_OLD_PODS: Final = "WaitingForOldPods"
+BACKOFF_LIMIT_EXCEEDED: Final = "BackoffLimitExceeded"
+NON_RETRYABLE_EXIT_CODE: Final = "NonRetryableExitCode"
+DEADLINE_EXCEEDED: Final = "DeadlineExceeded"
+OOM_KILLED: Final = "OOMKilled"
+SUSPENDED_REASON: Final = "Suspended"
+RESUMED: Final = "Resumed"
+JOB_SUCCEEDED: Final = "JobSucceeded"
+JOB_FAILED: Final = "JobFailed"
+NOT_STARTED: Final = "NotStarted"
+STALL_DETECTED: Final = "StallDetected"
+TTL_EXPIRED: Final = "TTLExpired"
+
+# ---- display phases ----------------------------------------------------------------------
+PHASE_PENDING: Final = "Pending"
+PHASE_RUNNING: Final = "Running"
+PHASE_RESTARTING: Final = "Restarting"
+PHASE_SUSPENDED: Final = "Suspended"
+PHASE_SUCCEEDED: Final = "Succeeded"
+PHASE_FAILED: Final = "Failed"
+PHASES: Final = (
+    PHASE_PENDING,
+    PHASE_RUNNING,
+    PHASE_RESTARTING,
+    PHASE_SUSPENDED,
+    PHASE_SUCCEEDED,
+    PHASE_FAILED,
+)
+
+Condition = dict[str, Any]
+
+
+def format_time(when: datetime) -> str:
+    """RFC 3339 in UTC with a ``Z`` and whole seconds, as Kubernetes writes times."""
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: str | datetime | None) -> datetime | None:
+    """Parse a Kubernetes timestamp (``...Z`` or with an offset) into an aware datetime."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    text = value.strip()
+    if text.endswith(("Z", "z")):
+        text = text[:-1] + "+00:00"
+    parsed = datetime.fromisoformat(text)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def find(conditions: Iterable[Mapping[str, Any]] | None, type_: str) -> Mapping[str, Any] | None:
+    """The condition of ``type_``, or None."""
+    for cond in conditions or ():
+        if cond.get("type") == type_:
+            return cond
+    return None
+
+
+def is_true(conditions: Iterable[Mapping[str, Any]] | None, type_: str) -> bool:
+    """Whether the condition of ``type_`` exists with status True."""
+    cond = find(conditions, type_)
+    return cond is not None and cond.get("status") == TRUE
+
+
+def make(
+    type_: str,
+    status: ConditionStatus,
+    reason: str,
+    message: str,
+    now: datetime,
+    observed_generation: int | None = None,
+) -> Condition:
+    """A new condition dict in wire format."""
+    cond: Condition = {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": format_time(now),
+    }
+    if observed_generation is not None:
+        cond["observedGeneration"] = observed_generation
+    return cond
+
+
+def set_condition(
+    conditions: Sequence[Mapping[str, Any]] | None,
+    type_: str,
+    status: ConditionStatus,
+    reason: str,
+    message: str,
+    now: datetime,
+    observed_generation: int | None = None,
+) -> list[Condition]:
+    """Return a new list with ``type_`` set; the input is not modified.
+
+    ``lastTransitionTime`` moves only when ``status`` changes (API conventions), so a
+    condition whose reason or message is refreshed keeps the time it became what it is.
+    The list keeps its order; a new type is appended.
+    """
+    new = make(type_, status, reason, message, now, observed_generation)
+    out: list[Condition] = []
+    found = False
+    for cond in conditions or ():
+        if cond.get("type") != type_:
+            out.append(dict(cond))
+            continue
+        found = True
+        if cond.get("status") == status and cond.get("lastTransitionTime"):
+            new["lastTransitionTime"] = cond["lastTransitionTime"]
+        out.append(new)
+    if not found:
+        out.append(new)
+    return out
+
+
+def merge_conditions(
+    base: Sequence[Mapping[str, Any]] | None,
+    updates: Iterable[Mapping[str, Any]],
+    now: datetime,
+) -> list[Condition]:
+    """Apply several condition dicts (as from :func:`make`) with :func:`set_condition`."""
+    out: list[Condition] = [dict(c) for c in base or ()]
+    for upd in updates:
+        out = set_condition(
+            out,
+            upd["type"],
+            upd["status"],
+            upd.get("reason", ""),
+            upd.get("message", ""),
+            parse_time(upd.get("lastTransitionTime")) or now,
+            upd.get("observedGeneration"),
+        )
+    return out
+
+
+def remove_condition(conditions: Sequence[Mapping[str, Any]] | None, type_: str) -> list[Condition]:
+    """Return a new list without ``type_``."""
+    return [dict(c) for c in conditions or () if c.get("type") != type_]
+
+
+def derive_phase(conditions: Iterable[Mapping[str, Any]] | None) -> str:
+    """The display phase: terminal states first, then suspension, restart, running.
+
+    Failed > Succeeded > Suspended > Restarting > Running > Pending.
+    """
+    conds = list(conditions or ())
+    for type_, phase in (
+        (FAILED, PHASE_FAILED),
+        (SUCCEEDED, PHASE_SUCCEEDED),
+        (SUSPENDED, PHASE_SUSPENDED),
+        (RESTARTING, PHASE_RESTARTING),
+        (RUNNING, PHASE_RUNNING),
+    ):
+        if is_true(conds, type_):
+            return phase
+    return PHASE_PENDING
+
+
+def is_finished(conditions: Iterable[Mapping[str, Any]] | None) -> bool:
+    """Whether the job reached a terminal state (Succeeded or Failed)."""
+    conds = list(conditions or ())
+    return is_true(conds, SUCCEEDED) or is_true(conds, FAILED)
