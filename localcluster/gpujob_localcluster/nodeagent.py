@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import queue
+import random
 import shutil
 import signal
 import subprocess
@@ -114,7 +115,9 @@ class NodeAgent:
         self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.runs: dict[str, PodRun] = {}
         self.stopping = threading.Event()
-        self._ips = (f"127.{a}.{b}.{c}" for a, b, c in itertools.product(range(1, 255), range(256), range(1, 255)))
+        # A random second octet keeps two clusters on one machine (parallel test runs) apart.
+        first = random.randint(1, 200)
+        self._ips = (f"127.{a}.{b}.{c}" for a, b, c in itertools.product(range(first, 255), range(256), range(1, 255)))
         can_isolate = os.geteuid() == 0 and shutil.which("unshare") is not None
         self.isolate = can_isolate if isolate is None else isolate and can_isolate
         self.base_env = self._base_env()

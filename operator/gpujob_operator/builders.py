@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from gpujob_operator import api
+from gpujob_trainer.contract import ENV_METRICS_ADDR
 
 LABEL_PREFIX: Final = "gpujob.dev/"
 LABEL_JOB_NAME: Final = "gpujob.dev/job-name"
@@ -148,6 +149,10 @@ def build_env(
     user = [e for e in spec.env or () if e.name not in api.RESERVED_ENV]
     user_names = {e.name for e in user}
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in owned]
+    if ENV_METRICS_ADDR not in user_names:
+        # Bind the exporter to the pod's own address: correct on a real cluster, and it keeps
+        # ranks of two pods apart where pods share a network namespace (the local node agent).
+        env.append({"name": ENV_METRICS_ADDR, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     env += [{"name": k, "value": v} for k, v in defaults if k not in user_names]
     env += [e.model_dump(mode="json", by_alias=True, exclude_none=True) for e in user]
     return env

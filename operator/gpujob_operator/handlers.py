@@ -17,7 +17,7 @@ import kopf
 
 from gpujob_operator import api, builders
 from gpujob_operator.kube import Kube
-from gpujob_operator.reconciler import RESYNC_SECONDS, JobLoop
+from gpujob_operator.reconciler import JobLoop
 
 log = logging.getLogger("gpujob.handlers")
 
@@ -71,32 +71,35 @@ def pod_changed(namespace: str, labels: Mapping[str, str], **_: Any) -> None:
 
 
 @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
-def job_changed(namespace: str, name: str, **_: Any) -> None:
-    loop = LOOPS.get((namespace, name))
-    if loop is not None:
-        loop.wake.set()
+async def job_event(event: kopf.RawEvent, body: kopf.Body, namespace: str, name: str,
+                    job_pods: kopf.Index[Any, Any], **_: Any) -> None:  # fmt: skip
+    """Start, wake or stop the job's loop.
+
+    A plain asyncio task per job instead of a kopf daemon: daemons make kopf put a
+    finalizer on every job, and then deleting a job hangs whenever the operator is down.
+    Owner references already clean the children up, so no finalizer is needed.
+    """
+    key = (namespace, name)
+    loop = LOOPS.get(key)
+    if event.get("type") == "DELETED" or body.get("metadata", {}).get("deletionTimestamp"):
+        if loop is not None:
+            loop.stop()
+            del LOOPS[key]
+        return
+    if loop is None:
+        loop = LOOPS[key] = JobLoop(kube(), _post_event)
+        loop.start(dict(body), lambda: list(job_pods.get(key, [])))
+    else:
+        loop.update(dict(body))
 
 
 def _post_event(job: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
     kopf.event(dict(job), type=type_, reason=reason, message=message)
 
 
-@kopf.daemon(api.GROUP, api.VERSION, api.PLURAL, cancellation_timeout=10)
-async def run_job(body: kopf.Body, namespace: str, name: str, stopped: kopf.DaemonStopped,
-                  job_pods: kopf.Index[Any, Any], **_: Any) -> None:  # fmt: skip
-    """The job's reconcile loop, for as long as the job exists."""
-    loop = JobLoop(kube(), _post_event)
-    LOOPS[(namespace, name)] = loop
-    try:
-        while not stopped:
-            try:
-                pods = list(job_pods.get((namespace, name), []))
-                plan = await loop.reconcile(body, pods)
-                timeout = min(plan.requeue_after or RESYNC_SECONDS, RESYNC_SECONDS)
-            except Exception:
-                log.exception("reconcile of %s/%s failed; retrying", namespace, name)
-                timeout = 5.0
-            await loop.sleep(max(timeout, 0.0), stopped)
-    finally:
-        if LOOPS.get((namespace, name)) is loop:
-            del LOOPS[(namespace, name)]
+@kopf.on.cleanup()
+async def stop_loops(**_: Any) -> None:
+    """Let every job loop finish its current pass before the operator exits."""
+    for loop in list(LOOPS.values()):
+        loop.stop()
+    LOOPS.clear()

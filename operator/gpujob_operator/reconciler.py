@@ -46,6 +46,9 @@ class JobLoop:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     last_written: dict[str, Any] | None = None
     reconciles: int = 0
+    body: dict[str, Any] = field(default_factory=dict)
+    _pods: Callable[[], list[Mapping[str, Any]]] = field(default=lambda: [], repr=False)
+    _task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     def freshest(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """The live body, or our own last write when the watch has not delivered it yet."""
@@ -89,16 +92,42 @@ class JobLoop:
             )  # fmt: skip
         return plan
 
-    async def sleep(self, timeout: float, stopped: Any) -> None:
-        """Wait for a wake-up, the timeout, or the daemon's stop flag, whichever is first."""
-        waiter = asyncio.ensure_future(self.wake.wait())
-        stopper = asyncio.ensure_future(stopped.wait())
-        try:
-            await asyncio.wait({waiter, stopper}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for t in (waiter, stopper):
-                t.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await t
+    # -- the task that runs the loop -------------------------------------------------------
+    def start(self, body: dict[str, Any], pods: Callable[[], list[Mapping[str, Any]]]) -> None:
+        """Run the loop as a task; ``pods`` returns the job's pods from the operator's index."""
+        self.body = body
+        self._pods = pods
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"job {self.key}")
+
+    def update(self, body: dict[str, Any]) -> None:
+        """A newer copy of the job arrived from the watch: keep it and reconcile soon."""
+        self.body = body
+        self.wake.set()
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    @property
+    def key(self) -> str:
+        meta = self.body.get("metadata", {})
+        return f"{meta.get('namespace')}/{meta.get('name')}"
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                plan = await self.reconcile(self.body, self._pods())
+                timeout = min(plan.requeue_after or RESYNC_SECONDS, RESYNC_SECONDS)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("reconcile of %s failed; retrying in 5s", self.key)
+                timeout = 5.0
+            await self.sleep(max(timeout, 0.0))
+
+    async def sleep(self, timeout: float) -> None:
+        """Wait for a wake-up or the timeout, then coalesce a burst of events."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.wake.wait(), timeout)
         self.wake.clear()
-        await asyncio.sleep(DEBOUNCE_SECONDS)  # coalesce a burst of pod events into one pass
+        await asyncio.sleep(DEBOUNCE_SECONDS)

@@ -41,11 +41,17 @@ def test_bad_manifest_is_refused_with_its_message(kube: Kube, crd: Path, manifes
     assert expectation(manifest) in res.stderr, res.stderr
 
 
-def test_immutable_fields_are_refused_on_update(kube: Kube, crd: Path) -> None:
-    body = yaml.safe_load((REPO / "crds" / "samples" / "minimal.yaml").read_text())
-    kube.apply(body)
-    res = kube.run("patch", "gtj", body["metadata"]["name"], "--type=merge", "-p", json.dumps({"spec": {"nodes": 7}}))
-    assert res.returncode != 0 and "spec.nodes" in res.stderr and "immutable" in res.stderr, res.stderr
+UPDATES = sorted((REPO / "tests" / "data" / "bad_updates").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("update", UPDATES, ids=lambda p: p.stem)
+def test_immutable_fields_are_refused_on_update(kube: Kube, crd: Path, update: Path) -> None:
+    base = re.search(r"^# base: (.+)$", update.read_text(), re.MULTILINE)
+    assert base, f"{update.name} lacks a '# base:' line"
+    kube.run("apply", "-f", str(REPO / base.group(1).strip()), check=True)
+    res = kube.run("apply", "-f", str(update))
+    assert res.returncode != 0, f"{update.name} was accepted"
+    assert expectation(update) in res.stderr, res.stderr
 
 
 def test_kubectl_explain_reads_well(kube: Kube, crd: Path) -> None:
