@@ -628,6 +628,14 @@ class _Builder:
                 status.pop(key, None)
             else:
                 status[key] = value
+        if phase == c.PHASE_SUCCEEDED and status.get("progress"):
+            # Every rank exited 0: the run is complete even if the last scrape came earlier.
+            progress = status["progress"]
+            progress["percent"] = 100.0
+            progress.pop("etaSeconds", None)
+            progress.pop("estimatedCompletionTime", None)
+            if progress.get("totalSteps"):
+                progress["step"] = progress["totalSteps"]
         display = render_display(status)
         if display:
             status["display"] = display

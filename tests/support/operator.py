@@ -24,12 +24,15 @@ class OperatorProcess:
     extra_env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
     health_port: int = 0
+    metrics_port: int = 0
 
     def start(self, timeout: float = 60) -> OperatorProcess:
         self.health_port = free_port()
+        self.metrics_port = free_port()
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), **self.extra_env}
         args = [sys.executable, "-m", "gpujob_operator", "operator",
-                "--liveness", f"http://127.0.0.1:{self.health_port}/healthz"]  # fmt: skip
+                "--liveness", f"http://127.0.0.1:{self.health_port}/healthz",
+                "--metrics-port", str(self.metrics_port)]  # fmt: skip
         for ns in self.namespaces:
             args += ["--namespace", ns]
         out = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child

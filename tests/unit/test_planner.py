@@ -639,7 +639,7 @@ def test_status_keeps_the_analyzers_fields_and_renders_display() -> None:
     api.parse_status(st)  # the whole status fits the schema's model
     sim.succeed_all()
     sim.reconcile()
-    assert sim.status["display"] == {"progress": "41.3%"}, "no ETA for a finished job"
+    assert sim.status["display"] == {"progress": "100.0%"}, "no ETA for a finished job; success is 100%"
 
 
 def test_status_validates_against_the_model_at_every_stage() -> None:
@@ -761,3 +761,16 @@ def test_merge_patch_round_trips_and_deletes_with_null() -> None:
     assert patch == {"b": {"c": 20, "d": None}, "e": [1], "f": "new", "gone": None}
     assert apply_merge_patch(old, patch) == new
     assert planner.merge_patch(new, new) == {}
+
+
+def test_success_completes_the_progress_it_carries() -> None:
+    sim = Sim(make_job(nodes=2, training={"totalSteps": 200}))
+    sim.reconcile()
+    sim.run_all()
+    sim.reconcile()
+    sim.job["status"]["progress"] = {"step": 190, "totalSteps": 200, "percent": 95.0, "etaSeconds": 12.0}
+    sim.succeed_all()
+    result = sim.reconcile()
+    assert result.phase == "Succeeded"
+    assert result.status["progress"] == {"step": 200, "totalSteps": 200, "percent": 100.0}
+    assert result.status["display"]["progress"] == "100.0%"
