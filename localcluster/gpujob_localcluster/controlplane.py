@@ -265,13 +265,14 @@ class ControlPlane:
         ctx = self.ssl_context(admin)
         wait_for(lambda: _http_ok(f"{self.server}/readyz", ctx), timeout, "kube-apiserver /readyz", api.problem)
 
+        # Endpoint controllers are off: they refuse the agent's loopback pod IPs and only add noise.
         cm_proc = self._spawn("kube-controller-manager", [
             self.bin("kube-controller-manager"), "--kubeconfig", str(cm_kc),
             "--authentication-kubeconfig", str(cm_kc), "--authorization-kubeconfig", str(cm_kc),
             "--bind-address", "127.0.0.1", "--secure-port", str(cm_port),
             "--service-account-private-key-file", str(sa_key), "--root-ca-file", str(pki.ca_cert),
             "--use-service-account-credentials=true", "--leader-elect=false",
-            "--controllers", "*",
+            "--controllers", "*,-endpoint,-endpointslice,-endpointslicemirroring",
             "--concurrent-gc-syncs", "5", "--v", "1",
         ])  # fmt: skip
         sched_proc = self._spawn("kube-scheduler", [

@@ -18,12 +18,25 @@ import kopf
 from gpujob_operator import api, builders
 from gpujob_operator.kube import Kube
 from gpujob_operator.reconciler import JobLoop
+from gpujob_operator.scrape import Scraper
 
 log = logging.getLogger("gpujob.handlers")
 
 PREFIX = "gpujob.dev"
 LOOPS: dict[tuple[str, str], JobLoop] = {}
 _KUBE: Kube | None = None
+_SCRAPER: Scraper | None = None
+
+
+def scraper() -> Scraper:
+    """One scraper for every job: one HTTP session and one global bound on concurrency."""
+    global _SCRAPER
+    if _SCRAPER is None:
+        _SCRAPER = Scraper(
+            concurrency=int(os.environ.get("GPUJOB_SCRAPE_CONCURRENCY", "64")),
+            timeout=float(os.environ.get("GPUJOB_SCRAPE_TIMEOUT", "5")),
+        )
+    return _SCRAPER
 
 
 def kube() -> Kube:
@@ -56,13 +69,13 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.peering.clusterwide = os.environ.get("GPUJOB_PEERING_CLUSTERWIDE", "") == "1"
 
 
-@kopf.index("pods", labels={builders.LABEL_JOB_NAME: kopf.PRESENT})
+@kopf.index("pods", labels={builders.LABEL_JOB_NAME: kopf.PRESENT})  # type: ignore[arg-type]
 def job_pods(namespace: str, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict[Any, Any]:
     """Pods by (namespace, job name): the observed children the planner reads."""
     return {(namespace, labels[builders.LABEL_JOB_NAME]): dict(body)}
 
 
-@kopf.on.event("pods", labels={builders.LABEL_JOB_NAME: kopf.PRESENT})
+@kopf.on.event("pods", labels={builders.LABEL_JOB_NAME: kopf.PRESENT})  # type: ignore[arg-type]
 def pod_changed(namespace: str, labels: Mapping[str, str], **_: Any) -> None:
     """Wake the job's loop; it re-reads the index."""
     loop = LOOPS.get((namespace, labels[builders.LABEL_JOB_NAME]))
@@ -70,7 +83,7 @@ def pod_changed(namespace: str, labels: Mapping[str, str], **_: Any) -> None:
         loop.wake.set()
 
 
-@kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
+@kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)  # type: ignore[arg-type]
 async def job_event(event: kopf.RawEvent, body: kopf.Body, namespace: str, name: str,
                     job_pods: kopf.Index[Any, Any], **_: Any) -> None:  # fmt: skip
     """Start, wake or stop the job's loop.
@@ -87,14 +100,14 @@ async def job_event(event: kopf.RawEvent, body: kopf.Body, namespace: str, name:
             del LOOPS[key]
         return
     if loop is None:
-        loop = LOOPS[key] = JobLoop(kube(), _post_event)
+        loop = LOOPS[key] = JobLoop(kube(), _post_event, scraper())
         loop.start(dict(body), lambda: list(job_pods.get(key, [])))
     else:
         loop.update(dict(body))
 
 
 def _post_event(job: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-    kopf.event(dict(job), type=type_, reason=reason, message=message)
+    kopf.event(dict(job), type=type_, reason=reason, message=message)  # type: ignore[arg-type]
 
 
 @kopf.on.cleanup()
@@ -103,3 +116,5 @@ async def stop_loops(**_: Any) -> None:
     for loop in list(LOOPS.values()):
         loop.stop()
     LOOPS.clear()
+    if _SCRAPER is not None:
+        await _SCRAPER.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, cast
 
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
@@ -33,7 +33,7 @@ class Kube:
     async def create_pod(self, namespace: str, body: dict[str, Any]) -> bool:
         """Create a pod; False when a pod of that name already exists."""
         try:
-            await asyncio.to_thread(self.core.create_namespaced_pod, namespace, body)
+            await asyncio.to_thread(self.core.create_namespaced_pod, namespace, cast(Any, body))
             return True
         except ApiException as e:
             if e.status == 409:
@@ -52,7 +52,7 @@ class Kube:
 
     async def create_service(self, namespace: str, body: dict[str, Any]) -> None:
         try:
-            await asyncio.to_thread(self.core.create_namespaced_service, namespace, body)
+            await asyncio.to_thread(self.core.create_namespaced_service, namespace, cast(Any, body))
         except ApiException as e:
             if e.status != 409:
                 raise
@@ -68,10 +68,11 @@ class Kube:
 
     async def patch_status(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         """A JSON merge patch of ``status`` through the status subresource; returns the object."""
-        return await asyncio.to_thread(  # type: ignore[no-any-return]
-            self.custom.patch_namespaced_custom_object_status,
+        written: Any = await asyncio.to_thread(
+            cast(Any, self.custom.patch_namespaced_custom_object_status),
             api.GROUP, api.VERSION, namespace, api.PLURAL, name, {"status": patch},
         )  # fmt: skip
+        return cast(dict[str, Any], written)
 
     async def delete_job(self, namespace: str, name: str) -> None:
         try:

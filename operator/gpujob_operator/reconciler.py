@@ -13,13 +13,18 @@ import asyncio
 import contextlib
 import copy
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from gpujob_operator import conditions as c
 from gpujob_operator import planner
 from gpujob_operator.kube import Kube
+from gpujob_operator.monitor import JobMonitor
+from gpujob_operator.opmetrics import METRICS
+from gpujob_operator.scrape import Scraper
 
 log = logging.getLogger("gpujob.reconciler")
 
@@ -43,7 +48,11 @@ class JobLoop:
 
     kube: Kube
     post_event: EventPoster
+    scraper: Scraper | None = None
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    monitor: JobMonitor | None = None
+    monitored: tuple[int, int] | None = None  # (generation, attempt) the monitor's window belongs to
+    next_scrape: float = 0.0
     last_written: dict[str, Any] | None = None
     reconciles: int = 0
     body: dict[str, Any] = field(default_factory=dict)
@@ -64,15 +73,14 @@ class JobLoop:
         meta = job["metadata"]
         ns, name = meta["namespace"], meta["name"]
         observed = [planner.observe_pod(p) for p in pods]
+        started = time.monotonic()
         service = await self.kube.service_exists(ns, name)
         plan = planner.plan(job, observed, now or datetime.now(UTC), service_exists=service)
         self.reconciles += 1
         old_status = {k: v for k, v in (job.get("status") or {}).items() if k != "kopf"}
         patch = planner.merge_patch(old_status, plan.status)
         if patch:
-            written = await self.kube.patch_status(ns, name, patch)
-            if isinstance(written, dict):
-                self.last_written = written
+            await self._write_status(ns, name, patch)
         for pod in plan.delete_pods:
             await self.kube.delete_pod(ns, pod)
         if plan.create_service is not None:
@@ -84,6 +92,8 @@ class JobLoop:
         if plan.delete_job:
             log.info("deleting finished job %s/%s (ttlSecondsAfterFinished)", ns, name)
             await self.kube.delete_job(ns, name)
+        METRICS.observe_reconcile(time.monotonic() - started)
+        METRICS.update(ns, name, plan.status)
         if plan.create_pods or plan.delete_pods or plan.events:
             log.info(
                 "reconciled %s/%s: phase=%s created=%s deleted=%s events=%s", ns, name, plan.phase,
@@ -91,6 +101,46 @@ class JobLoop:
                 [e.reason for e in plan.events],
             )  # fmt: skip
         return plan
+
+    async def _write_status(self, ns: str, name: str, patch: dict[str, Any]) -> None:
+        written = await self.kube.patch_status(ns, name, patch)
+        if isinstance(written, dict):
+            self.last_written = written
+
+    async def observe_metrics(self, pods: list[Mapping[str, Any]]) -> float | None:
+        """Scrape the ranks when due and fold the result into status; seconds until the next.
+
+        Only a Running job is scraped. The window is dropped when the gang restarts or the
+        spec changes, so rates never mix two attempts.
+        """
+        if self.scraper is None:
+            return None
+        job = self.freshest(self.body)
+        status, spec = job.get("status") or {}, job.get("spec") or {}
+        if status.get("phase") != c.PHASE_RUNNING or not (spec.get("monitoring") or {}).get("enabled", True):
+            return None
+        meta = job["metadata"]
+        identity = (int(meta.get("generation") or 0), int(status.get("attempt") or 0))
+        if self.monitor is None or self.monitored != identity:
+            self.monitor = JobMonitor(spec, generation=identity[0])
+            self.monitored = identity
+        interval = float((spec.get("monitoring") or {}).get("scrapeIntervalSeconds") or 15)
+        now = time.time()
+        if now < self.next_scrape:
+            return self.next_scrape - now
+        self.next_scrape = now + interval
+        targets = self.monitor.scrape_targets(spec, pods)
+        results = await self.scraper.scrape_all(targets)
+        for r in results:
+            METRICS.observe_scrape(r.seconds, r.ok, None if r.error is None else str(r.error))
+        update = self.monitor.observe(results, time.time())
+        for ev in update.events:
+            self.post_event(job, ev.type, ev.reason, ev.message)
+        patch = update.status_patch(status)
+        if patch:
+            await self._write_status(meta["namespace"], meta["name"], patch)
+            METRICS.update(meta["namespace"], meta["name"], self.freshest(self.body).get("status"))
+        return interval
 
     # -- the task that runs the loop -------------------------------------------------------
     def start(self, body: dict[str, Any], pods: Callable[[], list[Mapping[str, Any]]]) -> None:
@@ -107,6 +157,8 @@ class JobLoop:
     def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
+        meta = self.body.get("metadata", {})
+        METRICS.forget(meta.get("namespace", ""), meta.get("name", ""))
 
     @property
     def key(self) -> str:
@@ -120,9 +172,19 @@ class JobLoop:
                 timeout = min(plan.requeue_after or RESYNC_SECONDS, RESYNC_SECONDS)
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as e:
                 log.exception("reconcile of %s failed; retrying in 5s", self.key)
+                METRICS.observe_reconcile(0.0, type(e).__name__)
                 timeout = 5.0
+            try:
+                due = await self.observe_metrics(self._pods())
+                if due is not None:
+                    timeout = min(timeout, due)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # A monitoring failure must never stop the lifecycle: log and go on.
+                log.exception("metrics of %s failed", self.key)
             await self.sleep(max(timeout, 0.0))
 
     async def sleep(self, timeout: float) -> None:
