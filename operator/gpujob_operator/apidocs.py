@@ -1,0 +1,104 @@
+"""Render the API reference (docs/api.md) from the CRD the model generates.
+
+Why generated: the pydantic model is the single source of truth, so the reference can
+never disagree with what the API server validates. ``--check`` fails on drift.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from gpujob_operator import crd
+
+DOC_PATH = Path("docs") / "api.md"
+HEADER = """# GPUTrainingJob API reference
+
+Generated from the pydantic model (`operator/gpujob_operator/api.py`) by
+`python -m gpujob_operator.apidocs`; do not edit by hand. `kubectl explain gputrainingjob.spec`
+shows the same descriptions.
+
+"""
+
+
+def _type(node: dict[str, Any]) -> str:
+    t = str(node.get("type", "object" if node.get("x-kubernetes-preserve-unknown-fields") else ""))
+    if t == "array":
+        return f"[]{_type(node.get('items', {}))}"
+    if "enum" in node:
+        return " \\| ".join(f"`{v}`" for v in node["enum"])
+    if node.get("x-kubernetes-int-or-string"):
+        return "int-or-string"
+    return t or "any"
+
+
+def _limits(node: dict[str, Any]) -> str:
+    parts = []
+    for key, label in (("minimum", "≥"), ("maximum", "≤"), ("minLength", "len ≥"), ("maxLength", "len ≤"),
+                       ("maxItems", "items ≤"), ("pattern", "pattern")):  # fmt: skip
+        if key in node:
+            parts.append(f"{label} `{node[key]}`")
+    if "default" in node:
+        parts.append(f"default `{node['default']}`")
+    return ", ".join(parts)
+
+
+def _rows(node: dict[str, Any], path: str) -> Iterator[tuple[str, str, str, str]]:
+    for name, child in (node.get("properties") or {}).items():
+        here = f"{path}.{name}" if path else name
+        desc = " ".join(str(child.get("description", "")).split())
+        yield here, _type(child), _limits(child), desc
+        target = child.get("items", {}) if child.get("type") == "array" else child
+        if target.get("properties"):
+            yield from _rows(target, here + ("[]" if child.get("type") == "array" else ""))
+
+
+def _rules(node: dict[str, Any], path: str) -> Iterator[tuple[str, str]]:
+    for rule in node.get("x-kubernetes-validations") or []:
+        yield path or "(root)", str(rule.get("message", rule.get("rule")))
+    for name, child in (node.get("properties") or {}).items():
+        target = child.get("items", {}) if child.get("type") == "array" else child
+        yield from _rules(target, f"{path}.{name}" if path else name)
+
+
+def render() -> str:
+    """The whole reference as Markdown."""
+    version = crd.build_crd()["spec"]["versions"][0]
+    schema = version["schema"]["openAPIV3Schema"]["properties"]
+    out = [HEADER]
+    for section in ("spec", "status"):
+        out.append(f"## {section}\n\n| field | type | limits | description |\n|---|---|---|---|\n")
+        for path, typ, limits, desc in _rows(schema[section], section):
+            out.append(f"| `{path}` | {typ} | {limits} | {desc} |\n")
+        out.append("\n")
+    out.append("## Validation rules (CEL) the API server enforces\n\n| where | message |\n|---|---|\n")
+    for path, message in _rules(schema["spec"], "spec"):
+        out.append(f"| `{path}` | {message} |\n")
+    out.append("\n## Printer columns\n\n| column | JSONPath |\n|---|---|\n")
+    for col in version.get("additionalPrinterColumns", []):
+        out.append(f"| {col['name']} | `{col['jsonPath']}` |\n")
+    return "".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpujob_operator.apidocs", description=__doc__)
+    parser.add_argument("--check", action="store_true", help="fail if docs/api.md differs")
+    args = parser.parse_args(argv)
+    path = crd.repo_root() / DOC_PATH
+    text = render()
+    if args.check:
+        if not path.exists() or path.read_text() != text:
+            print(f"{DOC_PATH} drifted from the model: run `python -m gpujob_operator.apidocs`", file=sys.stderr)
+            return 1
+        return 0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    print(f"wrote {DOC_PATH}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
