@@ -9,7 +9,7 @@ export GPUJOB_CLUSTER_DIR := $(CLUSTER_DIR)
 VENV_CMD := bash hack/venv.sh
 PY = "$$($(VENV_CMD))/bin/python"
 
-.PHONY: help venv tools test unit lint fmt cluster cluster-down demo demo-down crds
+.PHONY: help venv tools prometheus test unit lint fmt cluster cluster-down demo demo-down crds
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -20,7 +20,10 @@ venv: ## create or reuse the virtualenv (outside the repo)
 tools: ## build or reuse etcd, kube-*, kubectl and helm from Go modules
 	@bash hack/build-tools.sh >/dev/null
 
-test: venv tools ## run every test tier (unit, integration on a real control plane, e2e)
+prometheus: ## install Prometheus + promtool (Debian package) when missing
+	@bash hack/ensure-prometheus.sh >/dev/null
+
+test: venv tools prometheus ## run every test tier (unit, integration on a real control plane, e2e)
 	@$(PY) -m pytest $(PYTEST_ARGS)
 
 unit: venv ## run only the unit tests (no cluster)

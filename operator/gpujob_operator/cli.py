@@ -7,15 +7,25 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="gpujob", description="gpujob: GPU training jobs on Kubernetes")
+    p = argparse.ArgumentParser(
+        prog="gpujob", description="gpujob: GPU training jobs on Kubernetes"
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     op = sub.add_parser("operator", help="run the operator")
     from gpujob_operator import main as op_main
 
     op_main.add_arguments(op)
+    from gpujob_operator import diagnose
+
+    diag = sub.add_parser("diagnose", help="scrape trainer endpoints; print progress and verdict")
+    diagnose.add_arguments(diag)
     args = p.parse_args(argv)
+    if args.cmd == "diagnose":
+        return diagnose.run(args)
     if args.cmd == "operator":
-        op_main.run(args.namespace, args.liveness, args.verbose)
+        op_main.run(
+            args.namespace, args.liveness, args.verbose, args.metrics_port, args.metrics_addr
+        )
     return 0
 
 

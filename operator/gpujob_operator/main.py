@@ -9,8 +9,16 @@ import os
 
 import kopf
 
+from gpujob_operator import opmetrics
 
-def run(namespaces: list[str], liveness: str | None, verbose: bool = False) -> None:
+
+def run(
+    namespaces: list[str],
+    liveness: str | None,
+    verbose: bool = False,
+    metrics_port: int = opmetrics.DEFAULT_PORT,
+    metrics_addr: str = "0.0.0.0",
+) -> None:
     """Start kopf with the gpujob handlers, watching ``namespaces`` or the whole cluster."""
     from gpujob_operator import handlers  # noqa: F401 - registers the handlers
 
@@ -20,6 +28,7 @@ def run(namespaces: list[str], liveness: str | None, verbose: bool = False) -> N
     )
     for noisy in ("kubernetes.client.rest", "urllib3", "aiohttp.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    serve_metrics(metrics_port, metrics_addr)
     asyncio.run(
         kopf.operator(
             clusterwide=not namespaces,
@@ -30,9 +39,25 @@ def run(namespaces: list[str], liveness: str | None, verbose: bool = False) -> N
     )
 
 
+def serve_metrics(port: int, addr: str) -> None:
+    """Serve the operator's /metrics; 0 turns it off. A busy port is logged, not fatal:
+    reconciling matters more than metrics, and the OperatorDown alert shows the gap."""
+    if port == 0:
+        return
+    try:
+        opmetrics.METRICS.serve(port, addr)
+    except OSError as e:
+        logging.getLogger("gpujob.main").error("cannot serve metrics on %s:%d: %s", addr, port, e)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--namespace", "-n", action="append", default=[],
                    help="watch only these namespaces (repeatable); default: the whole cluster")  # fmt: skip
     p.add_argument("--liveness", default=os.environ.get("GPUJOB_LIVENESS", "http://0.0.0.0:8080/healthz"),
                    help="kopf's health endpoint")  # fmt: skip
+    p.add_argument("--metrics-port", type=int,
+                   default=int(os.environ.get(opmetrics.ENV_PORT, opmetrics.DEFAULT_PORT)),
+                   help=f"port of the operator's /metrics (0: off; env {opmetrics.ENV_PORT})")  # fmt: skip
+    p.add_argument("--metrics-addr", default=os.environ.get(opmetrics.ENV_ADDR, "0.0.0.0"),
+                   help=f"address /metrics binds (env {opmetrics.ENV_ADDR})")  # fmt: skip
     p.add_argument("--verbose", "-v", action="store_true")

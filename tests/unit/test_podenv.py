@@ -7,8 +7,18 @@ import pytest
 from gpujob_localcluster import podenv
 
 POD = {
-    "metadata": {"name": "job-node-1", "namespace": "ml", "uid": "u-1", "labels": {"gpujob.dev/node-rank": "1"}},
-    "spec": {"nodeName": "gpu-node-0", "hostname": "job-node-1", "subdomain": "job", "serviceAccountName": "sa"},
+    "metadata": {
+        "name": "job-node-1",
+        "namespace": "ml",
+        "uid": "u-1",
+        "labels": {"gpujob.dev/node-rank": "1"},
+    },
+    "spec": {
+        "nodeName": "gpu-node-0",
+        "hostname": "job-node-1",
+        "subdomain": "job",
+        "serviceAccountName": "sa",
+    },
     "status": {"podIP": "127.1.0.2", "hostIP": "127.0.0.1", "podIPs": [{"ip": "127.1.0.2"}]},
 }
 
@@ -23,7 +33,10 @@ def test_expand_follows_kubernetes_rules() -> None:
 def test_env_resolves_values_fieldrefs_and_earlier_vars() -> None:
     container = {
         "env": [
-            {"name": "RANK", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['gpujob.dev/node-rank']"}}},
+            {
+                "name": "RANK",
+                "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['gpujob.dev/node-rank']"}},
+            },
             {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
             {"name": "ADDR", "value": "$(IP):9400"},
             {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
@@ -32,11 +45,19 @@ def test_env_resolves_values_fieldrefs_and_earlier_vars() -> None:
         "resources": {"limits": {"cpu": "1500m"}},
     }
     env = podenv.container_env(POD, container)
-    assert env == {"RANK": "1", "IP": "127.1.0.2", "ADDR": "127.1.0.2:9400", "NODE": "gpu-node-0", "CPUS": "2"}
+    assert env == {
+        "RANK": "1",
+        "IP": "127.1.0.2",
+        "ADDR": "127.1.0.2:9400",
+        "NODE": "gpu-node-0",
+        "CPUS": "2",
+    }
 
 
 def test_missing_required_configmap_key_is_an_error() -> None:
-    container = {"env": [{"name": "X", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "k"}}}]}
+    container = {
+        "env": [{"name": "X", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "k"}}}]
+    }
     with pytest.raises(ValueError, match="configMapKeyRef cm/k"):
         podenv.container_env(POD, container)
     ok = podenv.container_env(POD, container, lambda kind, name, key: "v")
@@ -44,9 +65,15 @@ def test_missing_required_configmap_key_is_an_error() -> None:
 
 
 def test_hosts_file_maps_every_peer_name() -> None:
-    peer = {"metadata": {"name": "job-node-0", "namespace": "ml"}, "spec": {"hostname": "job-node-0", "subdomain": "job"}}
+    peer = {
+        "metadata": {"name": "job-node-0", "namespace": "ml"},
+        "spec": {"hostname": "job-node-0", "subdomain": "job"},
+    }
     text = podenv.hosts_file(POD, "127.1.0.2", [(POD, "127.1.0.2"), (peer, "127.1.0.1")])
-    assert "127.1.0.1\tjob-node-0.job.ml.svc.cluster.local job-node-0.job.ml.svc job-node-0.job.ml job-node-0.job" in text
+    assert (
+        "127.1.0.1\tjob-node-0.job.ml.svc.cluster.local job-node-0.job.ml.svc job-node-0.job.ml job-node-0.job"
+        in text
+    )
     assert text.count("127.1.0.2") == 1
 
 

@@ -1,0 +1,97 @@
+{{/* Chart name, truncated to a DNS label. */}}
+{{- define "gpujob.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name: <release>-gpujob unless the release name already contains it. */}}
+{{- define "gpujob.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "gpujob.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels on every object. */}}
+{{- define "gpujob.labels" -}}
+helm.sh/chart: {{ include "gpujob.chart" . }}
+{{ include "gpujob.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: gpujob
+{{- end }}
+
+{{/* Labels that select the operator's pods. */}}
+{{- define "gpujob.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpujob.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "gpujob.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "gpujob.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "gpujob.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* true when the operator watches only rbac.namespaces. */}}
+{{- define "gpujob.namespaced" -}}
+{{- if eq .Values.rbac.mode "namespaced" }}true{{ end }}
+{{- end }}
+
+{{/*
+Rules on the namespaced resources the operator touches, shared by the ClusterRole
+(cluster mode) and each Role (namespaced mode). Least privilege: no Secrets, no
+ConfigMaps, no pods/exec; only the verbs kopf and the reconciler use.
+*/}}
+{{- define "gpujob.namespacedRules" -}}
+# GPUTrainingJobs: kopf lists/watches them and patches annotations and finalizers; the
+# reconciler deletes finished jobs (ttlSecondsAfterFinished).
+- apiGroups: ["gpujob.dev"]
+  resources: ["gputrainingjobs"]
+  verbs: ["get", "list", "watch", "patch", "delete"]
+# Status is written only through the status subresource.
+- apiGroups: ["gpujob.dev"]
+  resources: ["gputrainingjobs/status"]
+  verbs: ["get", "patch"]
+# The gang: one pod per node, created and deleted by the reconciler, indexed by kopf.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+# The headless Service that gives the pods their DNS names.
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "list", "watch", "create"]
+# Events on jobs (ours and kopf's).
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end }}
+
+{{- define "gpujob.peeringRules" -}}
+- apiGroups: ["kopf.dev"]
+  resources: ["{{ if include "gpujob.namespaced" . }}kopfpeerings{{ else }}clusterkopfpeerings{{ end }}"]
+  verbs: ["get", "list", "watch", "patch"]
+{{- end }}

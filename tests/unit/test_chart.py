@@ -1,0 +1,280 @@
+"""The Helm chart: lint and render in every mode, least-privilege RBAC, refusals of bad values."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import yaml
+
+from gpujob_operator import alerts, dashboards
+from tests.support.chart import CHART, MODES, find, helm, render, template, values_file
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_helm_lint_is_clean(mode: str, tmp_path: Any) -> None:
+    f = values_file(MODES[mode], tmp_path)
+    res = helm("lint", str(CHART), "--strict", "-f", str(f))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "[WARNING]" not in res.stdout and "[ERROR]" not in res.stdout, res.stdout
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_helm_template_renders(mode: str) -> None:
+    objs = render(MODES[mode])
+    kinds = {o["kind"] for o in objs}
+    assert {"Deployment", "ServiceAccount", "Service", "ConfigMap"} <= kinds
+    for o in objs:
+        assert o["metadata"]["labels"]["app.kubernetes.io/part-of"] == "gpujob", o["kind"]
+
+
+def deployment(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    (d,) = find(objs, "Deployment")
+    return d
+
+
+def container(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    (c,) = deployment(objs)["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def env(objs: list[dict[str, Any]]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in container(objs)["env"]}
+
+
+def test_default_deployment_is_hardened_and_single() -> None:
+    objs = render()
+    d = deployment(objs)
+    pod = d["spec"]["template"]["spec"]
+    c = container(objs)
+    assert d["spec"]["replicas"] == 1 and d["spec"]["strategy"] == {"type": "Recreate"}
+    assert c["command"] == ["gpujob"] and c["args"][0] == "operator"
+    assert (
+        "--liveness=http://0.0.0.0:8080/healthz" in c["args"] and "--metrics-port=8081" in c["args"]
+    )
+    assert not [a for a in c["args"] if a.startswith("--namespace")]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert c["resources"]["requests"] and c["resources"]["limits"]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"health": 8080, "metrics": 8081}
+    assert "GPUJOB_PEERING" not in env(objs)
+    assert pod["serviceAccountName"] == "gj-gpujob"
+
+
+def rules(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    out: dict[tuple[str, str], set[str]] = {}
+    for r in role["rules"]:
+        for g in r["apiGroups"]:
+            for res in r["resources"]:
+                out.setdefault((g, res), set()).update(r["verbs"])
+    return out
+
+
+def assert_least_privilege(role: dict[str, Any]) -> None:
+    got = rules(role)
+    for (group, res), verbs in got.items():
+        assert "*" not in verbs and res != "*" and group != "*", (group, res)
+    assert not {res for _, res in got} & {
+        "secrets",
+        "configmaps",
+        "pods/exec",
+        "namespaces",
+        "nodes",
+    }
+    assert got[("gpujob.dev", "gputrainingjobs/status")] == {"get", "patch"}
+    assert got[("", "pods")] == {"get", "list", "watch", "create", "delete"}
+    assert "update" not in got[("gpujob.dev", "gputrainingjobs")]
+
+
+def test_cluster_mode_rbac() -> None:
+    objs = render()
+    (role,) = find(objs, "ClusterRole")
+    (binding,) = find(objs, "ClusterRoleBinding")
+    assert not find(objs, "Role") and not find(objs, "RoleBinding")
+    assert_least_privilege(role)
+    assert rules(role)[("apiextensions.k8s.io", "customresourcedefinitions")] == {"list", "watch"}
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "gj-gpujob", "namespace": "gpujob-system"}
+    ]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+
+
+def test_namespaced_mode_rbac_and_args() -> None:
+    objs = render(MODES["namespaced"])
+    roles = find(objs, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    assert sorted(b["metadata"]["namespace"] for b in find(objs, "RoleBinding")) == [
+        "team-a",
+        "team-b",
+    ]
+    for r in roles:
+        assert_least_privilege(r)
+    (discovery,) = find(objs, "ClusterRole")
+    assert rules(discovery) == {
+        ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+        ("", "namespaces"): {"list", "watch"},
+    }
+    args = container(objs)["args"]
+    assert "--namespace=team-a" in args and "--namespace=team-b" in args
+    strict = render(
+        {**MODES["namespaced"], "rbac": {**MODES["namespaced"]["rbac"], "clusterDiscovery": False}}
+    )
+    assert not find(strict, "ClusterRole") and not find(strict, "ClusterRoleBinding")
+
+
+def test_peering_cluster_mode() -> None:
+    objs = render(MODES["peering-cluster"])
+    d = deployment(objs)
+    assert d["spec"]["replicas"] == 2 and d["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert (
+        env(objs)["GPUJOB_PEERING"] == "gpujob" and env(objs)["GPUJOB_PEERING_CLUSTERWIDE"] == "1"
+    )
+    crds = {c["metadata"]["name"] for c in find(objs, "CustomResourceDefinition")}
+    assert crds == {"clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
+    (peering,) = find(objs, "ClusterKopfPeering")
+    assert peering["metadata"]["name"] == "gpujob"
+    assert "post-install" in peering["metadata"]["annotations"]["helm.sh/hook"]
+    (role,) = find(objs, "ClusterRole")
+    assert rules(role)[("kopf.dev", "clusterkopfpeerings")] == {"get", "list", "watch", "patch"}
+
+
+def test_peering_namespaced_mode() -> None:
+    objs = render(MODES["peering-namespaced"])
+    assert "GPUJOB_PEERING_CLUSTERWIDE" not in env(objs)
+    assert sorted(p["metadata"]["namespace"] for p in find(objs, "KopfPeering")) == [
+        "team-a",
+        "team-b",
+    ]
+    for r in find(objs, "Role"):
+        assert rules(r)[("kopf.dev", "kopfpeerings")] == {"get", "list", "watch", "patch"}
+    no_crds = render(
+        {**MODES["peering-namespaced"], "peering": {"enabled": True, "installCRDs": False}}
+    )
+    assert not find(no_crds, "CustomResourceDefinition")
+
+
+def test_monitoring_objects() -> None:
+    objs = render(MODES["everything"])
+    (sm,) = find(objs, "ServiceMonitor")
+    (ep,) = sm["spec"]["endpoints"]
+    assert ep["port"] == "metrics" and ep["honorLabels"] is True
+    assert {
+        "action": "replace",
+        "targetLabel": "job",
+        "replacement": dashboards.OPERATOR_JOB,
+    } in ep["relabelings"]
+    (svc,) = find(objs, "Service")
+    assert svc["spec"]["ports"][0]["name"] == "metrics"
+    assert sm["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"]
+    (pm,) = find(objs, "PodMonitor")
+    assert pm["spec"]["selector"] == {
+        "matchExpressions": [{"key": "gpujob.dev/job-name", "operator": "Exists"}]
+    }
+    assert pm["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
+    (pep,) = pm["spec"]["podMetricsEndpoints"]
+    assert "port" not in pep
+    assert pep["relabelings"][0] == {
+        "action": "keep",
+        "sourceLabels": ["__meta_kubernetes_pod_container_port_name"],
+        "regex": "metrics-[0-9]+",
+    }
+    (rule,) = find(objs, "PrometheusRule")
+    assert rule["spec"] == {"groups": alerts.groups()["groups"]}
+    assert find(render(MODES["monitoring"]), "PodMonitor")[0]["spec"]["namespaceSelector"] == {
+        "any": True
+    }
+
+
+def test_dashboards_ship_as_sidecar_configmaps() -> None:
+    objs = render()
+    cms = {c["metadata"]["name"]: c for c in find(objs, "ConfigMap")}
+    assert sorted(cms) == [
+        "gj-gpujob-fleet-dashboard",
+        "gj-gpujob-job-dashboard",
+        "gj-gpujob-operator-dashboard",
+    ]
+    rendered = dashboards.render_all()
+    for cm in cms.values():
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        ((key, text),) = cm["data"].items()
+        assert json.loads(text) == json.loads(rendered[key])
+    assert not find(render({"dashboards": {"enabled": False}}), "ConfigMap")
+
+
+def test_default_renders_no_prometheus_operator_objects() -> None:
+    kinds = {o["kind"] for o in render()}
+    assert not kinds & {
+        "ServiceMonitor",
+        "PodMonitor",
+        "PrometheusRule",
+        "CustomResourceDefinition",
+    }
+
+
+def test_crd_ships_in_the_crds_folder() -> None:
+    res = template({}, "--include-crds")
+    assert res.returncode == 0, res.stderr
+    crds = [
+        d for d in yaml.safe_load_all(res.stdout) if d and d["kind"] == "CustomResourceDefinition"
+    ]
+    assert [c["metadata"]["name"] for c in crds] == ["gputrainingjobs.gpujob.dev"]
+
+
+BAD_VALUES = [
+    (
+        {"rbac": {"mode": "clusterwide"}},
+        "at '/rbac/mode': value must be one of 'cluster', 'namespaced'",
+    ),
+    ({"rbac": {"namespace": "x"}}, "at '/rbac': additional properties 'namespace' not allowed"),
+    ({"operator": {"metricsPort": "abc"}}, "at '/operator/metricsPort': got string, want integer"),
+    (
+        {"operator": {"metricsPort": 70000}},
+        "at '/operator/metricsPort': maximum: got 70,000, want 65,535",
+    ),
+    ({"replicas": 2}, "at '': additional properties 'replicas' not allowed"),
+    (
+        {"image": {"pullPolicy": "Sometimes"}},
+        "at '/image/pullPolicy': value must be one of 'Always', 'IfNotPresent', 'Never'",
+    ),
+    (
+        {"rbac": {"namespaces": ["Team_A"]}},
+        "at '/rbac/namespaces/0': 'Team_A' does not match pattern",
+    ),
+    (
+        {"metrics": {"podMonitor": {"interval": "15"}}},
+        "at '/metrics/podMonitor/interval': '15' does not match pattern",
+    ),
+    (
+        {"dashboards": {"labels": {"grafana_dashboard": 1}}},
+        "at '/dashboards/labels/grafana_dashboard': got number, want string",
+    ),
+    (
+        {"rbac": {"mode": "namespaced"}},
+        "rbac.mode=namespaced needs rbac.namespaces: the namespaces the operator may watch",
+    ),
+    (
+        {"replicaCount": 2},
+        "replicaCount > 1 needs peering.enabled=true: "
+        "without kopf peering every replica would reconcile every job",
+    ),
+    (
+        {"metrics": {"service": {"enabled": False}, "serviceMonitor": {"enabled": True}}},
+        "metrics.serviceMonitor.enabled needs metrics.service.enabled: "
+        "the ServiceMonitor selects that Service",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("values", "message"), BAD_VALUES, ids=[m.split(":")[0][:40] for _, m in BAD_VALUES]
+)
+def test_bad_values_are_refused_with_a_clear_message(values: dict[str, Any], message: str) -> None:
+    res = template(values)
+    assert res.returncode != 0, f"accepted {values}"
+    assert message in res.stderr, res.stderr

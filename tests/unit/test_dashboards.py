@@ -1,0 +1,193 @@
+"""Dashboards and alert rules: committed files match the generators; every name is exported."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpujob_operator import alerts, dashboards
+from gpujob_operator import opmetrics as om
+from gpujob_trainer import contract
+
+REPO = Path(__file__).resolve().parents[2]
+
+# PromQL words that look like metric names but are functions, keywords or label names.
+_NOT_METRICS = {
+    "sum",
+    "max",
+    "min",
+    "avg",
+    "count",
+    "rate",
+    "increase",
+    "by",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "histogram_quantile",
+    "scalar",
+    "vector",
+    "time",
+    "or",
+    "and",
+    "unless",
+    "label_values",
+    "avg_over_time",
+    "absent",
+    "bool",
+    "le",
+    "changes",
+}
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_SELECTOR_BODY = re.compile(r"\{[^{}]*\}")
+_RANGE = re.compile(r"\[[^\]]*\]")
+_GROUPING = re.compile(r"\b(?:by|on|ignoring|without|group_left|group_right)\s*\([^)]*\)")
+_IDENT = re.compile(r"\b[a-zA-Z_:][a-zA-Z0-9_:]*\b")
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names an expression reads (labels, functions and grouping clauses removed)."""
+    text = re.sub(r"label_values\((.*),\s*\w+\)$", r"\1", expr.strip())
+    text = _STRING.sub('""', text)
+    text = _SELECTOR_BODY.sub("{}", text)
+    text = _RANGE.sub("", text)
+    text = _GROUPING.sub("", text)
+    names = {n for n in _IDENT.findall(text) if n not in _NOT_METRICS and not n.startswith("__")}
+    return {n for n in names if not re.fullmatch(r"[0-9.e]+", n)}
+
+
+def exported() -> set[str]:
+    """Every series name something in gpujob exports, plus Prometheus' and the process's own."""
+    names = set(om.exported_names()) | {"up"}
+    names |= {"process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds"}
+    for spec in contract.ALL_METRICS:
+        if spec.type == "histogram":
+            names |= {f"{spec.name}_bucket", f"{spec.name}_sum", f"{spec.name}_count"}
+        else:
+            names.add(spec.name)
+    return names
+
+
+def all_exprs() -> list[tuple[str, str]]:
+    out = []
+    for uid, make in dashboards.DASHBOARDS.items():
+        out += [(f"{uid}: {title}", expr) for title, expr in dashboards.queries(make())]
+    for group in alerts.groups()["groups"]:
+        out += [(f"alert {r['alert']}", r["expr"]) for r in group["rules"]]
+    return out
+
+
+def test_committed_dashboards_match_the_generator() -> None:
+    folder = REPO / dashboards.DASHBOARD_DIR
+    rendered = dashboards.render_all()
+    assert sorted(p.name for p in folder.glob("*.json")) == sorted(rendered)
+    for name, text in rendered.items():
+        assert (folder / name).read_text() == text, (
+            f"{name} drifted: run python -m gpujob_operator.dashboards"
+        )
+    assert dashboards.main(["--check"]) == 0
+
+
+def test_committed_rules_match_the_generator() -> None:
+    assert (REPO / alerts.RULES_FILE).read_text() == alerts.render(), (
+        "run python -m gpujob_operator.alerts"
+    )
+    assert alerts.main(["--check"]) == 0
+
+
+def test_metric_name_extraction() -> None:
+    expr = (
+        'sum by (rank, phase) (rate(gpujob_train_phase_seconds_total{namespace="$namespace", '
+        'phase=~"a|b"}[$__rate_interval])) / on (rank) group_left up{job="x"} or vector(0)'
+    )
+    assert metric_names(expr) == {"gpujob_train_phase_seconds_total", "up"}
+
+
+@pytest.mark.parametrize(("where", "expr"), all_exprs(), ids=[w for w, _ in all_exprs()])
+def test_every_query_reads_only_exported_metrics(where: str, expr: str) -> None:
+    names = metric_names(expr)
+    assert names, f"{where}: no metric found in {expr!r}"
+    unknown = names - exported()
+    assert not unknown, f"{where} reads metrics nobody exports: {sorted(unknown)}"
+
+
+@pytest.mark.parametrize("uid", sorted(dashboards.DASHBOARDS))
+def test_dashboard_shape(uid: str) -> None:
+    d = dashboards.DASHBOARDS[uid]()
+    assert d["uid"] == uid and d["title"].startswith("gpujob / ")
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    assert (
+        variables["datasource"]["type"] == "datasource"
+        and variables["datasource"]["query"] == "prometheus"
+    )
+    ids = [p["id"] for p in d["panels"]]
+    assert len(ids) == len(set(ids))
+    for p in d["panels"]:
+        assert p["gridPos"]["x"] + p["gridPos"]["w"] <= 24
+        if p["type"] == "row":
+            continue
+        assert p["description"] and p["targets"], p["title"]
+        assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        assert p["fieldConfig"]["defaults"]["unit"], p["title"]
+        exprs = " ".join(t["expr"] for t in p["targets"])
+        if uid == "gpujob-job":
+            assert ("$namespace" in exprs and "$job" in exprs) or "up{" in exprs, p["title"]
+    if uid != "gpujob-operator":
+        assert "namespace" in variables
+    if uid == "gpujob-job":
+        assert "job" in variables
+
+
+def test_units_are_set_where_they_matter() -> None:
+    units = {}
+    for make in dashboards.DASHBOARDS.values():
+        for p in make()["panels"]:
+            if p["type"] != "row":
+                units[p["title"]] = p["fieldConfig"]["defaults"]["unit"]
+    assert units["Progress"] == "percentunit" and units["ETA"] == "s"
+    assert units["GPU memory used"] == "bytes" and units["Power"] == "watt"
+    assert units["Temperature"] == "celsius" and units["SM clock"] == "hertz"
+    assert (
+        units["Step time breakdown per rank"] == "s" and units["GPU utilization"] == "percentunit"
+    )
+
+
+def test_job_dashboard_covers_the_issue() -> None:
+    titles = {p["title"] for p in dashboards.job()["panels"]}
+    for needed in (
+        "Step time breakdown per rank",
+        "Relative speed per rank",
+        "GPU utilization",
+        "GPU memory used",
+        "Power",
+        "Temperature",
+        "Throttling",
+    ):
+        assert needed in titles
+
+
+def test_every_alert_has_summary_description_and_severity() -> None:
+    rules = [r for g in alerts.groups()["groups"] for r in g["rules"]]
+    names = {r["alert"] for r in rules}
+    assert {
+        "GPUJobStalled",
+        "GPUJobFailed",
+        "GPUJobBottleneckPersisting",
+        "GPUJobGPUsUnderutilized",
+        "GPUJobMetricsUnavailable",
+        "GPUJobOperatorDown",
+    } <= names
+    for r in rules:
+        assert r["labels"]["severity"] in ("info", "warning", "critical")
+        assert r["annotations"]["summary"] and len(r["annotations"]["description"]) > 100
+
+
+def test_dashboard_json_is_plain_json() -> None:
+    for text in dashboards.render_all().values():
+        json.loads(text)
+    yaml.safe_load((REPO / alerts.RULES_FILE).read_text())
