@@ -61,6 +61,17 @@ JOB_FAILED: Final = "JobFailed"
 NOT_STARTED: Final = "NotStarted"
 STALL_DETECTED: Final = "StallDetected"
 TTL_EXPIRED: Final = "TTLExpired"
+# Observability reasons (monitor.py). BottleneckDetected=True uses the verdict name itself
+# (InputBound, Straggler, ...) as its reason.
+ALL_RANKS_SCRAPED: Final = "AllRanksScraped"
+SCRAPE_FAILED: Final = "ScrapeFailed"
+NO_RANKS_TO_SCRAPE: Final = "NoRanksToScrape"
+PROGRESSING: Final = "Progressing"
+WARMING_UP: Final = "WarmingUp"
+NO_BOTTLENECK: Final = "NoBottleneck"
+METRICS_RECOVERED: Final = "MetricsRecovered"
+STALL_CLEARED: Final = "StallCleared"
+BOTTLENECK_CHANGED: Final = "BottleneckChanged"
 
 # ---- display phases ----------------------------------------------------------------------
 PHASE_PENDING: Final = "Pending"

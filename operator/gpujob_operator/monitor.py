@@ -1,0 +1,353 @@
+"""Per-job monitoring glue (pure): scrape results in; status parts, conditions, Events out.
+
+The shell (the per-job reconcile loop) owns one `JobMonitor` per job and, every scrape
+interval, does::
+
+    targets = monitor.scrape_targets(spec, pods)          # or scrape_targets(spec, pods)
+    results = await scraper.scrape_all(targets)           # scrape.Scraper, shared by all jobs
+    update = monitor.observe(results, time.time())
+    for event in update.events: post(event)
+    patch = update.status_patch(current_status)           # None: nothing worth writing
+    if patch: patch_status(patch)
+
+`status_patch` returns a JSON merge patch only when something changed meaningfully (or
+the last write is older than `refresh_seconds`), so a thousand jobs do not flood the API
+server with a write per job per scrape.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final, Literal
+
+from gpujob_operator import analysis as an
+from gpujob_operator import api, verdicts
+from gpujob_operator import conditions as c
+from gpujob_operator.builders import LABEL_NODE_RANK
+from gpujob_operator.display import render_display
+from gpujob_operator.scrape import ScrapeResult, ScrapeTarget
+from gpujob_operator.window import Window, frame
+from gpujob_trainer import contract
+
+REFRESH_SECONDS: Final = 60.0
+"""Rewrite status at most this often when only noise changed."""
+PERCENT_STEP: Final = 0.1
+ETA_RELATIVE: Final = 0.10
+ETA_ABSOLUTE: Final = 30.0
+RATE_RELATIVE: Final = 0.05
+UTIL_ABSOLUTE: Final = 0.05
+MAX_FAILURES_LISTED: Final = 5
+
+
+def scrape_targets(
+    spec: api.GPUTrainingJobSpec | Mapping[str, Any], pods: Iterable[Mapping[str, Any]]
+) -> list[ScrapeTarget]:
+    """One target per rank of every running pod with an IP (camelCase pod dicts).
+
+    Rank r of node n listens on metricsPort + local rank; its global rank is
+    n * procsPerNode + local rank (torchrun's static rendezvous).
+    """
+    s = api.parse_spec(spec)
+    procs = s.procs_per_node
+    base = s.training.metrics_port
+    out: list[ScrapeTarget] = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        status = pod.get("status") or {}
+        ip = status.get("podIP")
+        if status.get("phase") != "Running" or not ip or meta.get("deletionTimestamp"):
+            continue
+        try:
+            node_rank = int((meta.get("labels") or {}).get(LABEL_NODE_RANK, ""))
+        except ValueError:
+            continue
+        host = f"[{ip}]" if ":" in ip else ip
+        for local in range(procs):
+            port = contract.metrics_port(base, local)
+            out.append(
+                ScrapeTarget(
+                    url=f"http://{host}:{port}{contract.METRICS_PATH}",
+                    pod=str(meta.get("name", "")),
+                    node=str((pod.get("spec") or {}).get("nodeName") or ""),
+                    node_rank=node_rank,
+                    local_rank=local,
+                    rank=node_rank * procs + local,
+                )
+            )
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A Kubernetes Event to post on the job."""
+
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(slots=True)
+class _PatchClock:
+    last: float = -math.inf
+
+
+@dataclass
+class MonitorUpdate:
+    """What one observation produced; all dicts are camelCase status parts."""
+
+    now: float
+    progress: dict[str, Any]
+    bottleneck: dict[str, Any] | None
+    """The published verdict (None until the first evaluation after warm-up)."""
+    gpus: dict[str, Any]
+    conditions: list[dict[str, Any]]
+    """Observability conditions to set (conditions.make dicts); merge with set_condition."""
+    events: list[Event]
+    analysis: an.Analysis
+    failures: list[ScrapeResult] = field(default_factory=list)
+    refresh_seconds: float = REFRESH_SECONDS
+    _clock: _PatchClock = field(default_factory=_PatchClock, repr=False)
+
+    def status_patch(self, old_status: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """A merge patch for status, or None when nothing changed meaningfully.
+
+        Removed keys are set to null; `conditions` (a list, replaced whole by a merge
+        patch) is the old list with ours merged in; `display` follows the new values.
+        Calling it counts as a write for the refresh timer.
+        """
+        old = dict(old_status or {})
+        new = dict(old)
+        if self.progress:
+            new["progress"] = self.progress
+        if self.bottleneck is not None:
+            new["bottleneck"] = self.bottleneck
+        if self.gpus:
+            new["gpus"] = self.gpus
+        when = datetime.fromtimestamp(self.now, UTC)
+        new["conditions"] = c.merge_conditions(old.get("conditions"), self.conditions, when)
+        new["display"] = render_display(new)
+        meaningful = _meaningful(old, new)
+        due = self.now - self._clock.last >= self.refresh_seconds
+        if not meaningful and not (due and _differs(old, new)):
+            return None
+        self._clock.last = self.now
+        patch: dict[str, Any] = {}
+        for key in ("progress", "bottleneck", "gpus", "display"):
+            if key in new and new[key] != old.get(key):
+                patch[key] = _merge_patch(old.get(key), new[key])
+        if new["conditions"] != old.get("conditions"):
+            patch["conditions"] = new["conditions"]
+        return patch or None
+
+
+class JobMonitor:
+    """One job's window, verdict hysteresis and transition memory."""
+
+    def __init__(
+        self,
+        spec: api.GPUTrainingJobSpec | Mapping[str, Any] | an.Settings,
+        *,
+        generation: int | None = None,
+        refresh_seconds: float = REFRESH_SECONDS,
+    ) -> None:
+        self.settings = spec if isinstance(spec, an.Settings) else an.Settings.from_spec(spec)
+        self.generation = generation
+        self.refresh_seconds = refresh_seconds
+        self.window = Window(self.settings.max_points(), self.settings.window_seconds)
+        self.verdict = verdicts.VerdictState()
+        self._metrics_ok: bool | None = None
+        self._clock = _PatchClock()
+
+    def reset(self) -> None:
+        """Forget the window and verdict (after a gang restart or a resume)."""
+        self.window.clear()
+        self.verdict = verdicts.VerdictState()
+        self._metrics_ok = None
+
+    def scrape_targets(
+        self, spec: api.GPUTrainingJobSpec | Mapping[str, Any], pods: Iterable[Mapping[str, Any]]
+    ) -> list[ScrapeTarget]:
+        """Same as the module function (kept here for a one-object API)."""
+        return scrape_targets(spec, pods)
+
+    def observe(self, results: Sequence[ScrapeResult], now: float) -> MonitorUpdate:
+        """Fold one round of scrapes into the window and evaluate it."""
+        for r in results:
+            if r.ok:
+                self.window.add(r.t, r.target.pod, r.target.node, frame(r.samples, r.t))
+        self.window.end_round(now, {r.target.pod for r in results})
+        result = an.analyze(self.window, self.settings, now)
+        self.verdict, change = verdicts.step(
+            self.verdict, result.verdict, now, self.settings.hysteresis_windows
+        )
+        failures = [r for r in results if not r.ok]
+        events: list[Event] = []
+        conds = [self._metrics_condition(results, failures, now, events)]
+        if any(r.ok for r in results) and result.stalled_for is not None:
+            conds.append(self._stalled_condition(result, now))
+        conds.append(self._bottleneck_condition(result, now))
+        if change is not None:
+            events.append(_verdict_event(change))
+        pub = self.verdict.published
+        return MonitorUpdate(
+            now=now,
+            progress=result.progress,
+            bottleneck=pub.to_status(self.verdict.since) if pub is not None else None,
+            gpus=result.gpus,
+            conditions=conds,
+            events=events,
+            analysis=result,
+            failures=failures,
+            refresh_seconds=self.refresh_seconds,
+            _clock=self._clock,
+        )
+
+    # ---- conditions ---------------------------------------------------------------------
+
+    def _make(self, type_: str, ok: bool, reason: str, message: str, now: float) -> dict[str, Any]:
+        when = datetime.fromtimestamp(now, UTC)
+        return c.make(type_, c.TRUE if ok else c.FALSE, reason, message, when, self.generation)
+
+    def _metrics_condition(
+        self,
+        results: Sequence[ScrapeResult],
+        failures: Sequence[ScrapeResult],
+        now: float,
+        events: list[Event],
+    ) -> dict[str, Any]:
+        if not results:
+            ok, reason, msg = False, c.NO_RANKS_TO_SCRAPE, "no running rank to scrape"
+        elif not failures:
+            ok, reason, msg = True, c.ALL_RANKS_SCRAPED, f"scraped {len(results)} rank(s)"
+        else:
+            listed = "; ".join(
+                f"{f.target.pod} {f.target.url}: {f.error}: {f.message}"
+                for f in failures[:MAX_FAILURES_LISTED]
+            )
+            more = len(failures) - MAX_FAILURES_LISTED
+            ok, reason = False, c.SCRAPE_FAILED
+            msg = f"{len(failures)}/{len(results)} rank(s) failed: {listed}"
+            if more > 0:
+                msg += f"; and {more} more"
+        if results and self._metrics_ok is not None and ok != self._metrics_ok:
+            if ok:
+                events.append(Event("Normal", c.METRICS_RECOVERED, msg))
+            else:
+                events.append(Event("Warning", c.SCRAPE_FAILED, msg))
+        elif results and self._metrics_ok is None and not ok:
+            events.append(Event("Warning", c.SCRAPE_FAILED, msg))
+        if results:
+            self._metrics_ok = ok
+        return self._make(c.METRICS_AVAILABLE, ok, reason, msg, now)
+
+    def _stalled_condition(self, result: an.Analysis, now: float) -> dict[str, Any]:
+        stall = next((v for v in result.candidates if v.verdict == an.STALLED), None)
+        if stall is not None:
+            return self._make(c.STALLED, True, c.STALL_DETECTED, stall.summary, now)
+        limit = result.stall_threshold or 0.0
+        return self._make(
+            c.STALLED,
+            False,
+            c.PROGRESSING,
+            f"steps advance (stall after {limit:.0f}s without one)",
+            now,
+        )
+
+    def _bottleneck_condition(self, result: an.Analysis, now: float) -> dict[str, Any]:
+        pub = self.verdict.published
+        if pub is None:
+            why = result.not_ready_reason or "waiting for the first evaluation"
+            return self._make(c.BOTTLENECK_DETECTED, False, c.WARMING_UP, why, now)
+        if pub.verdict == an.HEALTHY:
+            return self._make(c.BOTTLENECK_DETECTED, False, c.NO_BOTTLENECK, pub.summary, now)
+        return self._make(c.BOTTLENECK_DETECTED, True, pub.verdict, pub.summary, now)
+
+
+def _verdict_event(change: verdicts.Change) -> Event:
+    v = change.verdict
+    was = f" (was {change.previous})" if change.previous else ""
+    message = f"{v.verdict}{was}: {v.summary}"
+    if v.verdict == an.STALLED:
+        return Event("Warning", c.STALL_DETECTED, message)
+    if change.previous == an.STALLED:
+        return Event("Normal", c.STALL_CLEARED, message)
+    warn = v.severity in (an.WARNING, an.CRITICAL)
+    return Event("Warning" if warn else "Normal", c.BOTTLENECK_CHANGED, message)
+
+
+# ---- what counts as a change worth writing ------------------------------------------------
+
+
+def _num(d: Mapping[str, Any] | None, key: str) -> float | None:
+    v = (d or {}).get(key)
+    return float(v) if isinstance(v, int | float) else None
+
+
+def _moved(old: float | None, new: float | None, rel: float, abs_: float = 0.0) -> bool:
+    if (old is None) != (new is None):
+        return True
+    if old is None or new is None:
+        return False
+    return abs(new - old) > max(abs_, rel * abs(old))
+
+
+def _meaningful(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    op, np_ = old.get("progress") or {}, new.get("progress") or {}
+    if set(op) != set(np_):
+        return True
+    for key in ("totalSteps", "epoch"):
+        if op.get(key) != np_.get(key):
+            return True
+    if "percent" in np_:
+        if abs(float(np_["percent"]) - float(op.get("percent", 0.0))) >= PERCENT_STEP:
+            return True
+    elif _moved(_num(op, "step"), _num(np_, "step"), 0.01, 0.5):
+        return True
+    # ETA: both more than 10% and more than 30 s, so neither a long ETA's 30 s jitter nor a
+    # short ETA's few-second countdown rewrites status every scrape.
+    if _moved(_num(op, "etaSeconds"), _num(np_, "etaSeconds"), ETA_RELATIVE, ETA_ABSOLUTE):
+        return True
+    for key in ("samplesPerSecond", "tokensPerSecond"):
+        if _moved(_num(op, key), _num(np_, key), RATE_RELATIVE):
+            return True
+    ob, nb = old.get("bottleneck") or {}, new.get("bottleneck") or {}
+    for key in ("verdict", "severity", "rank", "pod", "node", "gpuUUID"):
+        if ob.get(key) != nb.get(key):
+            return True
+    og, ng = old.get("gpus") or {}, new.get("gpus") or {}
+    for key in ("requested", "observed", "telemetry"):
+        if og.get(key) != ng.get(key):
+            return True
+    for key in ("meanUtilizationRatio", "maxMemoryUsedRatio"):
+        if _moved(_num(og, key), _num(ng, key), 0.0, UTIL_ABSOLUTE):
+            return True
+    return _conditions_changed(old.get("conditions"), new.get("conditions"))
+
+
+def _conditions_changed(old: Any, new: Any) -> bool:
+    def key(conds: Any) -> set[tuple[Any, ...]]:
+        out = set()
+        for cond in conds or ():
+            msg = cond.get("message") if cond.get("type") == c.METRICS_AVAILABLE else None
+            out.add((cond.get("type"), cond.get("status"), cond.get("reason"), msg))
+        return out
+
+    return key(old) != key(new)
+
+
+def _differs(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    return any(old.get(k) != new.get(k) for k in ("progress", "bottleneck", "gpus", "conditions"))
+
+
+def _merge_patch(old: Any, new: Any) -> Any:
+    """`new` as a merge patch over `old`: keys gone from a mapping become null."""
+    if not isinstance(new, dict) or not isinstance(old, dict):
+        return new
+    out: dict[str, Any] = {k: _merge_patch(old.get(k), v) for k, v in new.items()}
+    for k in old:
+        if k not in new:
+            out[k] = None
+    return out

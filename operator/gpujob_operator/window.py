@@ -1,0 +1,365 @@
+"""A short, memory-lean window of scrapes per job, and reset-aware counter arithmetic.
+
+The operator holds a window for every job it watches (a thousand jobs of eight ranks must
+fit in well under 150 MB), so a scrape is boiled down at once to fixed-position rows of
+floats (`array('d')`), one per (pod, rank) and one per GPU; label strings live once per
+series, never per point. Absent values are NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Final, TypeVar
+
+from gpujob_operator.expfmt import Sample
+from gpujob_trainer import contract
+
+NAN: Final = math.nan
+T = TypeVar("T")
+
+# ---- rank rows: one per scrape of a rank ------------------------------------------------
+R_T: Final = 0
+"""Scrape time, seconds since the epoch."""
+R_STEPS, R_TARGET, R_SAMPLES, R_TOKENS, R_EPOCH, R_LOSS = 1, 2, 3, 4, 5, 6
+R_STEP_COUNT, R_STEP_SUM, R_COMPUTE, R_LAST_STEP = 7, 8, 9, 10
+R_CUDA_RESERVED, R_CUDA_RETRIES, R_CUDA_OOMS = 11, 12, 13
+R_PHASE0: Final = 14
+R_PHASE: Final = {name: R_PHASE0 + i for i, name in enumerate(contract.PHASES)}
+R_WIDTH: Final = R_PHASE0 + len(contract.PHASES)
+
+_RANK_FIELDS: Final = {
+    contract.STEPS.name: R_STEPS,
+    contract.TARGET_STEPS.name: R_TARGET,
+    contract.SAMPLES.name: R_SAMPLES,
+    contract.TOKENS.name: R_TOKENS,
+    contract.EPOCH.name: R_EPOCH,
+    contract.LOSS.name: R_LOSS,
+    contract.STEP_DURATION.name + "_count": R_STEP_COUNT,
+    contract.STEP_DURATION.name + "_sum": R_STEP_SUM,
+    contract.COMPUTE_SECONDS.name: R_COMPUTE,
+    contract.LAST_STEP_TIMESTAMP.name: R_LAST_STEP,
+    contract.CUDA_MEMORY_RESERVED.name: R_CUDA_RESERVED,
+    contract.CUDA_ALLOC_RETRIES.name: R_CUDA_RETRIES,
+    contract.CUDA_OOMS.name: R_CUDA_OOMS,
+}
+_BUCKETS: Final = contract.STEP_DURATION.name + "_bucket"
+_BUCKET_INDEX: Final = {float(b): i for i, b in enumerate(contract.STEP_DURATION_BUCKETS)}
+
+# ---- GPU rows: one per scrape of a GPU (exported by local rank 0 of its node) ----------
+G_T, G_UTIL, G_MEM_USED, G_MEM_TOTAL, G_POWER, G_POWER_LIMIT = 0, 1, 2, 3, 4, 5
+G_TEMP, G_SM_CLOCK, G_THROTTLE, G_XID, G_ECC = 6, 7, 8, 9, 10
+G_WIDTH: Final = 11
+"""G_THROTTLE is a bit mask of the active `contract.THROTTLE_REASONS` (bit i = reason i)."""
+
+_GPU_FIELDS: Final = {
+    contract.GPU_UTILIZATION.name: G_UTIL,
+    contract.GPU_MEMORY_USED.name: G_MEM_USED,
+    contract.GPU_MEMORY_TOTAL.name: G_MEM_TOTAL,
+    contract.GPU_POWER.name: G_POWER,
+    contract.GPU_POWER_LIMIT.name: G_POWER_LIMIT,
+    contract.GPU_TEMPERATURE.name: G_TEMP,
+    contract.GPU_SM_CLOCK.name: G_SM_CLOCK,
+    contract.GPU_XID_ERRORS.name: G_XID,
+    contract.GPU_ECC_UNCORRECTED.name: G_ECC,
+}
+_THROTTLE_BIT: Final = {name: 1 << i for i, name in enumerate(contract.THROTTLE_REASONS)}
+
+
+def throttle_reasons(mask: float) -> list[str]:
+    """The throttle reason names set in a G_THROTTLE mask."""
+    if math.isnan(mask):
+        return []
+    m = int(mask)
+    return [name for name, bit in _THROTTLE_BIT.items() if m & bit]
+
+
+def _row(width: int, t: float) -> array[float]:
+    row = array("d", [NAN]) * width
+    row[0] = t
+    return row
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One endpoint's scrape boiled down to rows (what the window stores)."""
+
+    ranks: dict[int, array[float]]
+    """Global rank -> rank row."""
+    buckets: dict[int, array[float]]
+    """Global rank -> cumulative step time histogram counts per contract bucket, then +Inf."""
+    cuda_uuid: dict[int, str]
+    gpus: dict[int, tuple[str, array[float]]]
+    """GPU index -> (UUID, GPU row)."""
+    telemetry: str | None
+    """The `reason` of gpujob_gpu_telemetry_available when the endpoint exports it."""
+    local_rank: dict[int, int]
+    node_rank: dict[int, int]
+
+
+def frame(samples: Iterable[Sample], t: float) -> Frame:
+    """Boil one endpoint's samples down to rows; samples without a rank label are skipped."""
+    ranks: dict[int, array[float]] = {}
+    buckets: dict[int, array[float]] = {}
+    cuda_uuid: dict[int, str] = {}
+    gpus: dict[int, tuple[str, array[float]]] = {}
+    local: dict[int, int] = {}
+    node: dict[int, int] = {}
+    telemetry: str | None = None
+    nb = len(contract.STEP_DURATION_BUCKETS) + 1
+    for name, labels, value, _ in samples:
+        gi = _GPU_FIELDS.get(name)
+        if gi is not None or name == contract.GPU_CLOCK_EVENT.name:
+            gpu = _int(labels.get(contract.LABEL_GPU))
+            if gpu is None:
+                continue
+            entry = gpus.get(gpu)
+            if entry is None:
+                entry = gpus[gpu] = (labels.get(contract.LABEL_UUID, ""), _row(G_WIDTH, t))
+            row = entry[1]
+            if gi is not None:
+                row[gi] = value
+            else:
+                bit = _THROTTLE_BIT.get(labels.get(contract.LABEL_REASON, ""))
+                if bit is not None:
+                    cur = 0 if math.isnan(row[G_THROTTLE]) else int(row[G_THROTTLE])
+                    row[G_THROTTLE] = float(cur | bit) if value > 0 else float(cur)
+            continue
+        if name == contract.GPU_TELEMETRY_AVAILABLE.name:
+            reason = labels.get(contract.LABEL_REASON, "")
+            if telemetry is None or value > 0:
+                telemetry = contract.TELEMETRY_OK if value > 0 else reason or "unknown"
+            continue
+        rank = _int(labels.get(contract.LABEL_RANK))
+        if rank is None:
+            continue
+        rrow = ranks.get(rank)
+        if rrow is None:
+            rrow = ranks[rank] = _row(R_WIDTH, t)
+            lr = _int(labels.get(contract.LABEL_LOCAL_RANK))
+            nr = _int(labels.get(contract.LABEL_NODE_RANK))
+            if lr is not None:
+                local[rank] = lr
+            if nr is not None:
+                node[rank] = nr
+        ri = _RANK_FIELDS.get(name)
+        if ri is not None:
+            rrow[ri] = value
+            if ri == R_CUDA_RESERVED and contract.LABEL_UUID in labels:
+                cuda_uuid[rank] = labels[contract.LABEL_UUID]
+        elif name == contract.PHASE_SECONDS.name:
+            pi = R_PHASE.get(labels.get(contract.LABEL_PHASE, ""))
+            if pi is not None:
+                rrow[pi] = value
+        elif name == _BUCKETS:
+            le = labels.get("le", "")
+            idx = nb - 1 if le == "+Inf" else _BUCKET_INDEX.get(_float(le), -1)
+            if idx >= 0:
+                b = buckets.get(rank)
+                if b is None:
+                    b = buckets[rank] = array("d", [NAN]) * nb
+                b[idx] = value
+    return Frame(ranks, buckets, cuda_uuid, gpus, telemetry, local, node)
+
+
+def _int(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return NAN
+
+
+@dataclass(slots=True)
+class RankSeries:
+    """The recent rows of one rank of one pod."""
+
+    pod: str
+    node: str
+    rank: int
+    local_rank: int
+    node_rank: int
+    uuid: str = ""
+    rows: list[array[float]] = field(default_factory=list)
+    buckets: array[float] | None = None
+    """The latest cumulative step time histogram (the run's distribution so far)."""
+
+
+@dataclass(slots=True)
+class GPUSeries:
+    """The recent rows of one GPU, as its node's local rank 0 reported them."""
+
+    pod: str
+    node: str
+    node_rank: int
+    gpu: int
+    uuid: str
+    rows: list[array[float]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Window:
+    """The last scrapes of one job: bounded by count and by age, per series."""
+
+    max_points: int = 10
+    max_age: float = 120.0
+    ranks: dict[tuple[str, int], RankSeries] = field(default_factory=dict)
+    gpus: dict[tuple[str, int], GPUSeries] = field(default_factory=dict)
+    telemetry: dict[str, str] = field(default_factory=dict)
+    """Pod -> telemetry reason reported by its local rank 0 ("ok" when available)."""
+    times: list[float] = field(default_factory=list)
+    """When each scrape round of the job was added (bounded like the series)."""
+    progress_steps: float = NAN
+    """Sum of the ranks' latest step counters at the last change (NaN before any)."""
+    progress_time: float = NAN
+    """When that sum last changed, as the operator saw it (the stall clock)."""
+
+    def add(self, t: float, pod: str, node: str, fr: Frame) -> None:
+        """Append one endpoint's frame (scraped at t) to the series of its pod."""
+        for rank, row in fr.ranks.items():
+            key = (pod, rank)
+            s = self.ranks.get(key)
+            if s is None:
+                s = self.ranks[key] = RankSeries(
+                    pod, node, rank, fr.local_rank.get(rank, -1), fr.node_rank.get(rank, -1)
+                )
+            s.node = node or s.node
+            if rank in fr.cuda_uuid:
+                s.uuid = fr.cuda_uuid[rank]
+            if rank in fr.buckets:
+                s.buckets = fr.buckets[rank]
+            _append(s.rows, row, self.max_points, t - self.max_age)
+        for gpu, (uuid, row) in fr.gpus.items():
+            gkey = (pod, gpu)
+            g = self.gpus.get(gkey)
+            if g is None:
+                nr = next(iter(fr.node_rank.values()), -1)
+                g = self.gpus[gkey] = GPUSeries(pod, node, nr, gpu, uuid)
+            g.uuid = uuid or g.uuid
+            _append(g.rows, row, self.max_points, t - self.max_age)
+        if fr.telemetry is not None:
+            self.telemetry[pod] = fr.telemetry
+
+    def end_round(self, t: float, live_pods: Iterable[str] | None = None) -> None:
+        """Close a scrape round: note its time and progress, drop old rows and gone pods."""
+        _append(self.times, t, self.max_points, t - self.max_age)
+        self._note_progress(t)
+        cutoff = t - self.max_age
+        if live_pods is not None:
+            live = set(live_pods)
+            for key in [k for k in self.ranks if k[0] not in live]:
+                del self.ranks[key]
+            for gkey in [k for k in self.gpus if k[0] not in live]:
+                del self.gpus[gkey]
+            for pod in [p for p in self.telemetry if p not in live]:
+                del self.telemetry[pod]
+        for s in self.ranks.values():
+            _trim(s.rows, cutoff)
+        for g in self.gpus.values():
+            _trim(g.rows, cutoff)
+
+    def _note_progress(self, t: float) -> None:
+        # Any rank finishing a step (or restarting: its counter drops) is progress. On the
+        # first sight, trust the trainers' own last-step time when it is older than now.
+        steps = [latest(s.rows, R_STEPS) for s in self.ranks.values()]
+        steps = [v for v in steps if not math.isnan(v)]
+        if not steps:
+            return
+        total = float(sum(steps))
+        if math.isnan(self.progress_time):
+            last = [latest(s.rows, R_LAST_STEP) for s in self.ranks.values()]
+            known = [v for v in last if not math.isnan(v) and v > 0]
+            self.progress_time = min(t, max(known)) if known else t
+            self.progress_steps = total
+        elif total != self.progress_steps:
+            self.progress_steps = total
+            self.progress_time = t
+
+    def clear(self) -> None:
+        """Forget everything (e.g. after a gang restart)."""
+        self.ranks.clear()
+        self.gpus.clear()
+        self.telemetry.clear()
+        self.times.clear()
+        self.progress_steps = NAN
+        self.progress_time = NAN
+
+
+def _append(rows: list[T], row: T, max_points: int, cutoff: float) -> None:
+    rows.append(row)
+    if len(rows) > max_points:
+        del rows[: len(rows) - max_points]
+    _trim(rows, cutoff)
+
+
+def _trim(rows: list[T], cutoff: float) -> None:
+    # Keep at least two rows so a rate stays computable when scrapes are sparse.
+    drop = 0
+    while drop < len(rows) - 2 and _time(rows[drop]) < cutoff:
+        drop += 1
+    if drop:
+        del rows[:drop]
+
+
+def _time(row: object) -> float:
+    if isinstance(row, float | int):
+        return float(row)
+    assert isinstance(row, array)
+    return row[0]
+
+
+# ---- counter arithmetic ------------------------------------------------------------------
+
+
+def increase(rows: Sequence[array[float]], index: int) -> float:
+    """Increase of a counter over rows, like Prometheus' increase(): a drop is a reset,
+    after which the counter counts from zero. NaN when fewer than two rows carry it."""
+    total = 0.0
+    prev = NAN
+    seen = 0
+    for row in rows:
+        v = row[index]
+        if math.isnan(v):
+            continue
+        if seen:
+            total += v - prev if v >= prev else v
+        prev = v
+        seen += 1
+    return total if seen >= 2 else NAN
+
+
+def span(rows: Sequence[array[float]], index: int) -> float:
+    """Seconds between the first and last rows that carry the field (NaN if < 2)."""
+    first = last = NAN
+    for row in rows:
+        if not math.isnan(row[index]):
+            if math.isnan(first):
+                first = row[0]
+            last = row[0]
+    return last - first if not math.isnan(first) and last > first else NAN
+
+
+def rate(rows: Sequence[array[float]], index: int) -> float:
+    """Per-second increase over rows (NaN if not computable)."""
+    inc = increase(rows, index)
+    dt = span(rows, index)
+    return inc / dt if not math.isnan(inc) and not math.isnan(dt) else NAN
+
+
+def latest(rows: Sequence[array[float]], index: int) -> float:
+    """The most recent non-NaN value of a field (NaN if none)."""
+    for row in reversed(rows):
+        v = row[index]
+        if not math.isnan(v):
+            return v
+    return NAN

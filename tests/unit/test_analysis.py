@@ -1,0 +1,465 @@
+"""Every verdict on synthetic windows (rank and fake NVML series written as exposition
+text, parsed like a scrape), plus replay of payloads recorded from the example trainer."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import pytest
+
+from gpujob_operator import analysis as an
+from gpujob_operator import api, expfmt
+from gpujob_operator.window import Window, frame
+from gpujob_trainer import contract
+
+PAYLOADS = Path(__file__).resolve().parents[1] / "data" / "payloads"
+T0 = 1_800_000_000.0
+GIB = 2**30
+
+
+@dataclass
+class RankSim:
+    """Cumulative counters of one synthetic rank, advanced step by step."""
+
+    rank: int
+    local_rank: int = 0
+    node_rank: int = 0
+    batch: int = 32
+    phases: dict[str, float] = field(
+        default_factory=lambda: {"data_wait": 0.01, "forward": 0.03, "backward": 0.05,
+                                 "optimizer": 0.005, "comm_wait": 0.005, "other": 0.0}
+    )  # fmt: skip
+    steps: int = 0
+    total: dict[str, float] = field(default_factory=lambda: dict.fromkeys(contract.PHASES, 0.0))
+    last_step: float = 0.0
+    target: int | None = 1000
+    reserved: float | None = None
+    retries: int = 0
+    uuid: str = "GPU-r"
+
+    def advance(self, n: int, now: float) -> None:
+        for _ in range(n):
+            self.steps += 1
+            for p, s in self.phases.items():
+                self.total[p] += s
+        if n:
+            self.last_step = now
+
+    def text(self) -> str:
+        lab = f'local_rank="{self.local_rank}",node_rank="{self.node_rank}",rank="{self.rank}"'
+        step_time = sum(self.total.values())
+        compute = sum(self.total[p] for p in contract.COMPUTE_PHASES)
+        lines = [
+            f"# TYPE {contract.STEPS.name} counter",
+            f"{contract.STEPS.name}{{{lab}}} {self.steps}",
+            f"{contract.SAMPLES.name}{{{lab}}} {self.steps * self.batch}",
+            f"{contract.EPOCH.name}{{{lab}}} {self.steps // 100}",
+            f"{contract.LOSS.name}{{{lab}}} 1.5",
+            f"{contract.STEP_DURATION.name}_count{{{lab}}} {self.steps}",
+            f"{contract.STEP_DURATION.name}_sum{{{lab}}} {step_time}",
+            f"{contract.COMPUTE_SECONDS.name}{{{lab}}} {compute}",
+        ]
+        per = sum(self.phases.values())
+        for b in contract.STEP_DURATION_BUCKETS:
+            lines.append(
+                f'{contract.STEP_DURATION.name}_bucket{{le="{b!r}",{lab}}} '
+                f"{self.steps if per <= b else 0}"
+            )
+        lines.append(f'{contract.STEP_DURATION.name}_bucket{{le="+Inf",{lab}}} {self.steps}')
+        if self.target is not None:
+            lines.append(f"{contract.TARGET_STEPS.name}{{{lab}}} {self.target}")
+        for p in contract.PHASES:
+            lines.append(f'{contract.PHASE_SECONDS.name}{{{lab},phase="{p}"}} {self.total[p]}')
+        if self.last_step:
+            lines.append(f"{contract.LAST_STEP_TIMESTAMP.name}{{{lab}}} {self.last_step}")
+        if self.reserved is not None:
+            cl = f'{lab},UUID="{self.uuid}"'
+            lines.append(f"{contract.CUDA_MEMORY_RESERVED.name}{{{cl}}} {self.reserved}")
+            lines.append(f"{contract.CUDA_ALLOC_RETRIES.name}{{{cl}}} {self.retries}")
+            lines.append(f"{contract.CUDA_OOMS.name}{{{cl}}} 0")
+        return "\n".join(lines) + "\n"
+
+
+@dataclass
+class GPUSim:
+    """Fake NVML series of one GPU, as local rank 0 exports them."""
+
+    gpu: int
+    uuid: str
+    util: float = 0.9
+    used: float = 10 * GIB
+    total: float = 80 * GIB
+    throttle: tuple[str, ...] = ()
+    xid: int = 0
+    ecc: int = 0
+
+    def text(self, node_rank: int = 0) -> str:
+        lab = f'node_rank="{node_rank}",gpu="{self.gpu}",UUID="{self.uuid}"'
+        lines = [
+            f"{contract.GPU_UTILIZATION.name}{{{lab}}} {self.util}",
+            f"{contract.GPU_MEMORY_USED.name}{{{lab}}} {self.used}",
+            f"{contract.GPU_MEMORY_TOTAL.name}{{{lab}}} {self.total}",
+            f"{contract.GPU_POWER.name}{{{lab}}} 300",
+            f"{contract.GPU_XID_ERRORS.name}{{{lab}}} {self.xid}",
+            f"{contract.GPU_ECC_UNCORRECTED.name}{{{lab}}} {self.ecc}",
+        ]
+        for reason in contract.CLOCK_EVENT_REASONS:
+            active = 1 if reason in self.throttle else 0
+            lines.append(f'{contract.GPU_CLOCK_EVENT.name}{{{lab},reason="{reason}"}} {active}')
+        return "\n".join(lines) + "\n"
+
+
+def telemetry_text(ok: bool, node_rank: int = 0) -> str:
+    reason = contract.TELEMETRY_OK if ok else contract.TELEMETRY_NVML_INIT_FAILED
+    return (
+        f'{contract.GPU_TELEMETRY_AVAILABLE.name}{{node_rank="{node_rank}",reason="{reason}"}} '
+        f"{1 if ok else 0}\n"
+    )
+
+
+@dataclass
+class Job:
+    """A synthetic job: ranks (on one pod each) and GPUs on pod of rank 0."""
+
+    ranks: list[RankSim]
+    gpus: list[GPUSim] = field(default_factory=list)
+    steps_per_scrape: int = 10
+    interval: float = 15.0
+    now: float = T0
+    hooks: list[Callable[[Job, int], None]] = field(default_factory=list)
+
+    def payloads(self) -> list[tuple[str, str]]:
+        out = []
+        for r in self.ranks:
+            text = r.text()
+            if r.local_rank == 0:
+                text += telemetry_text(bool(self.gpus), r.node_rank)
+                text += "".join(g.text(r.node_rank) for g in self.gpus)
+            out.append((f"pod-{r.rank}", text))
+        return out
+
+    def round(self, i: int) -> list[tuple[str, str]]:
+        self.now += self.interval
+        for hook in self.hooks:
+            hook(self, i)
+        for r in self.ranks:
+            r.advance(self.steps_per_scrape, self.now)
+        return self.payloads()
+
+
+def fill(window: Window, job: Job, rounds: int) -> float:
+    """Feed `rounds` scrape rounds of the job into the window; returns the last time."""
+    for i in range(rounds):
+        for pod, text in job.round(i):
+            window.add(job.now, pod, f"node-{pod}", frame(expfmt.parse(text), job.now))
+        window.end_round(job.now, [p for p, _ in job.payloads()])
+    return job.now
+
+
+SETTINGS = an.Settings(warmup_steps=20, min_scrapes=3, total_steps=None)
+
+
+def run(job: Job, rounds: int = 8, settings: an.Settings = SETTINGS) -> an.Analysis:
+    window = Window(settings.max_points(), settings.window_seconds)
+    now = fill(window, job, rounds)
+    return an.analyze(window, settings, now)
+
+
+def two_ranks(**kw: float) -> Job:
+    return Job([RankSim(0, 0), RankSim(1, 1)], **kw)  # type: ignore[arg-type]
+
+
+def verdict(a: an.Analysis) -> str | None:
+    return a.verdict.verdict if a.verdict else None
+
+
+# ---- progress -----------------------------------------------------------------------------
+
+
+def test_progress_eta_and_throughput() -> None:
+    job = two_ranks()
+    a = run(job, rounds=6)
+    p = a.progress
+    assert p["step"] == 60 and p["totalSteps"] == 1000
+    assert p["percent"] == pytest.approx(6.0)
+    # 10 steps per 15 s; throughput sums both ranks' samples (32 per step each)
+    assert a.step_rate == pytest.approx(10 / 15)
+    assert p["samplesPerSecond"] == pytest.approx(2 * 32 * 10 / 15, rel=1e-3)
+    assert p["etaSeconds"] == pytest.approx(940 / (10 / 15), rel=1e-3)
+    assert p["estimatedCompletionTime"].endswith("Z")
+    assert p["loss"] == 1.5 and p["epoch"] == 0
+    api.Progress.model_validate(p)  # the status shape
+
+
+def test_step_is_min_of_ranks_and_total_from_spec_when_not_exported() -> None:
+    job = two_ranks()
+    for r in job.ranks:
+        r.target = None
+    job.ranks[1].steps = 3  # rank 1 ahead by 3
+    a = run(job, rounds=4, settings=an.Settings(total_steps=80))
+    assert a.progress["step"] == 40 and a.progress["totalSteps"] == 80
+    assert a.progress["percent"] == 50.0
+
+
+def test_eta_smooths_a_slow_interval() -> None:
+    job = two_ranks()
+
+    def slow_once(j: Job, i: int) -> None:
+        j.steps_per_scrape = 2 if i == 6 else 10
+
+    job.hooks.append(slow_once)
+    a = run(job, rounds=8)
+    # EWMA: one interval at 1/5 of the rate moves the estimate less than proportionally
+    assert 0.4 < a.step_rate < 10 / 15  # type: ignore[operator]
+
+
+def test_counter_reset_counts_from_zero() -> None:
+    job = two_ranks()
+
+    def restart(j: Job, i: int) -> None:
+        if i == 5:
+            for r in j.ranks:
+                r.steps = 0
+                r.total = dict.fromkeys(contract.PHASES, 0.0)
+
+    job.hooks.append(restart)
+    a = run(job, rounds=7, settings=an.Settings(warmup_steps=0))
+    assert a.step_rate == pytest.approx(10 / 15)
+    assert a.progress["samplesPerSecond"] == pytest.approx(2 * 32 * 10 / 15, rel=1e-3)
+
+
+# ---- verdicts --------------------------------------------------------------------------------
+
+
+def test_healthy_cpu_job_and_telemetry_reason() -> None:
+    a = run(two_ranks())
+    assert verdict(a) == an.HEALTHY and a.candidates == ()
+    assert a.gpus["telemetry"] == "Unavailable: no GPU telemetry: nvml_init_failed"
+    api.GPUSummary.model_validate(a.gpus)
+
+
+def test_warmup_gives_no_verdict() -> None:
+    a = run(two_ranks(), rounds=3)  # steps 10, 20, 30: only 2 scrapes past step 20
+    assert a.verdict is None and not a.ready and "warming up" in a.not_ready_reason
+
+
+def test_input_bound_with_numbers() -> None:
+    job = two_ranks()
+    for r in job.ranks:
+        r.phases["data_wait"] = 0.05  # 0.05 / 0.14 = 36%
+    a = run(job)
+    assert verdict(a) == an.INPUT_BOUND
+    v = a.verdict
+    assert v is not None and v.severity == an.WARNING
+    assert v.evidence["dataWaitRatio"] == pytest.approx(0.05 / 0.14, abs=1e-3)
+    assert v.summary == "data loading takes 36% of step time (warn > 5%, bound > 20%)"
+    assert "DataLoader workers" in v.advice
+    api.Bottleneck.model_validate(v.to_status(T0))
+
+
+def test_input_warn_level_stays_healthy_with_a_note() -> None:
+    job = two_ranks()
+    for r in job.ranks:
+        r.phases["data_wait"] = 0.012  # 12 / 102 ms = 12%
+    a = run(job)
+    assert verdict(a) == an.HEALTHY
+    assert a.verdict is not None and "note: data loading takes 12%" in a.verdict.summary
+
+
+def test_thresholds_come_from_the_spec() -> None:
+    job = two_ranks()
+    for r in job.ranks:
+        r.phases["data_wait"] = 0.05
+    th = api.Thresholds(input_bound_ratio=0.5, input_warn_ratio=0.4)
+    assert verdict(run(job, settings=an.Settings(thresholds=th))) == an.HEALTHY
+
+
+def test_communication_bound() -> None:
+    job = two_ranks()
+    for r in job.ranks:
+        r.phases["comm_wait"] = 0.04  # 40 / 135 ms
+    a = run(job)
+    assert verdict(a) == an.COMMUNICATION_BOUND
+    assert a.verdict is not None and a.verdict.evidence["commWaitRatio"] == pytest.approx(
+        0.04 / 0.135, abs=1e-3
+    )
+
+
+def test_straggler_beats_communication_bound() -> None:
+    job = two_ranks()
+    slow = job.ranks[1]
+    slow.phases.update(forward=0.09, backward=0.15)  # 3x the compute
+    job.ranks[0].phases["comm_wait"] = 0.16  # the fast rank waits for it in all-reduce
+    a = run(job)
+    assert verdict(a) == an.STRAGGLER
+    v = a.verdict
+    assert v is not None and v.rank == 1 and v.pod == "pod-1" and v.node == "node-pod-1"
+    assert v.evidence["stragglerScore"] == pytest.approx(0.085 / 0.245, abs=1e-3)
+    assert an.COMMUNICATION_BOUND not in [c.verdict for c in a.candidates]
+
+
+def test_memory_pressure_from_reserved_over_total() -> None:
+    job = Job([RankSim(0, 0, reserved=76 * GIB, uuid="GPU-a")], [GPUSim(0, "GPU-a")])
+    a = run(job)
+    assert verdict(a) == an.MEMORY_PRESSURE
+    assert a.verdict is not None and a.verdict.gpu_uuid == "GPU-a"
+    assert a.verdict.evidence["reservedRatio"] == pytest.approx(0.95)
+
+
+def test_memory_pressure_from_alloc_retries() -> None:
+    job = Job([RankSim(0, 0, reserved=10 * GIB, uuid="GPU-a")], [GPUSim(0, "GPU-a")])
+
+    def retry(j: Job, i: int) -> None:
+        j.ranks[0].retries += 2
+
+    job.hooks.append(retry)
+    a = run(job)
+    assert verdict(a) == an.MEMORY_PRESSURE
+    assert a.verdict is not None and float(a.verdict.evidence["allocRetries"]) > 0
+
+
+def test_gpu_underutilized_only_without_other_causes() -> None:
+    gpus = [GPUSim(i, f"GPU-{i}", util=0.3) for i in range(8)]
+    job = Job([RankSim(0, 0)], gpus)
+    a = run(job)
+    assert verdict(a) == an.GPU_UNDERUTILIZED
+    assert a.gpus["observed"] == 8 and a.gpus["meanUtilizationRatio"] == pytest.approx(0.3)
+    job2 = Job([RankSim(0, 0)], [GPUSim(i, f"GPU-{i}", util=0.3) for i in range(8)])
+    job2.ranks[0].phases["data_wait"] = 0.2
+    assert verdict(run(job2)) == an.INPUT_BOUND
+
+
+def test_throttled_when_sustained_only() -> None:
+    job = Job([RankSim(0, 0)], [GPUSim(0, "GPU-a", throttle=("sw_power_cap",)), GPUSim(1, "GPU-b")])
+    a = run(job)
+    assert verdict(a) == an.THROTTLED
+    assert a.verdict is not None and a.verdict.gpu_uuid == "GPU-a"
+    assert "sw_power_cap" in a.verdict.summary and a.throttled_gpus == 1
+
+    flicker = Job([RankSim(0, 0)], [GPUSim(0, "GPU-a")])
+
+    def toggle(j: Job, i: int) -> None:
+        j.gpus[0].throttle = ("hw_slowdown",) if i % 2 else ()
+
+    flicker.hooks.append(toggle)
+    assert verdict(run(flicker)) == an.HEALTHY
+
+
+def test_hardware_fault_on_xid_increase_is_critical() -> None:
+    job = Job([RankSim(0, 0)], [GPUSim(0, "GPU-a"), GPUSim(1, "GPU-b")])
+
+    def xid(j: Job, i: int) -> None:
+        if i == 6:
+            j.gpus[1].xid = 1
+
+    job.hooks.append(xid)
+    a = run(job)
+    assert verdict(a) == an.HARDWARE_FAULT
+    assert a.verdict is not None and a.verdict.severity == an.CRITICAL
+    assert a.verdict.gpu_uuid == "GPU-b"
+
+
+def test_ecc_counter_already_nonzero_is_no_fault() -> None:
+    job = Job([RankSim(0, 0)], [GPUSim(0, "GPU-a", ecc=3)])
+    assert verdict(run(job)) == an.HEALTHY
+
+
+def test_stalled_after_timeout_even_in_warmup() -> None:
+    job = two_ranks()
+
+    def hang(j: Job, i: int) -> None:
+        if i >= 1:
+            j.steps_per_scrape = 0
+
+    job.hooks.append(hang)
+    st = an.Settings(stall_timeout_seconds=60)
+    a = run(job, rounds=5, settings=st)  # no step for 4 x 15 s = 60 s: not yet
+    assert verdict(a) != an.STALLED
+    a = run(two_ranks(hooks=[hang]), rounds=6, settings=st)  # type: ignore[arg-type]
+    assert verdict(a) == an.STALLED
+    assert a.verdict is not None and a.verdict.severity == an.CRITICAL
+    assert a.stalled_for == pytest.approx(75) and a.verdict.evidence["step"] == 10
+
+
+def test_stall_threshold_scales_with_step_time() -> None:
+    job = two_ranks()
+    for r in job.ranks:
+        r.phases["forward"] = 20.0  # 20 s steps: 10 x median >> timeout
+
+    def hang(j: Job, i: int) -> None:
+        j.steps_per_scrape = 1 if i == 0 else 0
+
+    job.hooks.append(hang)
+    a = run(job, rounds=8, settings=an.Settings(stall_timeout_seconds=30))
+    assert verdict(a) != an.STALLED
+    assert a.stall_threshold is not None and a.stall_threshold > 100
+
+
+def test_median_step_seconds_interpolates_buckets() -> None:
+    job = two_ranks()
+    window = Window(10, 1000)
+    fill(window, job, 2)
+    median = an.median_step_seconds(list(window.ranks.values()))
+    # every step took 0.1 s: all in the (0.05, 0.1] bucket, interpolated to its middle
+    assert median == pytest.approx(0.075)
+
+
+# ---- replay of recorded trainer payloads ------------------------------------------------------
+
+
+def replay(condition: str, settings: an.Settings) -> an.Analysis:
+    times = json.loads((PAYLOADS / "times.json").read_text())
+    window = Window(settings.max_points(), settings.window_seconds)
+    now = 0.0
+    for i in range(3):
+        for r in range(2):
+            name = f"{condition}-scrape{i}-rank{r}.prom"
+            now = times[name]
+            samples = expfmt.parse((PAYLOADS / name).read_bytes())
+            window.add(now, f"pod-r{r}", "node", frame(samples, now))
+        window.end_round(now)
+    return an.analyze(window, settings, now)
+
+
+REPLAY = an.Settings(warmup_steps=0, min_scrapes=3, window_seconds=10, scrape_interval_seconds=1)
+# The recorded comm-heavy run is short (2 s) and its ranks' compute differs by 1.4x under
+# contention (score 0.72): with the default straggler bound it reads as a mild straggler.
+LENIENT = api.Thresholds(straggler_score=0.6)
+
+
+@pytest.mark.parametrize(
+    ("condition", "thresholds", "expected"),
+    [
+        ("slow_input", api.Thresholds(), an.INPUT_BOUND),
+        ("comm_heavy", LENIENT, an.COMMUNICATION_BOUND),
+        ("slow_rank", api.Thresholds(), an.STRAGGLER),
+    ],
+)
+def test_recorded_windows(condition: str, thresholds: api.Thresholds, expected: str) -> None:
+    a = replay(condition, replace(REPLAY, thresholds=thresholds))
+    assert verdict(a) == expected, [c.summary for c in a.candidates]
+    assert a.progress["samplesPerSecond"] > 0 and a.progress["step"] > 0
+    assert a.gpus["telemetry"].startswith("Unavailable")
+    if expected == an.STRAGGLER:
+        assert a.verdict is not None and a.verdict.rank == 1
+
+
+def test_verdict_status_has_no_nan() -> None:
+    v = an.Verdict("X", an.INFO, "s", {"a": math.nan, "b": 1.0})
+    assert v.to_status()["evidence"] == {"b": 1.0}
+
+
+def _names(seq: Sequence[an.Verdict]) -> list[str]:
+    return [v.verdict for v in seq]
+
+
+def test_priority_lists_the_others_in_evidence() -> None:
+    job = Job([RankSim(0, 0, reserved=79 * GIB, uuid="GPU-a")], [GPUSim(0, "GPU-a")])
+    job.ranks[0].phases["data_wait"] = 0.2
+    a = run(job)
+    assert _names(a.candidates) == [an.INPUT_BOUND, an.MEMORY_PRESSURE]
+    assert a.verdict is not None and a.verdict.evidence["alsoDetected"] == an.MEMORY_PRESSURE
