@@ -42,5 +42,11 @@ cluster: venv tools ## start the local control plane + GPU node agent in the bac
 cluster-down: venv ## stop the local cluster
 	@$(PY) -m gpujob_localcluster.cli down --dir $(CLUSTER_DIR)
 
-demo: venv tools ## the whole story: cluster, chart, operator, a job training to 100%
-	@echo "make demo is not there yet: the demo issue lands it. Meanwhile: make cluster" >&2; exit 1
+DEMO_DIR ?= /tmp/gpujob-demo
+BOTTLENECK ?= none
+
+demo: venv tools ## the whole story: cluster, chart, operator, a job training to 100% (BOTTLENECK=slow-input|straggler|comm-heavy)
+	@$(PY) -m gpujob_localcluster.demo --dir $(DEMO_DIR) --bottleneck $(BOTTLENECK)
+
+demo-down: venv ## stop the demo's cluster and operator
+	@$(PY) -m gpujob_localcluster.demo --dir $(DEMO_DIR) --down

@@ -156,6 +156,16 @@ class ControlPlane:
         return str(self.bins / name)
 
     # -- lifecycle -----------------------------------------------------------------
+    @classmethod
+    def attach(cls, folder: Path) -> ControlPlane:
+        """A handle on a control plane that already runs in ``folder`` (started elsewhere)."""
+        cp = cls(folder)
+        state = folder / STATE_FILE
+        if state.exists():
+            cp.server = str(json.loads(state.read_text()).get("server", ""))
+        cp.bins = bin_dir()
+        return cp
+
     def _check_stale(self) -> None:
         state = self.folder / STATE_FILE
         if state.exists():

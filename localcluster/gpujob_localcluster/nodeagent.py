@@ -87,6 +87,8 @@ class PodRun:
     containers: list[ContainerRun] = field(default_factory=list)
     kill_at: float | None = None
     finished: bool = False
+    family: set[int] = field(default_factory=set)
+    """Every process seen under the pod's containers: killed with the pod, like a cgroup."""
 
     @property
     def key(self) -> str:
@@ -118,6 +120,8 @@ class NodeAgent:
         # A random second octet keeps two clusters on one machine (parallel test runs) apart.
         first = random.randint(1, 200)
         self._ips = (f"127.{a}.{b}.{c}" for a, b, c in itertools.product(range(first, 255), range(256), range(1, 255)))
+        become_subreaper()
+        self._last_census = 0.0
         can_isolate = os.geteuid() == 0 and shutil.which("unshare") is not None
         self.isolate = can_isolate if isolate is None else isolate and can_isolate
         self.base_env = self._base_env()
@@ -257,6 +261,7 @@ class NodeAgent:
             except Exception:
                 log.exception("handling %s failed", kind)
             self._enforce_grace()
+            self._census()
         self.shutdown()
 
     def _handle(self, kind: str, payload: Any) -> None:
@@ -411,6 +416,7 @@ class NodeAgent:
         if run.alive() or run.finished:
             return
         run.finished = True
+        self._kill_family(run)
         failed = any(c.exit_code for c in run.containers)
         statuses = [self._container_status(c, crun_) for c, crun_ in
                     zip(run.pod["spec"]["containers"], run.containers, strict=False)]  # fmt: skip
@@ -434,10 +440,42 @@ class NodeAgent:
         return {**base, "ready": False, "started": False, "state": {"terminated": term}}
 
     def _kill(self, run: PodRun, sig: int) -> None:
+        """Signal every process of the pod: its process group and, for SIGKILL, all descendants.
+
+        Descendants matter because torchrun starts each worker in a session of its own: a
+        SIGKILL of the container's group alone would leave the workers running.
+        """
         for c in run.alive():
             assert c.proc is not None
+            family = descendants(c.proc.pid) if sig == signal.SIGKILL else []
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(c.proc.pid, sig)
+            for pid in family:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+
+    def _census(self) -> None:
+        """Once a second: note each pod's processes and reap orphans that died under us."""
+        now = time.monotonic()
+        if now - self._last_census < 1.0:
+            return
+        self._last_census = now
+        for run in self.runs.values():
+            for c in run.alive():
+                assert c.proc is not None
+                run.family.update(descendants(c.proc.pid))
+        ours = {c.proc.pid for r in self.runs.values() for c in r.containers if c.proc is not None}
+        for pid in descendants(os.getpid()):
+            if pid not in ours and _is_zombie(pid):
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+
+    def _kill_family(self, run: PodRun) -> None:
+        """SIGKILL what is left of a pod after its containers ended (the cgroup's job)."""
+        for pid in run.family:
+            if _alive(pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
 
     def _enforce_grace(self) -> None:
         now = time.monotonic()
@@ -482,6 +520,52 @@ class NodeAgent:
             time.sleep(0.05)
         for run in self.runs.values():
             self._kill(run, signal.SIGKILL)
+            self._kill_family(run)
+        for pid in descendants(os.getpid()):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def become_subreaper() -> None:
+    """Adopt orphaned pod processes (prctl PR_SET_CHILD_SUBREAPER) so none escape teardown."""
+    import ctypes
+
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def descendants(pid: int) -> list[int]:
+    """Every descendant of ``pid`` (through /proc/<pid>/task/*/children), deepest last."""
+    out: list[int] = []
+    queue_ = [pid]
+    while queue_:
+        current = queue_.pop()
+        try:
+            tasks = list(Path(f"/proc/{current}/task").iterdir())
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                kids = [int(k) for k in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            out.extend(kids)
+            queue_.extend(kids)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
