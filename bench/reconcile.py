@@ -18,18 +18,28 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpujob_localcluster.cluster import LocalCluster, NodeConfig  # noqa: E402
-from tests.support.kube import Kube  # noqa: E402
-from tests.support.operator import OperatorProcess  # noqa: E402
-from tests.support.waiting import wait_until  # noqa: E402
+from tests.support.kube import Kube
+from tests.support.operator import OperatorProcess
+from tests.support.waiting import wait_until
+
+from gpujob_localcluster.cluster import LocalCluster, NodeConfig
 
 CRD = Path(__file__).resolve().parents[1] / "crds" / "gputrainingjobs.gpujob.dev.yaml"
 
 
 def job(name: str) -> dict:
-    return {"apiVersion": "gpujob.dev/v1alpha1", "kind": "GPUTrainingJob", "metadata": {"name": name},
-            "spec": {"image": "x", "nodes": 2, "gpusPerNode": 0, "command": ["sleep", "600"],
-                     "training": {"launcher": "none"}}}  # fmt: skip
+    return {
+        "apiVersion": "gpujob.dev/v1alpha1",
+        "kind": "GPUTrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "image": "x",
+            "nodes": 2,
+            "gpusPerNode": 0,
+            "command": ["sleep", "600"],
+            "training": {"launcher": "none"},
+        },
+    }
 
 
 def cpu_seconds(pid: int) -> float:
@@ -89,10 +99,14 @@ def main() -> None:
         finally:
             cluster.stop()
     print(f"single job (2 nodes): apply -> all pods created: {single:.2f}s")
-    print(f"burst of {args.jobs} jobs x 2 nodes: kubectl apply {applied:.1f}s; all {2 * args.jobs} pods created "
-          f"after {total:.1f}s -> {2 * args.jobs / total:.1f} pods/s")  # fmt: skip
-    print(f"operator: {cpu:.1f} CPU seconds for the burst ({cpu / args.jobs * 1000:.0f} ms per job), "
-          f"peak RSS {rss:.0f} MB")  # fmt: skip
+    print(
+        f"burst of {args.jobs} jobs x 2 nodes: kubectl apply {applied:.1f}s; all {2 * args.jobs} pods created "
+        f"after {total:.1f}s -> {2 * args.jobs / total:.1f} pods/s"
+    )
+    print(
+        f"operator: {cpu:.1f} CPU seconds for the burst ({cpu / args.jobs * 1000:.0f} ms per job), "
+        f"peak RSS {rss:.0f} MB"
+    )
 
 
 if __name__ == "__main__":

@@ -202,10 +202,17 @@ def prometheus_run(
     web = free_port()
     log = open(tmp / "prometheus.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(
-        [binary, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
-         f"--web.listen-address={LOOPBACK}:{web}", "--log.level=warn"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        [
+            binary,
+            f"--config.file={tmp / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp / 'data'}",
+            f"--web.listen-address={LOOPBACK}:{web}",
+            "--log.level=warn",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         # Let it load the config and spread its first scrapes (Prometheus staggers targets
         # over one interval), then measure over whole intervals.
@@ -246,9 +253,11 @@ def main() -> int:
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     op = asyncio.run(operator_rounds(port, args.jobs, args.ranks, args.rounds, 15.0))
     per_1000 = op["cpu_s"] / op["scrapes"] * 1000
-    print(f"operator: {op['scrapes']:.0f} scrapes ({op['ok']:.0f} ok) of {args.jobs} jobs x "
-          f"{args.ranks} ranks, {args.rounds} rounds, in {op['wall_s']:.1f} s wall, "
-          f"{op['cpu_s']:.1f} s CPU")  # fmt: skip
+    print(
+        f"operator: {op['scrapes']:.0f} scrapes ({op['ok']:.0f} ok) of {args.jobs} jobs x "
+        f"{args.ranks} ranks, {args.rounds} rounds, in {op['wall_s']:.1f} s wall, "
+        f"{op['cpu_s']:.1f} s CPU"
+    )
     print(
         f"operator: {op['scrapes'] / op['cpu_s']:.0f} endpoints/s per core; "
         f"{per_1000:.3f} CPU s per 1,000 scrapes (scrape + parse + window + analysis + patch)"

@@ -18,7 +18,13 @@ import time
 from pathlib import Path
 
 from gpujob_localcluster.cluster import DEFAULT_FOLDER, LocalCluster, NodeConfig
-from gpujob_localcluster.controlplane import STATE_FILE, ClusterError, log_tail, pid_alive, stop_folder
+from gpujob_localcluster.controlplane import (
+    STATE_FILE,
+    ClusterError,
+    log_tail,
+    pid_alive,
+    stop_folder,
+)
 
 
 def _nodes(args: argparse.Namespace) -> NodeConfig:
@@ -63,11 +69,26 @@ def up(args: argparse.Namespace) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "up").unlink(missing_ok=True)
     sup_log = folder / "supervisor.log"
-    cmd = [sys.executable, "-m", "gpujob_localcluster.cli", "serve", "--dir", str(folder),
-           "--nodes", str(args.nodes), "--gpus-per-node", str(args.gpus_per_node)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "gpujob_localcluster.cli",
+        "serve",
+        "--dir",
+        str(folder),
+        "--nodes",
+        str(args.nodes),
+        "--gpus-per-node",
+        str(args.gpus_per_node),
+    ]
     with open(sup_log, "ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     started = time.monotonic()
     print(f"# starting the local cluster in {folder} (log: {sup_log})", file=sys.stderr)
     while not (folder / "up").exists():
@@ -75,12 +96,18 @@ def up(args: argparse.Namespace) -> int:
             print(f"error: the cluster failed to start:\n{log_tail(sup_log, 40)}", file=sys.stderr)
             return 1
         if time.monotonic() - started > args.timeout:
-            print(f"error: the cluster did not come up within {args.timeout}s; see {sup_log}", file=sys.stderr)
+            print(
+                f"error: the cluster did not come up within {args.timeout}s; see {sup_log}",
+                file=sys.stderr,
+            )
             stop_folder(folder)
             return 1
         time.sleep(0.2)
-    print(f"# local cluster up in {time.monotonic() - started:.1f}s: {args.nodes} nodes x "
-          f"{args.gpus_per_node} nvidia.com/gpu; logs in {folder / 'logs'}", file=sys.stderr)  # fmt: skip
+    print(
+        f"# local cluster up in {time.monotonic() - started:.1f}s: {args.nodes} nodes x "
+        f"{args.gpus_per_node} nvidia.com/gpu; logs in {folder / 'logs'}",
+        file=sys.stderr,
+    )
     print(f"export KUBECONFIG={folder / 'admin.kubeconfig'}")
     return 0
 

@@ -69,12 +69,32 @@ class LocalCluster:
         log_path = self.cp.log_dir / "node-agent.log"
         out = open(log_path, "ab")  # noqa: SIM115 - owned by the child
         self.agent = subprocess.Popen(
-            [sys.executable, "-m", "gpujob_localcluster.nodeagent", "--kubeconfig", str(self.kubeconfig),
-             "--nodes", str(self.nodes.count), "--node-prefix", self.nodes.prefix,
-             "--gpus-per-node", str(self.nodes.gpus), "--cpu", self.nodes.cpu, "--memory", self.nodes.memory,
-             "--state-dir", str(ready.parent), "--ready-file", str(ready)],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "gpujob_localcluster.nodeagent",
+                "--kubeconfig",
+                str(self.kubeconfig),
+                "--nodes",
+                str(self.nodes.count),
+                "--node-prefix",
+                self.nodes.prefix,
+                "--gpus-per-node",
+                str(self.nodes.gpus),
+                "--cpu",
+                self.nodes.cpu,
+                "--memory",
+                self.nodes.memory,
+                "--state-dir",
+                str(ready.parent),
+                "--ready-file",
+                str(ready),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         out.close()
         self.cp.register_pid("node-agent", self.agent.pid)
         agent = self.agent
@@ -86,12 +106,20 @@ class LocalCluster:
         wait_for(ready.exists, timeout, "the node agent to register its nodes", problem)
         # The node lifecycle controller must see the nodes Ready before the scheduler uses them.
         names = ",".join(self.nodes.names)
-        wait_for(lambda: self._nodes_ready(), timeout, f"nodes {names} Ready and schedulable", problem)
+        wait_for(
+            lambda: self._nodes_ready(), timeout, f"nodes {names} Ready and schedulable", problem
+        )
 
     def _nodes_ready(self) -> bool:
         assert self.cp is not None
-        res = self.cp.kubectl("get", "nodes", "-l", "gpujob.dev/local-node=true", "-o",
-                              "jsonpath={range .items[*]}{.metadata.name} {.spec.taints}{'\\n'}{end}")  # fmt: skip
+        res = self.cp.kubectl(
+            "get",
+            "nodes",
+            "-l",
+            "gpujob.dev/local-node=true",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name} {.spec.taints}{'\\n'}{end}",
+        )
         lines = [ln for ln in res.stdout.splitlines() if ln.strip()]
         return len(lines) == self.nodes.count and all("not-ready" not in ln for ln in lines)
 

@@ -64,7 +64,10 @@ def pid_alive(pid: int) -> bool:
 
 
 def wait_for(
-    check: Callable[[], bool], timeout: float, what: str, alive: Callable[[], str | None] | None = None
+    check: Callable[[], bool],
+    timeout: float,
+    what: str,
+    alive: Callable[[], str | None] | None = None,
 ) -> None:
     """Poll ``check`` until it is true; fail after ``timeout`` or when ``alive`` reports death."""
     deadline = time.monotonic() + timeout
@@ -107,8 +110,14 @@ class Component:
         return f"{self.name} exited with code {code}; last lines of {self.log_path}:\n{log_tail(self.log_path)}"
 
 
-def kubeconfig(server: str, ca: Path, user: str, cert: Path | None = None, key: Path | None = None,
-               token: str | None = None) -> dict:  # fmt: skip
+def kubeconfig(
+    server: str,
+    ca: Path,
+    user: str,
+    cert: Path | None = None,
+    key: Path | None = None,
+    token: str | None = None,
+) -> dict:
     """A kubeconfig dict for one user; either a client certificate or a bearer token."""
     creds: dict[str, str] = {}
     if token is not None:
@@ -119,7 +128,9 @@ def kubeconfig(server: str, ca: Path, user: str, cert: Path | None = None, key: 
     return {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": "local", "cluster": {"server": server, "certificate-authority": str(ca)}}],
+        "clusters": [
+            {"name": "local", "cluster": {"server": server, "certificate-authority": str(ca)}}
+        ],
         "users": [{"name": user, "user": creds}],
         "contexts": [{"name": "local", "context": {"cluster": "local", "user": user}}],
         "current-context": "local",
@@ -180,7 +191,9 @@ class ControlPlane:
             state.unlink()
         stale = [self.folder / n for n in STALE_PARTS if (self.folder / n).exists()]
         if stale:
-            log.warning("removing stale cluster data in %s from a run that is no longer alive", self.folder)
+            log.warning(
+                "removing stale cluster data in %s from a run that is no longer alive", self.folder
+            )
             for path in stale:
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
 
@@ -189,7 +202,11 @@ class ControlPlane:
         log_path = self.log_dir / f"{name}.log"
         out = open(log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
         proc = subprocess.Popen(
-            args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            args,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
         out.close()
         comp = Component(name, proc, log_path)
@@ -249,58 +266,154 @@ class ControlPlane:
         sched_kc = self._write_kubeconfig(self.folder / "scheduler.kubeconfig", "scheduler", sched)
 
         etcd_url = f"http://127.0.0.1:{etcd_port}"
-        etcd = self._spawn("etcd", [
-            self.bin("etcd"), "--name", "local", "--data-dir", str(self.folder / "etcd"),
-            "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
-            "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
-            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
-            "--initial-cluster", f"local=http://127.0.0.1:{peer_port}",
-            "--unsafe-no-fsync", "--quota-backend-bytes", str(2 * 1024**3), "--log-level", "warn",
-        ])  # fmt: skip
+        etcd = self._spawn(
+            "etcd",
+            [
+                self.bin("etcd"),
+                "--name",
+                "local",
+                "--data-dir",
+                str(self.folder / "etcd"),
+                "--listen-client-urls",
+                etcd_url,
+                "--advertise-client-urls",
+                etcd_url,
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{peer_port}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{peer_port}",
+                "--initial-cluster",
+                f"local=http://127.0.0.1:{peer_port}",
+                "--unsafe-no-fsync",
+                "--quota-backend-bytes",
+                str(2 * 1024**3),
+                "--log-level",
+                "warn",
+            ],
+        )
         wait_for(lambda: _http_ok(f"{etcd_url}/health"), 30, "etcd /health", etcd.problem)
 
-        api = self._spawn("kube-apiserver", [
-            self.bin("kube-apiserver"), "--etcd-servers", etcd_url,
-            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
-            "--secure-port", str(api_port), "--cert-dir", str(self.folder / "apiserver-certs"),
-            "--tls-cert-file", str(server_id.cert), "--tls-private-key-file", str(server_id.key),
-            "--client-ca-file", str(pki.ca_cert), "--authorization-mode", "RBAC",
-            "--service-account-issuer", SA_ISSUER, "--api-audiences", SA_ISSUER,
-            "--service-account-key-file", str(sa_pub),
-            "--service-account-signing-key-file", str(sa_key),
-            "--service-cluster-ip-range", "10.96.0.0/16", "--allow-privileged=true",
-            "--endpoint-reconciler-type", "none", "--profiling=false",
-            "--enable-priority-and-fairness=false", "--v", "1",
-        ])  # fmt: skip
+        api = self._spawn(
+            "kube-apiserver",
+            [
+                self.bin("kube-apiserver"),
+                "--etcd-servers",
+                etcd_url,
+                "--bind-address",
+                "127.0.0.1",
+                "--advertise-address",
+                "127.0.0.1",
+                "--secure-port",
+                str(api_port),
+                "--cert-dir",
+                str(self.folder / "apiserver-certs"),
+                "--tls-cert-file",
+                str(server_id.cert),
+                "--tls-private-key-file",
+                str(server_id.key),
+                "--client-ca-file",
+                str(pki.ca_cert),
+                "--authorization-mode",
+                "RBAC",
+                "--service-account-issuer",
+                SA_ISSUER,
+                "--api-audiences",
+                SA_ISSUER,
+                "--service-account-key-file",
+                str(sa_pub),
+                "--service-account-signing-key-file",
+                str(sa_key),
+                "--service-cluster-ip-range",
+                "10.96.0.0/16",
+                "--allow-privileged=true",
+                "--endpoint-reconciler-type",
+                "none",
+                "--profiling=false",
+                "--enable-priority-and-fairness=false",
+                "--v",
+                "1",
+            ],
+        )
         ctx = self.ssl_context(admin)
-        wait_for(lambda: _http_ok(f"{self.server}/readyz", ctx), timeout, "kube-apiserver /readyz", api.problem)
+        wait_for(
+            lambda: _http_ok(f"{self.server}/readyz", ctx),
+            timeout,
+            "kube-apiserver /readyz",
+            api.problem,
+        )
 
         # Endpoint controllers are off: they refuse the agent's loopback pod IPs and only add noise.
-        cm_proc = self._spawn("kube-controller-manager", [
-            self.bin("kube-controller-manager"), "--kubeconfig", str(cm_kc),
-            "--authentication-kubeconfig", str(cm_kc), "--authorization-kubeconfig", str(cm_kc),
-            "--bind-address", "127.0.0.1", "--secure-port", str(cm_port),
-            "--service-account-private-key-file", str(sa_key), "--root-ca-file", str(pki.ca_cert),
-            "--use-service-account-credentials=true", "--leader-elect=false",
-            "--controllers", "*,-endpoint,-endpointslice,-endpointslicemirroring",
-            "--concurrent-gc-syncs", "5", "--v", "1",
-        ])  # fmt: skip
-        sched_proc = self._spawn("kube-scheduler", [
-            self.bin("kube-scheduler"), "--kubeconfig", str(sched_kc),
-            "--authentication-kubeconfig", str(sched_kc), "--authorization-kubeconfig", str(sched_kc),
-            "--bind-address", "127.0.0.1", "--secure-port", str(sched_port),
-            "--leader-elect=false", "--v", "1",
-        ])  # fmt: skip
+        cm_proc = self._spawn(
+            "kube-controller-manager",
+            [
+                self.bin("kube-controller-manager"),
+                "--kubeconfig",
+                str(cm_kc),
+                "--authentication-kubeconfig",
+                str(cm_kc),
+                "--authorization-kubeconfig",
+                str(cm_kc),
+                "--bind-address",
+                "127.0.0.1",
+                "--secure-port",
+                str(cm_port),
+                "--service-account-private-key-file",
+                str(sa_key),
+                "--root-ca-file",
+                str(pki.ca_cert),
+                "--use-service-account-credentials=true",
+                "--leader-elect=false",
+                "--controllers",
+                "*,-endpoint,-endpointslice,-endpointslicemirroring",
+                "--concurrent-gc-syncs",
+                "5",
+                "--v",
+                "1",
+            ],
+        )
+        sched_proc = self._spawn(
+            "kube-scheduler",
+            [
+                self.bin("kube-scheduler"),
+                "--kubeconfig",
+                str(sched_kc),
+                "--authentication-kubeconfig",
+                str(sched_kc),
+                "--authorization-kubeconfig",
+                str(sched_kc),
+                "--bind-address",
+                "127.0.0.1",
+                "--secure-port",
+                str(sched_port),
+                "--leader-elect=false",
+                "--v",
+                "1",
+            ],
+        )
         insecure = ssl.create_default_context()
         insecure.check_hostname = False
         insecure.verify_mode = ssl.CERT_NONE
-        wait_for(lambda: _http_ok(f"https://127.0.0.1:{cm_port}/healthz", insecure), timeout,
-                 "kube-controller-manager /healthz", cm_proc.problem)  # fmt: skip
-        wait_for(lambda: _http_ok(f"https://127.0.0.1:{sched_port}/healthz", insecure), timeout,
-                 "kube-scheduler /healthz", sched_proc.problem)  # fmt: skip
+        wait_for(
+            lambda: _http_ok(f"https://127.0.0.1:{cm_port}/healthz", insecure),
+            timeout,
+            "kube-controller-manager /healthz",
+            cm_proc.problem,
+        )
+        wait_for(
+            lambda: _http_ok(f"https://127.0.0.1:{sched_port}/healthz", insecure),
+            timeout,
+            "kube-scheduler /healthz",
+            sched_proc.problem,
+        )
         # The default namespace's ServiceAccount marks the controllers as working.
-        wait_for(lambda: self.kubectl("get", "serviceaccount", "default", "-n", "default").returncode == 0,
-                 timeout, "the default ServiceAccount", cm_proc.problem)  # fmt: skip
+        wait_for(
+            lambda: (
+                self.kubectl("get", "serviceaccount", "default", "-n", "default").returncode == 0
+            ),
+            timeout,
+            "the default ServiceAccount",
+            cm_proc.problem,
+        )
 
     def ssl_context(self, ident: Identity | None = None) -> ssl.SSLContext:
         """A TLS context that trusts the local CA and presents the admin certificate."""
@@ -318,24 +431,41 @@ class ControlPlane:
         """Messages for every component that has died."""
         return [p for c in self.components if (p := c.problem())]
 
-    def kubectl(self, *args: str, input: str | None = None, kubeconfig_path: Path | None = None,
-                timeout: float = 60) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    def kubectl(
+        self,
+        *args: str,
+        input: str | None = None,
+        kubeconfig_path: Path | None = None,
+        timeout: float = 60,
+    ) -> subprocess.CompletedProcess[str]:
         """Run the built kubectl against this cluster; never raises on a non-zero exit."""
         assert self.bins is not None
         cfg = kubeconfig_path or self.admin_kubeconfig
         return subprocess.run(
             [self.bin("kubectl"), "--kubeconfig", str(cfg), *args],
-            capture_output=True, text=True, input=input, timeout=timeout,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            input=input,
+            timeout=timeout,
+        )
 
-    def token_kubeconfig(self, namespace: str, service_account: str, path: Path,
-                         duration: str = "24h") -> Path:  # fmt: skip
+    def token_kubeconfig(
+        self, namespace: str, service_account: str, path: Path, duration: str = "24h"
+    ) -> Path:
         """A kubeconfig that authenticates as a ServiceAccount through a bound token."""
-        res = self.kubectl("create", "token", service_account, "-n", namespace, "--duration", duration)
+        res = self.kubectl(
+            "create", "token", service_account, "-n", namespace, "--duration", duration
+        )
         if res.returncode != 0:
-            raise ClusterError(f"kubectl create token {namespace}/{service_account}: {res.stderr.strip()}")
-        cfg = kubeconfig(self.server, self.pki.ca_cert, f"{namespace}-{service_account}",
-                         token=res.stdout.strip())  # fmt: skip
+            raise ClusterError(
+                f"kubectl create token {namespace}/{service_account}: {res.stderr.strip()}"
+            )
+        cfg = kubeconfig(
+            self.server,
+            self.pki.ca_cert,
+            f"{namespace}-{service_account}",
+            token=res.stdout.strip(),
+        )
         path.write_text(yaml.safe_dump(cfg))
         return path
 
@@ -375,7 +505,14 @@ def stop_folder(folder: Path, grace: float = 10.0) -> list[str]:
     if not state.exists():
         return []
     pids = json.loads(state.read_text()).get("pids", {})
-    order = ["supervisor", "node-agent", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"]
+    order = [
+        "supervisor",
+        "node-agent",
+        "kube-scheduler",
+        "kube-controller-manager",
+        "kube-apiserver",
+        "etcd",
+    ]
     names = sorted(pids, key=lambda n: order.index(n) if n in order else -1)
     stopped = []
     for name in names:

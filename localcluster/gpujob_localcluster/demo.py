@@ -53,7 +53,7 @@ def demo_job(name: str, steps: int, bottleneck: str) -> dict[str, Any]:
 
 def bar(percent: float, width: int = 24) -> str:
     """A text progress bar: [#########...............]."""
-    filled = int(round(width * max(0.0, min(percent, 100.0)) / 100))
+    filled = round(width * max(0.0, min(percent, 100.0)) / 100)
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
@@ -79,60 +79,129 @@ class Demo:
         env = {**os.environ, "KUBECONFIG": str(self.cp.admin_kubeconfig)}
         for var in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME"):
             env[var] = str(self.folder / "helm" / var.lower())
-        res = subprocess.run([str(self.bins / "helm"), *args], capture_output=True, text=True, env=env)
+        res = subprocess.run(
+            [str(self.bins / "helm"), *args], capture_output=True, text=True, env=env
+        )
         if res.returncode != 0:
             raise SystemExit(f"helm {' '.join(args)} failed: {res.stderr.strip()}")
         return res.stdout
 
     def start_cluster(self) -> None:
-        if (self.folder / "up").exists() and self.cp.kubectl("get", "--raw", "/readyz").returncode == 0:
+        if (self.folder / "up").exists() and self.cp.kubectl(
+            "get", "--raw", "/readyz"
+        ).returncode == 0:
             self.say(f"reusing the local cluster in {self.folder}")
             return
-        self.say("starting the local control plane (etcd, kube-apiserver, controller-manager, scheduler, node agent)")
+        self.say(
+            "starting the local control plane (etcd, kube-apiserver, controller-manager, scheduler, node agent)"
+        )
         started = time.monotonic()
-        res = subprocess.run([sys.executable, "-m", "gpujob_localcluster.cli", "up", "--dir", str(self.folder)],
-                             capture_output=True, text=True)  # fmt: skip
+        res = subprocess.run(
+            [sys.executable, "-m", "gpujob_localcluster.cli", "up", "--dir", str(self.folder)],
+            capture_output=True,
+            text=True,
+        )
         if res.returncode != 0:
             raise SystemExit(res.stderr)
         self.cp = ControlPlane.attach(self.folder)
-        self.say(f"cluster up in {time.monotonic() - started:.0f}s: " + " ".join(
-            self.kubectl("get", "nodes", "-o", "jsonpath={.items[*].metadata.name}").split()))  # fmt: skip
+        self.say(
+            f"cluster up in {time.monotonic() - started:.0f}s: "
+            + " ".join(
+                self.kubectl("get", "nodes", "-o", "jsonpath={.items[*].metadata.name}").split()
+            )
+        )
 
     def install_chart(self) -> None:
-        self.say(f"helm install {RELEASE} charts/gpujob (operator Deployment scaled to 0: the operator runs here as a process)")
-        self.helm("upgrade", "--install", RELEASE, str(REPO_ROOT / "charts" / "gpujob"), "--namespace", SYSTEM_NS,
-                  "--create-namespace", "--set", "replicaCount=0", "--wait=false")  # fmt: skip
-        self.kubectl("wait", "--for=condition=Established", "crd/gputrainingjobs.gpujob.dev", "--timeout=60s")
+        self.say(
+            f"helm install {RELEASE} charts/gpujob (operator Deployment scaled to 0: the operator runs here as a process)"
+        )
+        self.helm(
+            "upgrade",
+            "--install",
+            RELEASE,
+            str(REPO_ROOT / "charts" / "gpujob"),
+            "--namespace",
+            SYSTEM_NS,
+            "--create-namespace",
+            "--set",
+            "replicaCount=0",
+            "--wait=false",
+        )
+        self.kubectl(
+            "wait", "--for=condition=Established", "crd/gputrainingjobs.gpujob.dev", "--timeout=60s"
+        )
 
     def start_operator(self) -> None:
-        sa = self.kubectl("get", "serviceaccount", "-n", SYSTEM_NS, "-l", f"app.kubernetes.io/instance={RELEASE}",
-                          "-o", "jsonpath={.items[0].metadata.name}").strip() or RELEASE  # fmt: skip
+        sa = (
+            self.kubectl(
+                "get",
+                "serviceaccount",
+                "-n",
+                SYSTEM_NS,
+                "-l",
+                f"app.kubernetes.io/instance={RELEASE}",
+                "-o",
+                "jsonpath={.items[0].metadata.name}",
+            ).strip()
+            or RELEASE
+        )
         kubeconfig = self.cp.token_kubeconfig(SYSTEM_NS, sa, self.folder / "operator.kubeconfig")
         log_path = self.folder / "logs" / "operator.log"
         port, metrics_port = free_port(), free_port()
         env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
         with open(log_path, "ab") as out:
             self.operator = subprocess.Popen(
-                [sys.executable, "-m", "gpujob_operator", "operator", "--liveness",
-                 f"http://127.0.0.1:{port}/healthz", "--metrics-port", str(metrics_port)],
-                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "gpujob_operator",
+                    "operator",
+                    "--liveness",
+                    f"http://127.0.0.1:{port}/healthz",
+                    "--metrics-port",
+                    str(metrics_port),
+                ],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.cp.register_pid("operator", self.operator.pid)
         op = self.operator
-        wait_for(lambda: subprocess.run(["curl", "-sf", f"http://127.0.0.1:{port}/healthz"],
-                                        capture_output=True).returncode == 0, 60, "the operator's health endpoint",
-                 lambda: None if op.poll() is None else f"operator exited; see {log_path}")  # fmt: skip
-        self.say(f"operator running as ServiceAccount {SYSTEM_NS}/{sa} (log: {log_path}, "
-                 f"metrics: http://127.0.0.1:{metrics_port}/metrics)")  # fmt: skip
+        wait_for(
+            lambda: (
+                subprocess.run(
+                    ["curl", "-sf", f"http://127.0.0.1:{port}/healthz"], capture_output=True
+                ).returncode
+                == 0
+            ),
+            60,
+            "the operator's health endpoint",
+            lambda: None if op.poll() is None else f"operator exited; see {log_path}",
+        )
+        self.say(
+            f"operator running as ServiceAccount {SYSTEM_NS}/{sa} (log: {log_path}, "
+            f"metrics: http://127.0.0.1:{metrics_port}/metrics)"
+        )
 
     def run_job(self) -> dict[str, Any]:
         name = f"demo-{self.args.bottleneck}" if self.args.bottleneck != "none" else "demo"
         self.kubectl("create", "namespace", NAMESPACE, check=False)
-        wait_for(lambda: self.cp.kubectl("get", "sa", "default", "-n", NAMESPACE).returncode == 0, 30, "default SA")
+        wait_for(
+            lambda: self.cp.kubectl("get", "sa", "default", "-n", NAMESPACE).returncode == 0,
+            30,
+            "default SA",
+        )
         self.kubectl("delete", "gtj", name, "-n", NAMESPACE, "--ignore-not-found", "--wait=true")
         body = demo_job(name, self.args.steps, self.args.bottleneck)
-        self.say(f"kubectl apply: GPUTrainingJob {NAMESPACE}/{name}, 2 nodes x 2 ranks, {self.args.steps} steps"
-                 + (f", planted bottleneck: {self.args.bottleneck}" if self.args.bottleneck != "none" else ""))  # fmt: skip
+        self.say(
+            f"kubectl apply: GPUTrainingJob {NAMESPACE}/{name}, 2 nodes x 2 ranks, {self.args.steps} steps"
+            + (
+                f", planted bottleneck: {self.args.bottleneck}"
+                if self.args.bottleneck != "none"
+                else ""
+            )
+        )
         self.kubectl("apply", "-f", "-", input=yaml.safe_dump(body))
         return self.watch(name)
 
@@ -151,10 +220,16 @@ class Demo:
                 verdicts.append(verdict)
             throughput = display.get("throughput") or throughput
             percent = float((status.get("progress") or {}).get("percent") or 0.0)
-            cells = [status.get("phase", "-"), display.get("progress", "-"), display.get("eta", "-"),
-                     display.get("throughput", "-"), display.get("bottleneck", "-")]  # fmt: skip
+            cells = [
+                status.get("phase", "-"),
+                display.get("progress", "-"),
+                display.get("eta", "-"),
+                display.get("throughput", "-"),
+                display.get("bottleneck", "-"),
+            ]
             line = f"{time.monotonic() - started:5.0f}s {bar(percent)} " + "  ".join(
-                f"{k}={v}" for k, v in zip(COLUMNS, cells, strict=True))  # fmt: skip
+                f"{k}={v}" for k, v in zip(COLUMNS, cells, strict=True)
+            )
             if self.live:
                 print("\r\033[K" + line, end="", flush=True)
             elif cells != last_cells:
@@ -164,13 +239,19 @@ class Demo:
                 break
             if self.operator is not None and self.operator.poll() is not None:
                 log_path = self.folder / "logs" / "operator.log"
-                raise SystemExit(f"\nthe operator exited ({self.operator.returncode}); see {log_path}")
+                raise SystemExit(
+                    f"\nthe operator exited ({self.operator.returncode}); see {log_path}"
+                )
             if time.monotonic() - started > self.args.timeout:
                 raise SystemExit(f"\nthe job did not finish within {self.args.timeout}s")
             time.sleep(1)
         if self.live:
             print()
-        job["_demo"] = {"seconds": time.monotonic() - started, "verdicts": verdicts, "throughput": throughput}
+        job["_demo"] = {
+            "seconds": time.monotonic() - started,
+            "verdicts": verdicts,
+            "throughput": throughput,
+        }
         return job
 
     def summary(self, job: dict[str, Any]) -> None:
@@ -178,10 +259,12 @@ class Demo:
         progress = status.get("progress") or {}
         name = job["metadata"]["name"]
         print()
-        self.say(f"job {NAMESPACE}/{name} {status.get('phase')} in {extra['seconds']:.0f}s: "
-                 f"{progress.get('step', '?')}/{progress.get('totalSteps', '?')} steps, "
-                 f"last throughput {extra['throughput']}, "
-                 f"verdicts seen: {', '.join(extra['verdicts']) or 'none (Healthy)'}")  # fmt: skip
+        self.say(
+            f"job {NAMESPACE}/{name} {status.get('phase')} in {extra['seconds']:.0f}s: "
+            f"{progress.get('step', '?')}/{progress.get('totalSteps', '?')} steps, "
+            f"last throughput {extra['throughput']}, "
+            f"verdicts seen: {', '.join(extra['verdicts']) or 'none (Healthy)'}"
+        )
         print(self.kubectl("get", "gputrainingjobs", "-n", NAMESPACE))
         kc = self.cp.admin_kubeconfig
         print(f"""Look further:
@@ -207,7 +290,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="make demo", description=__doc__.splitlines()[0])
     p.add_argument("--dir", default=str(DEMO_DIR))
     p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--bottleneck", choices=sorted(SWITCHES), default=os.environ.get("BOTTLENECK", "none") or "none")
+    p.add_argument(
+        "--bottleneck",
+        choices=sorted(SWITCHES),
+        default=os.environ.get("BOTTLENECK", "none") or "none",
+    )
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--down", action="store_true", help="stop the demo's cluster and operator")
     args = p.parse_args(argv)

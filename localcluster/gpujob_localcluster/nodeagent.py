@@ -32,7 +32,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
@@ -105,8 +105,14 @@ class PodRun:
 class NodeAgent:
     """Registers nodes, heartbeats them, and runs the pods bound to them."""
 
-    def __init__(self, api: client.ApiClient, node_names: list[str], shape: NodeShape, state_dir: Path,
-                 isolate: bool | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        api: client.ApiClient,
+        node_names: list[str],
+        shape: NodeShape,
+        state_dir: Path,
+        isolate: bool | None = None,
+    ) -> None:
         self.core = client.CoreV1Api(api)
         self.coord = client.CoordinationV1Api(api)
         self.nodes = node_names
@@ -119,7 +125,10 @@ class NodeAgent:
         self.stopping = threading.Event()
         # A random second octet keeps two clusters on one machine (parallel test runs) apart.
         first = random.randint(1, 200)
-        self._ips = (f"127.{a}.{b}.{c}" for a, b, c in itertools.product(range(first, 255), range(256), range(1, 255)))
+        self._ips = (
+            f"127.{a}.{b}.{c}"
+            for a, b, c in itertools.product(range(first, 255), range(256), range(1, 255))
+        )
         become_subreaper()
         self._last_census = 0.0
         can_isolate = os.geteuid() == 0 and shutil.which("unshare") is not None
@@ -129,16 +138,29 @@ class NodeAgent:
     # -- nodes ---------------------------------------------------------------------
     def _base_env(self) -> dict[str, str]:
         """The host environment a pod's process starts from (the image is ignored)."""
-        keep = ("HOME", "LANG", "LC_ALL", "TMPDIR", "VIRTUAL_ENV", "PYTHONPATH", "OPENBLAS_CORETYPE",
-                "OPENBLAS_L2_SIZE", "XDG_CACHE_HOME")  # fmt: skip
+        keep = (
+            "HOME",
+            "LANG",
+            "LC_ALL",
+            "TMPDIR",
+            "VIRTUAL_ENV",
+            "PYTHONPATH",
+            "OPENBLAS_CORETYPE",
+            "OPENBLAS_L2_SIZE",
+            "XDG_CACHE_HOME",
+        )
         env = {k: os.environ[k] for k in keep if k in os.environ}
         bindir = str(Path(sys.executable).parent)
         env["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "/usr/bin:/bin")
         return env
 
     def node_body(self, name: str) -> dict[str, Any]:
-        capacity = {"cpu": self.shape.cpu, "memory": self.shape.memory, "pods": self.shape.pods,
-                    "ephemeral-storage": "100Gi"}  # fmt: skip
+        capacity = {
+            "cpu": self.shape.cpu,
+            "memory": self.shape.memory,
+            "pods": self.shape.pods,
+            "ephemeral-storage": "100Gi",
+        }
         if self.shape.gpus:
             capacity["nvidia.com/gpu"] = str(self.shape.gpus)
         return {
@@ -161,34 +183,57 @@ class NodeAgent:
     def node_status(self, name: str) -> dict[str, Any]:
         body = self.node_body(name)
         ts = now_iso()
-        ready = {"type": "Ready", "status": "True", "reason": "KubeletReady",
-                 "message": "gpujob local node agent is posting ready status",
-                 "lastHeartbeatTime": ts, "lastTransitionTime": ts}  # fmt: skip
+        ready = {
+            "type": "Ready",
+            "status": "True",
+            "reason": "KubeletReady",
+            "message": "gpujob local node agent is posting ready status",
+            "lastHeartbeatTime": ts,
+            "lastTransitionTime": ts,
+        }
         pressure = [
-            {"type": t, "status": "False", "reason": f"KubeletHas{r}", "message": "ok",
-             "lastHeartbeatTime": ts, "lastTransitionTime": ts}
-            for t, r in (("MemoryPressure", "SufficientMemory"), ("DiskPressure", "NoDiskPressure"),
-                         ("PIDPressure", "SufficientPID"))
-        ]  # fmt: skip
+            {
+                "type": t,
+                "status": "False",
+                "reason": f"KubeletHas{r}",
+                "message": "ok",
+                "lastHeartbeatTime": ts,
+                "lastTransitionTime": ts,
+            }
+            for t, r in (
+                ("MemoryPressure", "SufficientMemory"),
+                ("DiskPressure", "NoDiskPressure"),
+                ("PIDPressure", "SufficientPID"),
+            )
+        ]
         return {
             "status": {
                 **body["status"],
                 "conditions": [ready, *pressure],
-                "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
-                              {"type": "Hostname", "address": name}],
-                "nodeInfo": {"kubeletVersion": K8S_VERSION, "kubeProxyVersion": K8S_VERSION,
-                             "operatingSystem": "linux", "architecture": "amd64",
-                             "containerRuntimeVersion": "gpujob-local://1", "osImage": "local processes",
-                             "kernelVersion": os.uname().release, "machineID": name, "systemUUID": name,
-                             "bootID": name},
+                "addresses": [
+                    {"type": "InternalIP", "address": "127.0.0.1"},
+                    {"type": "Hostname", "address": name},
+                ],
+                "nodeInfo": {
+                    "kubeletVersion": K8S_VERSION,
+                    "kubeProxyVersion": K8S_VERSION,
+                    "operatingSystem": "linux",
+                    "architecture": "amd64",
+                    "containerRuntimeVersion": "gpujob-local://1",
+                    "osImage": "local processes",
+                    "kernelVersion": os.uname().release,
+                    "machineID": name,
+                    "systemUUID": name,
+                    "bootID": name,
+                },
                 "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
             }
-        }  # fmt: skip
+        }
 
     def register_nodes(self) -> None:
         for name in self.nodes:
             try:
-                self.core.create_node(self.node_body(name))
+                self.core.create_node(cast(Any, self.node_body(name)))
                 log.info("registered node %s (gpus=%s)", name, self.shape.gpus)
             except ApiException as e:
                 if e.status != 409:
@@ -198,16 +243,21 @@ class NodeAgent:
 
     def _renew_leases(self) -> None:
         for name in self.nodes:
-            body = {"metadata": {"name": name, "namespace": "kube-node-lease"},
-                    "spec": {"holderIdentity": name, "leaseDurationSeconds": 40,
-                             "renewTime": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}}  # fmt: skip
+            body = {
+                "metadata": {"name": name, "namespace": "kube-node-lease"},
+                "spec": {
+                    "holderIdentity": name,
+                    "leaseDurationSeconds": 40,
+                    "renewTime": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+                },
+            }
             try:
                 self.coord.patch_namespaced_lease(name, "kube-node-lease", body)
             except ApiException as e:
                 if e.status != 404:
                     raise
                 with contextlib.suppress(ApiException):
-                    self.coord.create_namespaced_lease("kube-node-lease", body)
+                    self.coord.create_namespaced_lease("kube-node-lease", cast(Any, body))
 
     def heartbeat_loop(self) -> None:
         while not self.stopping.wait(HEARTBEAT_SECONDS):
@@ -223,7 +273,7 @@ class NodeAgent:
         """Feed pod events into the queue, relisting after every broken watch."""
         while not self.stopping.is_set():
             try:
-                resp = self.core.list_pod_for_all_namespaces(_preload_content=False)
+                resp: Any = self.core.list_pod_for_all_namespaces(_preload_content=False)
                 listing = json.loads(resp.data)
                 seen = set()
                 for item in listing["items"]:
@@ -231,9 +281,12 @@ class NodeAgent:
                     self.events.put(("pod", item))
                 self.events.put(("resync", seen))
                 w = watch.Watch()
-                for ev in w.stream(self.core.list_pod_for_all_namespaces,
-                                   resource_version=listing["metadata"]["resourceVersion"],
-                                   timeout_seconds=300, allow_watch_bookmarks=True):  # fmt: skip
+                for ev in w.stream(
+                    self.core.list_pod_for_all_namespaces,
+                    resource_version=listing["metadata"]["resourceVersion"],
+                    timeout_seconds=300,
+                    allow_watch_bookmarks=True,
+                ):
                     if self.stopping.is_set():
                         w.stop()
                         break
@@ -291,7 +344,9 @@ class NodeAgent:
         if run is not None:
             run.pod["metadata"] = meta
             if deleting and run.kill_at is None:
-                grace = meta.get("deletionGracePeriodSeconds", spec.get("terminationGracePeriodSeconds", 30))
+                grace = meta.get(
+                    "deletionGracePeriodSeconds", spec.get("terminationGracePeriodSeconds", 30)
+                )
                 log.info("pod %s is being deleted; SIGTERM, SIGKILL after %ss", run.key, grace)
                 run.kill_at = time.monotonic() + float(grace or 0)
                 self._kill(run, signal.SIGTERM)
@@ -304,8 +359,14 @@ class NodeAgent:
         if status.get("phase") in ("Succeeded", "Failed"):
             return
         if status.get("podIP"):
-            self._patch_status(pod, {"phase": "Failed", "reason": "NodeAgentRestarted",
-                                     "message": "the local node agent restarted and lost this pod's processes"})  # fmt: skip
+            self._patch_status(
+                pod,
+                {
+                    "phase": "Failed",
+                    "reason": "NodeAgentRestarted",
+                    "message": "the local node agent restarted and lost this pod's processes",
+                },
+            )
             return
         self.start_pod(pod)
 
@@ -314,8 +375,14 @@ class NodeAgent:
         ip = next(self._ips)
         folder = self.pods_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
         folder.mkdir(parents=True, exist_ok=True)
-        pod.setdefault("status", {}).update({"podIP": ip, "podIPs": [{"ip": ip}], "hostIP": "127.0.0.1",
-                                             "hostIPs": [{"ip": "127.0.0.1"}]})  # fmt: skip
+        pod.setdefault("status", {}).update(
+            {
+                "podIP": ip,
+                "podIPs": [{"ip": ip}],
+                "hostIP": "127.0.0.1",
+                "hostIPs": [{"ip": "127.0.0.1"}],
+            }
+        )
         run = PodRun(meta["uid"], meta["namespace"], meta["name"], pod, ip, folder)
         self.runs[run.uid] = run
         self._refresh_hosts(run.group(), also=run)
@@ -331,14 +398,40 @@ class NodeAgent:
                 crun.finished_at = now_iso()
                 log.warning("pod %s container %s could not start: %s", run.key, c["name"], e)
             statuses.append(self._container_status(c, crun))
-        (folder / "pod.json").write_text(json.dumps({"namespace": run.namespace, "name": run.name, "ip": ip,
-                                                     "logs": {c.name: str(c.log_path) for c in run.containers}}))  # fmt: skip
+        (folder / "pod.json").write_text(
+            json.dumps(
+                {
+                    "namespace": run.namespace,
+                    "name": run.name,
+                    "ip": ip,
+                    "logs": {c.name: str(c.log_path) for c in run.containers},
+                }
+            )
+        )
         log.info("pod %s running at %s; logs in %s", run.key, ip, folder)
-        conds = [{"type": t, "status": "True", "lastTransitionTime": started}
-                 for t in ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready", "PodScheduled")]  # fmt: skip
-        self._patch_status(pod, {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": "127.0.0.1",
-                                 "hostIPs": [{"ip": "127.0.0.1"}], "startTime": started, "conditions": conds,
-                                 "containerStatuses": statuses})  # fmt: skip
+        conds = [
+            {"type": t, "status": "True", "lastTransitionTime": started}
+            for t in (
+                "PodReadyToStartContainers",
+                "Initialized",
+                "ContainersReady",
+                "Ready",
+                "PodScheduled",
+            )
+        ]
+        self._patch_status(
+            pod,
+            {
+                "phase": "Running",
+                "podIP": ip,
+                "podIPs": [{"ip": ip}],
+                "hostIP": "127.0.0.1",
+                "hostIPs": [{"ip": "127.0.0.1"}],
+                "startTime": started,
+                "conditions": conds,
+                "containerStatuses": statuses,
+            },
+        )
         for crun in run.containers:
             if crun.exit_code is not None:
                 self.events.put(("exit", (run.uid, crun.name, crun.exit_code)))
@@ -346,25 +439,51 @@ class NodeAgent:
     def _spawn(self, run: PodRun, container: dict[str, Any], crun: ContainerRun) -> None:
         env = dict(self.base_env)
         env.update(podenv.container_env(run.pod, container, self._lookup(run.namespace)))
-        argv = [podenv.expand(a, env) for a in (container.get("command") or []) + (container.get("args") or [])]
+        argv = [
+            podenv.expand(a, env)
+            for a in (container.get("command") or []) + (container.get("args") or [])
+        ]
         if not container.get("command"):
-            raise ValueError("the container has no command; the local node agent ignores images and their entrypoints")
+            raise ValueError(
+                "the container has no command; the local node agent ignores images and their entrypoints"
+            )
         workdir = container.get("workingDir")
         cwd = workdir if workdir and Path(workdir).is_dir() else str(run.folder)
         if self.isolate:
             hosts = run.folder / "hosts"
             script = 'mount --bind "$0" /etc/hosts && hostname "$1" && shift && exec "$@"'
-            argv = ["unshare", "--mount", "--uts", "--fork", "--", "/bin/sh", "-c", script, str(hosts),
-                    podenv.pod_hostname(run.pod), *argv]  # fmt: skip
+            argv = [
+                "unshare",
+                "--mount",
+                "--uts",
+                "--fork",
+                "--",
+                "/bin/sh",
+                "-c",
+                script,
+                str(hosts),
+                podenv.pod_hostname(run.pod),
+                *argv,
+            ]
         out = open(crun.log_path, "ab")  # noqa: SIM115 - handed to the child
         try:
-            crun.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+            crun.proc = subprocess.Popen(
+                argv,
+                env=env,
+                cwd=cwd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         finally:
             out.close()
         proc = crun.proc
-        threading.Thread(target=lambda: self.events.put(("exit", (run.uid, crun.name, proc.wait()))),
-                         name=f"wait-{run.name}-{crun.name}", daemon=True).start()  # fmt: skip
+        threading.Thread(
+            target=lambda: self.events.put(("exit", (run.uid, crun.name, proc.wait()))),
+            name=f"wait-{run.name}-{crun.name}",
+            daemon=True,
+        ).start()
 
     def _lookup(self, namespace: str) -> Any:
         def lookup(kind: str, name: str, key: str) -> str | None:
@@ -409,32 +528,61 @@ class NodeAgent:
             crun.reason = "Completed" if crun.exit_code == 0 else "Error"
             crun.finished_at = now_iso()
             container = next(c for c in run.pod["spec"]["containers"] if c["name"] == cname)
-            if crun.exit_code != 0 and container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            if (
+                crun.exit_code != 0
+                and container.get("terminationMessagePolicy") == "FallbackToLogsOnError"
+            ):
                 with contextlib.suppress(OSError):
-                    crun.message = podenv.termination_tail(crun.log_path.read_text(errors="replace"))
+                    crun.message = podenv.termination_tail(
+                        crun.log_path.read_text(errors="replace")
+                    )
             log.info("pod %s container %s exited with %s", run.key, cname, crun.exit_code)
         if run.alive() or run.finished:
             return
         run.finished = True
         self._kill_family(run)
         failed = any(c.exit_code for c in run.containers)
-        statuses = [self._container_status(c, crun_) for c, crun_ in
-                    zip(run.pod["spec"]["containers"], run.containers, strict=False)]  # fmt: skip
+        statuses = [
+            self._container_status(c, crun_)
+            for c, crun_ in zip(run.pod["spec"]["containers"], run.containers, strict=False)
+        ]
         ts = now_iso()
-        conds = [{"type": t, "status": "False", "reason": "PodCompleted", "lastTransitionTime": ts}
-                 for t in ("ContainersReady", "Ready")]  # fmt: skip
-        self._patch_status(run.pod, {"phase": "Failed" if failed else "Succeeded", "conditions": conds,
-                                     "containerStatuses": statuses})  # fmt: skip
+        conds = [
+            {"type": t, "status": "False", "reason": "PodCompleted", "lastTransitionTime": ts}
+            for t in ("ContainersReady", "Ready")
+        ]
+        self._patch_status(
+            run.pod,
+            {
+                "phase": "Failed" if failed else "Succeeded",
+                "conditions": conds,
+                "containerStatuses": statuses,
+            },
+        )
         if run.kill_at is not None:
             self._finalize_delete(run)
 
     def _container_status(self, container: dict[str, Any], crun: ContainerRun) -> dict[str, Any]:
-        base = {"name": crun.name, "image": container.get("image", ""), "imageID": "",
-                "restartCount": 0, "containerID": f"local://{crun.proc.pid if crun.proc else 0}"}  # fmt: skip
+        base = {
+            "name": crun.name,
+            "image": container.get("image", ""),
+            "imageID": "",
+            "restartCount": 0,
+            "containerID": f"local://{crun.proc.pid if crun.proc else 0}",
+        }
         if crun.exit_code is None:
-            return {**base, "ready": True, "started": True, "state": {"running": {"startedAt": crun.started_at}}}
-        term = {"exitCode": crun.exit_code, "reason": crun.reason, "startedAt": crun.started_at,
-                "finishedAt": crun.finished_at or now_iso()}  # fmt: skip
+            return {
+                **base,
+                "ready": True,
+                "started": True,
+                "state": {"running": {"startedAt": crun.started_at}},
+            }
+        term = {
+            "exitCode": crun.exit_code,
+            "reason": crun.reason,
+            "startedAt": crun.started_at,
+            "finishedAt": crun.finished_at or now_iso(),
+        }
         if crun.message:
             term["message"] = crun.message
         return {**base, "ready": False, "started": False, "state": {"terminated": term}}
@@ -491,17 +639,23 @@ class NodeAgent:
         self._force_delete(run.namespace, run.name, run.uid)
 
     def _force_delete(self, namespace: str, name: str, uid: str) -> None:
-        body = client.V1DeleteOptions(grace_period_seconds=0, preconditions=client.V1Preconditions(uid=uid))
+        body = client.V1DeleteOptions(
+            grace_period_seconds=0, preconditions=client.V1Preconditions(uid=uid)
+        )
         with contextlib.suppress(ApiException):
             self.core.delete_namespaced_pod(name, namespace, body=body)
 
     def _patch_status(self, pod: dict[str, Any], status: dict[str, Any]) -> None:
         meta = pod["metadata"]
         try:
-            self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], {"status": status})
+            self.core.patch_namespaced_pod_status(
+                meta["name"], meta["namespace"], {"status": status}
+            )
         except ApiException as e:
             if e.status != 404:
-                log.warning("status update of %s/%s failed: %s", meta["namespace"], meta["name"], e.reason)
+                log.warning(
+                    "status update of %s/%s failed: %s", meta["namespace"], meta["name"], e.reason
+                )
 
     def stop(self) -> None:
         self.stopping.set()
@@ -578,13 +732,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory", default="64Gi")
     p.add_argument("--state-dir", required=True)
     p.add_argument("--ready-file")
-    p.add_argument("--no-isolation", action="store_true", help="run pods without mount/UTS namespaces")
+    p.add_argument(
+        "--no-isolation", action="store_true", help="run pods without mount/UTS namespaces"
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     api = config.new_client_from_config(config_file=args.kubeconfig)
     names = [f"{args.node_prefix}-{i}" for i in range(args.nodes)]
-    agent = NodeAgent(api, names, NodeShape(args.gpus_per_node, args.cpu, args.memory), Path(args.state_dir),
-                      isolate=not args.no_isolation)  # fmt: skip
+    agent = NodeAgent(
+        api,
+        names,
+        NodeShape(args.gpus_per_node, args.cpu, args.memory),
+        Path(args.state_dir),
+        isolate=not args.no_isolation,
+    )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: agent.stop())
     agent.register_nodes()

@@ -38,7 +38,9 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 
 def _ec_key(path: Path) -> None:
-    _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(path), cwd=path.parent)
+    _openssl(
+        "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(path), cwd=path.parent
+    )
 
 
 class Pki:
@@ -52,11 +54,23 @@ class Pki:
         if not self.ca_cert.exists():
             _ec_key(self.ca_key)
             _openssl(
-                "req", "-x509", "-new", "-key", str(self.ca_key), "-out", str(self.ca_cert),
-                "-days", "3650", "-subj", "/CN=gpujob-local-ca", cwd=folder,
-            )  # fmt: skip
+                "req",
+                "-x509",
+                "-new",
+                "-key",
+                str(self.ca_key),
+                "-out",
+                str(self.ca_cert),
+                "-days",
+                "3650",
+                "-subj",
+                "/CN=gpujob-local-ca",
+                cwd=folder,
+            )
 
-    def issue(self, name: str, cn: str, orgs: tuple[str, ...] = (), sans: tuple[str, ...] = ()) -> Identity:
+    def issue(
+        self, name: str, cn: str, orgs: tuple[str, ...] = (), sans: tuple[str, ...] = ()
+    ) -> Identity:
         """Issue a certificate for ``cn`` in groups ``orgs`` (client) or with ``sans`` (server)."""
         key = self.folder / f"{name}.key"
         cert = self.folder / f"{name}.crt"
@@ -66,16 +80,32 @@ class Pki:
         ext = self.folder / f"{name}.ext"
         subject = "".join(f"/O={o}" for o in orgs) + f"/CN={cn}"
         _ec_key(key)
-        _openssl("req", "-new", "-key", str(key), "-out", str(csr), "-subj", subject, cwd=self.folder)
+        _openssl(
+            "req", "-new", "-key", str(key), "-out", str(csr), "-subj", subject, cwd=self.folder
+        )
         lines = ["basicConstraints=CA:FALSE", "keyUsage=digitalSignature,keyEncipherment"]
         lines.append("extendedKeyUsage=serverAuth" if sans else "extendedKeyUsage=clientAuth")
         if sans:
             lines.append("subjectAltName=" + ",".join(sans))
         ext.write_text("\n".join(lines) + "\n")
         _openssl(
-            "x509", "-req", "-in", str(csr), "-CA", str(self.ca_cert), "-CAkey", str(self.ca_key),
-            "-CAcreateserial", "-out", str(cert), "-days", "3650", "-extfile", str(ext), cwd=self.folder,
-        )  # fmt: skip
+            "x509",
+            "-req",
+            "-in",
+            str(csr),
+            "-CA",
+            str(self.ca_cert),
+            "-CAkey",
+            str(self.ca_key),
+            "-CAcreateserial",
+            "-out",
+            str(cert),
+            "-days",
+            "3650",
+            "-extfile",
+            str(ext),
+            cwd=self.folder,
+        )
         csr.unlink()
         ext.unlink()
         return Identity(cert, key)

@@ -6,7 +6,7 @@ Kept free of I/O so the node agent's behaviour around the pod contract is unit-t
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 _VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
@@ -131,7 +131,9 @@ def dns_names(pod: Mapping[str, Any]) -> list[str]:
     return [f"{base}.{ns}.svc.{CLUSTER_DOMAIN}", f"{base}.{ns}.svc", f"{base}.{ns}", base, host]
 
 
-def hosts_file(own: Mapping[str, Any], own_ip: str, peers: list[tuple[Mapping[str, Any], str]]) -> str:
+def hosts_file(
+    own: Mapping[str, Any], own_ip: str, peers: Sequence[tuple[Mapping[str, Any], str]]
+) -> str:
     """An /etc/hosts for one pod: localhost, itself, and its subdomain peers that have addresses."""
     lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
     lines.append(f"{own_ip}\t{' '.join(dns_names(own))}")

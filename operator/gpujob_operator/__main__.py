@@ -1,4 +1,5 @@
 """Allow ``python -m gpujob_operator``."""
+
 import sys
 
 from gpujob_operator.cli import main

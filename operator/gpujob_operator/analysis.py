@@ -631,9 +631,15 @@ def _throttled(
     )
     ev: Evidence = {"throttledGPUs": len(hits), "reasons": ",".join(reasons), "gpu": g.gpu}
     verdict = Verdict(
-        THROTTLED, WARNING, summary, ev, ADVICE[THROTTLED], pod=g.pod, node=g.node or None,
+        THROTTLED,
+        WARNING,
+        summary,
+        ev,
+        ADVICE[THROTTLED],
+        pod=g.pod,
+        node=g.node or None,
         gpu_uuid=g.uuid or None,
-    )  # fmt: skip
+    )
     return verdict, len(hits)
 
 
@@ -670,9 +676,15 @@ def _hardware_fault(window: Window) -> Verdict | None:
             )
             ev: Evidence = {"xidErrors": xid, "eccUncorrectedErrors": ecc, "gpu": g.gpu}
             return Verdict(
-                HARDWARE_FAULT, CRITICAL, summary, ev, ADVICE[HARDWARE_FAULT], pod=g.pod,
-                node=g.node or None, gpu_uuid=g.uuid or None,
-            )  # fmt: skip
+                HARDWARE_FAULT,
+                CRITICAL,
+                summary,
+                ev,
+                ADVICE[HARDWARE_FAULT],
+                pod=g.pod,
+                node=g.node or None,
+                gpu_uuid=g.uuid or None,
+            )
     return None
 
 

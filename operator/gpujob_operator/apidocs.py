@@ -37,8 +37,14 @@ def _type(node: dict[str, Any]) -> str:
 
 def _limits(node: dict[str, Any]) -> str:
     parts = []
-    for key, label in (("minimum", "≥"), ("maximum", "≤"), ("minLength", "len ≥"), ("maxLength", "len ≤"),
-                       ("maxItems", "items ≤"), ("pattern", "pattern")):  # fmt: skip
+    for key, label in (
+        ("minimum", "≥"),
+        ("maximum", "≤"),
+        ("minLength", "len ≥"),
+        ("maxLength", "len ≤"),
+        ("maxItems", "items ≤"),
+        ("pattern", "pattern"),
+    ):
         if key in node:
             parts.append(f"{label} `{node[key]}`")
     if "default" in node:
@@ -74,7 +80,9 @@ def render() -> str:
         for path, typ, limits, desc in _rows(schema[section], section):
             out.append(f"| `{path}` | {typ} | {limits} | {desc} |\n")
         out.append("\n")
-    out.append("## Validation rules (CEL) the API server enforces\n\n| where | message |\n|---|---|\n")
+    out.append(
+        "## Validation rules (CEL) the API server enforces\n\n| where | message |\n|---|---|\n"
+    )
     for path, message in _rules(schema["spec"], "spec"):
         out.append(f"| `{path}` | {message} |\n")
     out.append("\n## Printer columns\n\n| column | JSONPath |\n|---|---|\n")
@@ -91,7 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     text = render()
     if args.check:
         if not path.exists() or path.read_text() != text:
-            print(f"{DOC_PATH} drifted from the model: run `python -m gpujob_operator.apidocs`", file=sys.stderr)
+            print(
+                f"{DOC_PATH} drifted from the model: run `python -m gpujob_operator.apidocs`",
+                file=sys.stderr,
+            )
             return 1
         return 0
     path.parent.mkdir(parents=True, exist_ok=True)

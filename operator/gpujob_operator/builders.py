@@ -152,7 +152,9 @@ def build_env(
     if ENV_METRICS_ADDR not in user_names:
         # Bind the exporter to the pod's own address: correct on a real cluster, and it keeps
         # ranks of two pods apart where pods share a network namespace (the local node agent).
-        env.append({"name": ENV_METRICS_ADDR, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+        env.append(
+            {"name": ENV_METRICS_ADDR, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+        )
     env += [{"name": k, "value": v} for k, v in defaults if k not in user_names]
     env += [e.model_dump(mode="json", by_alias=True, exclude_none=True) for e in user]
     return env

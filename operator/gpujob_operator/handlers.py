@@ -70,7 +70,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 
 @kopf.index("pods", labels={builders.LABEL_JOB_NAME: kopf.PRESENT})  # type: ignore[arg-type]
-def job_pods(namespace: str, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict[Any, Any]:
+def job_pods(
+    namespace: str, labels: Mapping[str, str], body: kopf.Body, **_: Any
+) -> dict[Any, Any]:
     """Pods by (namespace, job name): the observed children the planner reads."""
     return {(namespace, labels[builders.LABEL_JOB_NAME]): dict(body)}
 
@@ -84,8 +86,14 @@ def pod_changed(namespace: str, labels: Mapping[str, str], **_: Any) -> None:
 
 
 @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)  # type: ignore[arg-type]
-async def job_event(event: kopf.RawEvent, body: kopf.Body, namespace: str, name: str,
-                    job_pods: kopf.Index[Any, Any], **_: Any) -> None:  # fmt: skip
+async def job_event(
+    event: kopf.RawEvent,
+    body: kopf.Body,
+    namespace: str,
+    name: str,
+    job_pods: kopf.Index[Any, Any],
+    **_: Any,
+) -> None:
     """Start, wake or stop the job's loop.
 
     A plain asyncio task per job instead of a kopf daemon: daemons make kopf put a

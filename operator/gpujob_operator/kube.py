@@ -66,21 +66,32 @@ class Kube:
                 return False
             raise
 
-    async def patch_status(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+    async def patch_status(
+        self, namespace: str, name: str, patch: dict[str, Any]
+    ) -> dict[str, Any]:
         """A JSON merge patch of ``status`` through the status subresource; returns the object."""
         written: Any = await asyncio.to_thread(
             cast(Any, self.custom.patch_namespaced_custom_object_status),
-            api.GROUP, api.VERSION, namespace, api.PLURAL, name, {"status": patch},
-        )  # fmt: skip
+            api.GROUP,
+            api.VERSION,
+            namespace,
+            api.PLURAL,
+            name,
+            {"status": patch},
+        )
         return cast(dict[str, Any], written)
 
     async def delete_job(self, namespace: str, name: str) -> None:
         try:
             await asyncio.to_thread(
                 self.custom.delete_namespaced_custom_object,
-                api.GROUP, api.VERSION, namespace, api.PLURAL, name,
+                api.GROUP,
+                api.VERSION,
+                namespace,
+                api.PLURAL,
+                name,
                 propagation_policy="Background",
-            )  # fmt: skip
+            )
         except ApiException as e:
             if e.status != 404:
                 raise

@@ -51,13 +51,27 @@ def serve_metrics(port: int, addr: str) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--namespace", "-n", action="append", default=[],
-                   help="watch only these namespaces (repeatable); default: the whole cluster")  # fmt: skip
-    p.add_argument("--liveness", default=os.environ.get("GPUJOB_LIVENESS", "http://0.0.0.0:8080/healthz"),
-                   help="kopf's health endpoint")  # fmt: skip
-    p.add_argument("--metrics-port", type=int,
-                   default=int(os.environ.get(opmetrics.ENV_PORT, opmetrics.DEFAULT_PORT)),
-                   help=f"port of the operator's /metrics (0: off; env {opmetrics.ENV_PORT})")  # fmt: skip
-    p.add_argument("--metrics-addr", default=os.environ.get(opmetrics.ENV_ADDR, "0.0.0.0"),
-                   help=f"address /metrics binds (env {opmetrics.ENV_ADDR})")  # fmt: skip
+    p.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        default=[],
+        help="watch only these namespaces (repeatable); default: the whole cluster",
+    )
+    p.add_argument(
+        "--liveness",
+        default=os.environ.get("GPUJOB_LIVENESS", "http://0.0.0.0:8080/healthz"),
+        help="kopf's health endpoint",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(os.environ.get(opmetrics.ENV_PORT, opmetrics.DEFAULT_PORT)),
+        help=f"port of the operator's /metrics (0: off; env {opmetrics.ENV_PORT})",
+    )
+    p.add_argument(
+        "--metrics-addr",
+        default=os.environ.get(opmetrics.ENV_ADDR, "0.0.0.0"),
+        help=f"address /metrics binds (env {opmetrics.ENV_ADDR})",
+    )
     p.add_argument("--verbose", "-v", action="store_true")

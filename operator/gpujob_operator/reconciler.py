@@ -51,7 +51,9 @@ class JobLoop:
     scraper: Scraper | None = None
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     monitor: JobMonitor | None = None
-    monitored: tuple[int, int] | None = None  # (generation, attempt) the monitor's window belongs to
+    monitored: tuple[int, int] | None = (
+        None  # (generation, attempt) the monitor's window belongs to
+    )
     next_scrape: float = 0.0
     last_written: dict[str, Any] | None = None
     reconciles: int = 0
@@ -66,8 +68,12 @@ class JobLoop:
             live["status"] = copy.deepcopy(self.last_written.get("status", {}))
         return live
 
-    async def reconcile(self, body: Mapping[str, Any], pods: Iterable[Mapping[str, Any]],
-                        now: datetime | None = None) -> planner.Plan:  # fmt: skip
+    async def reconcile(
+        self,
+        body: Mapping[str, Any],
+        pods: Iterable[Mapping[str, Any]],
+        now: datetime | None = None,
+    ) -> planner.Plan:
         """Plan from what is observed and apply it; returns the plan for the caller's timing."""
         job = self.freshest(body)
         meta = job["metadata"]
@@ -96,10 +102,14 @@ class JobLoop:
         METRICS.update(ns, name, plan.status)
         if plan.create_pods or plan.delete_pods or plan.events:
             log.info(
-                "reconciled %s/%s: phase=%s created=%s deleted=%s events=%s", ns, name, plan.phase,
-                [p["metadata"]["name"] for p in plan.create_pods], plan.delete_pods,
+                "reconciled %s/%s: phase=%s created=%s deleted=%s events=%s",
+                ns,
+                name,
+                plan.phase,
+                [p["metadata"]["name"] for p in plan.create_pods],
+                plan.delete_pods,
                 [e.reason for e in plan.events],
-            )  # fmt: skip
+            )
         return plan
 
     async def _write_status(self, ns: str, name: str, patch: dict[str, Any]) -> None:
@@ -117,7 +127,9 @@ class JobLoop:
             return None
         job = self.freshest(self.body)
         status, spec = job.get("status") or {}, job.get("spec") or {}
-        if status.get("phase") != c.PHASE_RUNNING or not (spec.get("monitoring") or {}).get("enabled", True):
+        if status.get("phase") != c.PHASE_RUNNING or not (spec.get("monitoring") or {}).get(
+            "enabled", True
+        ):
             return None
         meta = job["metadata"]
         identity = (int(meta.get("generation") or 0), int(status.get("attempt") or 0))

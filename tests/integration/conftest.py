@@ -21,7 +21,9 @@ def crd(cluster: LocalCluster) -> Path:
     """The generated CRD, applied and Established."""
     res = cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
     assert res.returncode == 0, res.stderr
-    cluster.kubectl("wait", "--for=condition=Established", "crd/gputrainingjobs.gpujob.dev", "--timeout=60s")
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "crd/gputrainingjobs.gpujob.dev", "--timeout=60s"
+    )
     return CRD
 
 
@@ -40,5 +42,8 @@ def job_status(kube: Kube, name: str) -> dict:
 
 def wait_job_phase(kube: Kube, name: str, phases: tuple[str, ...], timeout: float = 120) -> dict:
     """Wait for the job's display phase; returns the status."""
-    return wait_until(lambda: (s := job_status(kube, name)).get("phase") in phases and s, timeout,
-                      f"job {name} in {phases}")  # fmt: skip
+    return wait_until(
+        lambda: (s := job_status(kube, name)).get("phase") in phases and s,
+        timeout,
+        f"job {name} in {phases}",
+    )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -18,7 +17,9 @@ BAD = sorted((REPO / "tests" / "data" / "bad_manifests").glob("*.yaml"))
 
 def expectation(path: Path) -> str:
     text = path.read_text()
-    m = re.search(r"^# expect-create: (.+)$", text, re.MULTILINE) or re.search(r"^# expect: (.+)$", text, re.MULTILINE)
+    m = re.search(r"^# expect-create: (.+)$", text, re.MULTILINE) or re.search(
+        r"^# expect: (.+)$", text, re.MULTILINE
+    )
     assert m, f"{path.name} lacks an '# expect:' line"
     return m.group(1).strip()
 
@@ -56,15 +57,31 @@ def test_immutable_fields_are_refused_on_update(kube: Kube, crd: Path, update: P
 
 def test_kubectl_explain_reads_well(kube: Kube, crd: Path) -> None:
     out = kube.run("explain", "gputrainingjob.spec.runPolicy", ns=False, check=True).stdout
-    for field in ("backoffLimit", "retryableExitCodes", "activeDeadlineSeconds", "ttlSecondsAfterFinished",
-                  "cleanPodPolicy", "suspend"):  # fmt: skip
+    for field in (
+        "backoffLimit",
+        "retryableExitCodes",
+        "activeDeadlineSeconds",
+        "ttlSecondsAfterFinished",
+        "cleanPodPolicy",
+        "suspend",
+    ):
         assert field in out
-    assert "DESCRIPTION" in out and "Retries" in out or "restart" in out.lower()
+    assert ("DESCRIPTION" in out and "Retries" in out) or "restart" in out.lower()
 
 
 def test_short_names_and_printer_columns(kube: Kube, crd: Path) -> None:
     kube.apply(yaml.safe_load((REPO / "crds" / "samples" / "suspended.yaml").read_text()))
     out = kube.run("get", "gtj", check=True).stdout
     header = out.splitlines()[0].split()
-    assert header == ["NAME", "STATUS", "NODES", "GPUS", "PROGRESS", "ETA", "THROUGHPUT", "BOTTLENECK", "AGE"]
+    assert header == [
+        "NAME",
+        "STATUS",
+        "NODES",
+        "GPUS",
+        "PROGRESS",
+        "ETA",
+        "THROUGHPUT",
+        "BOTTLENECK",
+        "AGE",
+    ]
     assert kube.run("get", "gpujob").returncode == 0

@@ -34,11 +34,20 @@ def test_rbac_is_enforced(kube: Kube, sa_kubeconfig) -> None:  # type: ignore[no
     as_reader = Kube(kube.cluster, kube.namespace, sa_kubeconfig(kube.namespace, "reader"))
     denied = as_reader.run("get", "pods")
     assert denied.returncode != 0
-    assert "Forbidden" in denied.stderr and f"system:serviceaccount:{kube.namespace}:reader" in denied.stderr
+    assert (
+        "Forbidden" in denied.stderr
+        and f"system:serviceaccount:{kube.namespace}:reader" in denied.stderr
+    )
 
     kube.run("create", "role", "pod-reader", "--verb=get,list", "--resource=pods", check=True)
-    kube.run("create", "rolebinding", "reader-pods", "--role=pod-reader",
-             f"--serviceaccount={kube.namespace}:reader", check=True)  # fmt: skip
+    kube.run(
+        "create",
+        "rolebinding",
+        "reader-pods",
+        "--role=pod-reader",
+        f"--serviceaccount={kube.namespace}:reader",
+        check=True,
+    )
     wait_until(lambda: as_reader.run("get", "pods").returncode == 0, 30, "the Role to take effect")
     still_denied = as_reader.run("get", "secrets")
     assert still_denied.returncode != 0 and "Forbidden" in still_denied.stderr
@@ -64,7 +73,14 @@ def test_oversized_gpu_request_stays_pending_unschedulable(kube: Kube) -> None:
     def unschedulable() -> dict | None:
         pod = kube.get("pod", "huge")
         conds = (pod or {}).get("status", {}).get("conditions", [])
-        return next((c for c in conds if c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"), None)
+        return next(
+            (
+                c
+                for c in conds
+                if c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
+            ),
+            None,
+        )
 
     cond = wait_until(unschedulable, 30, "the scheduler to mark the pod Unschedulable")
     assert "Insufficient nvidia.com/gpu" in cond["message"]
@@ -81,8 +97,14 @@ def test_failing_command_reports_exit_code_and_log_tail(kube: Kube) -> None:
 
 
 def test_pods_reach_each_other_by_dns_over_tcp(kube: Kube) -> None:
-    kube.apply({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "peers"},
-                "spec": {"clusterIP": "None", "selector": {"app": "peers"}, "ports": [{"port": 7000}]}})  # fmt: skip
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "peers"},
+            "spec": {"clusterIP": "None", "selector": {"app": "peers"}, "ports": [{"port": 7000}]},
+        }
+    )
     server = textwrap.dedent("""
         import os, socket
         s = socket.create_server((os.environ['POD_IP'], 7000))
@@ -139,8 +161,9 @@ def test_owner_deletion_garbage_collects_pods(kube: Kube) -> None:
     owner = kube.get("configmap", "owner")
     assert owner is not None
     pod = simple_pod("owned", "import time; time.sleep(600)")
-    pod["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner",
-                                           "uid": owner["metadata"]["uid"]}]  # fmt: skip
+    pod["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner["metadata"]["uid"]}
+    ]
     kube.apply(pod)
     kube.wait_phase("owned", ("Running",))
     kube.run("delete", "configmap", "owner", check=True)
@@ -155,7 +178,11 @@ def test_namespace_deletion_finishes(kube: Kube) -> None:
     other.apply(simple_pod("lingering", "import time; time.sleep(600)"))
     other.wait_phase("lingering", ("Running",))
     kube.run("delete", "namespace", ns, "--wait=false", ns=False, check=True)
-    wait_until(lambda: kube.run("get", "namespace", ns, ns=False).returncode != 0, 90, f"namespace {ns} gone")
+    wait_until(
+        lambda: kube.run("get", "namespace", ns, ns=False).returncode != 0,
+        90,
+        f"namespace {ns} gone",
+    )
 
 
 def test_starting_twice_is_refused_clearly(cluster: LocalCluster) -> None:
@@ -163,7 +190,9 @@ def test_starting_twice_is_refused_clearly(cluster: LocalCluster) -> None:
         ControlPlane(cluster.folder).start()
 
 
-def test_stale_folder_is_cleaned_with_a_message(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_stale_folder_is_cleaned_with_a_message(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     (tmp_path / "etcd" / "member").mkdir(parents=True)
     (tmp_path / STATE_FILE).write_text(json.dumps({"pids": {"etcd": 2**22 + 7}}))
     ControlPlane(tmp_path)._check_stale()

@@ -27,13 +27,22 @@ def job(name: str, script: str, nodes: int = 2, gpus: int = 1, **spec: Any) -> d
             body[key] = {**body[key], **value}
         else:
             body[key] = value
-    return {"apiVersion": "gpujob.dev/v1alpha1", "kind": "GPUTrainingJob", "metadata": {"name": name}, "spec": body}
+    return {
+        "apiVersion": "gpujob.dev/v1alpha1",
+        "kind": "GPUTrainingJob",
+        "metadata": {"name": name},
+        "spec": body,
+    }
 
 
 def events(kube: Kube, name: str) -> list[str]:
     items = kube.list("events")
-    return [e["reason"] for e in items if e["involvedObject"].get("name") == name
-            and e["involvedObject"].get("kind") == "GPUTrainingJob"]  # fmt: skip
+    return [
+        e["reason"]
+        for e in items
+        if e["involvedObject"].get("name") == name
+        and e["involvedObject"].get("kind") == "GPUTrainingJob"
+    ]
 
 
 def job_pods(kube: Kube, name: str) -> list[dict[str, Any]]:
@@ -61,7 +70,11 @@ def test_job_succeeds_with_the_torchrun_env_contract(kube: Kube, operator: Opera
         assert p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
         assert p["spec"]["hostname"] == p["metadata"]["name"] and p["spec"]["subdomain"] == "ok"
     env = {e["name"]: e.get("value") for e in pods[0]["spec"]["containers"][0]["env"]}
-    assert env["MASTER_ADDR"] == "ok-node-0.ok" and env["WORLD_SIZE"] == "2" and env["PET_NNODES"] == "2"
+    assert (
+        env["MASTER_ADDR"] == "ok-node-0.ok"
+        and env["WORLD_SIZE"] == "2"
+        and env["PET_NNODES"] == "2"
+    )
     assert "AllRanksSucceeded" in wait_until(lambda: events(kube, "ok"), 30, "events")
 
 
@@ -76,7 +89,11 @@ def test_torchrun_gang_rendezvous_across_pods(kube: Kube, operator: OperatorProc
         dist.destroy_process_group()
     """
     body = job("gang", script, gpus=0)
-    body["spec"]["training"] = {"launcher": "torchrun", "procsPerNode": 2, "rdzvTimeoutSeconds": 120}
+    body["spec"]["training"] = {
+        "launcher": "torchrun",
+        "procsPerNode": 2,
+        "rdzvTimeoutSeconds": 120,
+    }
     kube.apply(body)
     status = wait_job_phase(kube, "gang", ("Succeeded", "Failed"), timeout=180)
     assert status["phase"] == "Succeeded", status
@@ -84,12 +101,16 @@ def test_torchrun_gang_rendezvous_across_pods(kube: Kube, operator: OperatorProc
     assert cmd[0] == "torchrun" and "--nnodes=2" in cmd and "--nproc-per-node=2" in cmd
 
 
-def test_insufficient_gpus_stay_pending_with_the_schedulers_reason(kube: Kube, operator: OperatorProcess) -> None:
+def test_insufficient_gpus_stay_pending_with_the_schedulers_reason(
+    kube: Kube, operator: OperatorProcess
+) -> None:
     kube.apply(job("greedy", "print('never')", gpus=16))
 
     def unschedulable() -> dict | None:
         s = job_status(kube, "greedy")
-        cond = next((c for c in s.get("conditions", []) if c.get("reason") == "Unschedulable"), None)
+        cond = next(
+            (c for c in s.get("conditions", []) if c.get("reason") == "Unschedulable"), None
+        )
         return s if cond else None
 
     status = wait_until(unschedulable, 60, "an Unschedulable condition")
@@ -98,7 +119,9 @@ def test_insufficient_gpus_stay_pending_with_the_schedulers_reason(kube: Kube, o
     assert "Insufficient nvidia.com/gpu" in cond["message"]
 
 
-def test_failed_rank_restarts_the_whole_gang(kube: Kube, operator: OperatorProcess, tmp_path: Path) -> None:
+def test_failed_rank_restarts_the_whole_gang(
+    kube: Kube, operator: OperatorProcess, tmp_path: Path
+) -> None:
     marker = tmp_path / "failed-once"
     script = f"""
         import os, pathlib, sys
@@ -126,31 +149,65 @@ def test_backoff_limit_fails_with_the_root_cause(kube: Kube, operator: OperatorP
     status = wait_job_phase(kube, "doomed", ("Failed",), timeout=120)
     assert status["restarts"] == 1
     failure = status["failure"]
-    assert failure["pod"] == "doomed-node-1" and failure["exitCode"] == 3 and failure["reason"] == "Error"
+    assert (
+        failure["pod"] == "doomed-node-1"
+        and failure["exitCode"] == 3
+        and failure["reason"] == "Error"
+    )
     assert "illegal memory access" in failure.get("logTail", "") + failure.get("message", "")
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "BackoffLimitExceeded"
     # cleanPodPolicy Running (default): the still-running rank 0 is deleted at the end.
-    wait_until(lambda: all(p["metadata"]["name"] != "doomed-node-0" or p["metadata"].get("deletionTimestamp")
-                           for p in job_pods(kube, "doomed")), 30, "rank 0 cleaned up")  # fmt: skip
+    wait_until(
+        lambda: all(
+            p["metadata"]["name"] != "doomed-node-0" or p["metadata"].get("deletionTimestamp")
+            for p in job_pods(kube, "doomed")
+        ),
+        30,
+        "rank 0 cleaned up",
+    )
 
 
 def test_non_retryable_exit_code_fails_at_once(kube: Kube, operator: OperatorProcess) -> None:
-    kube.apply(job("fatal", "import sys; sys.exit(3)", nodes=1, runPolicy={"backoffLimit": 5, "retryableExitCodes": [42]}))
+    kube.apply(
+        job(
+            "fatal",
+            "import sys; sys.exit(3)",
+            nodes=1,
+            runPolicy={"backoffLimit": 5, "retryableExitCodes": [42]},
+        )
+    )
     status = wait_job_phase(kube, "fatal", ("Failed",), timeout=60)
     assert status["restarts"] == 0
-    assert next(c for c in status["conditions"] if c["type"] == "Failed")["reason"] == "NonRetryableExitCode"
+    assert (
+        next(c for c in status["conditions"] if c["type"] == "Failed")["reason"]
+        == "NonRetryableExitCode"
+    )
 
 
 def test_suspend_stops_pods_and_resume_starts_them(kube: Kube, operator: OperatorProcess) -> None:
     kube.apply(job("pausable", "import time; time.sleep(120)"))
     wait_job_phase(kube, "pausable", ("Running",), timeout=60)
-    kube.run("patch", "gtj", "pausable", "--type=merge", "-p", json.dumps({"spec": {"runPolicy": {"suspend": True}}}),
-             check=True)  # fmt: skip
+    kube.run(
+        "patch",
+        "gtj",
+        "pausable",
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"runPolicy": {"suspend": True}}}),
+        check=True,
+    )
     wait_job_phase(kube, "pausable", ("Suspended",), timeout=60)
     wait_until(lambda: not job_pods(kube, "pausable"), 60, "pods deleted on suspend")
-    kube.run("patch", "gtj", "pausable", "--type=merge", "-p", json.dumps({"spec": {"runPolicy": {"suspend": False}}}),
-             check=True)  # fmt: skip
+    kube.run(
+        "patch",
+        "gtj",
+        "pausable",
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"runPolicy": {"suspend": False}}}),
+        check=True,
+    )
     status = wait_job_phase(kube, "pausable", ("Running",), timeout=60)
     assert status["restarts"] == 0
     assert len(job_pods(kube, "pausable")) == 2
@@ -159,15 +216,33 @@ def test_suspend_stops_pods_and_resume_starts_them(kube: Kube, operator: Operato
 
 
 def test_active_deadline_fails_the_job(kube: Kube, operator: OperatorProcess) -> None:
-    kube.apply(job("slowpoke", "import time; time.sleep(300)", runPolicy={"activeDeadlineSeconds": 3}))
+    kube.apply(
+        job("slowpoke", "import time; time.sleep(300)", runPolicy={"activeDeadlineSeconds": 3})
+    )
     status = wait_job_phase(kube, "slowpoke", ("Failed",), timeout=60)
-    assert next(c for c in status["conditions"] if c["type"] == "Failed")["reason"] == "DeadlineExceeded"
-    wait_until(lambda: not [p for p in job_pods(kube, "slowpoke") if not p["metadata"].get("deletionTimestamp")],
-               30, "pods deleted after the deadline")  # fmt: skip
+    assert (
+        next(c for c in status["conditions"] if c["type"] == "Failed")["reason"]
+        == "DeadlineExceeded"
+    )
+    wait_until(
+        lambda: (
+            not [
+                p for p in job_pods(kube, "slowpoke") if not p["metadata"].get("deletionTimestamp")
+            ]
+        ),
+        30,
+        "pods deleted after the deadline",
+    )
 
 
 def test_ttl_deletes_a_finished_job_and_its_children(kube: Kube, operator: OperatorProcess) -> None:
-    kube.apply(job("ephemeral", "print('done')", runPolicy={"ttlSecondsAfterFinished": 2, "cleanPodPolicy": "None"}))
+    kube.apply(
+        job(
+            "ephemeral",
+            "print('done')",
+            runPolicy={"ttlSecondsAfterFinished": 2, "cleanPodPolicy": "None"},
+        )
+    )
     wait_job_phase(kube, "ephemeral", ("Succeeded",), timeout=60)
     kube.wait_gone("gputrainingjob", "ephemeral", timeout=60)
     wait_until(lambda: not job_pods(kube, "ephemeral"), 60, "pods garbage-collected")
@@ -187,8 +262,13 @@ def test_deleting_a_job_removes_its_children(kube: Kube, operator: OperatorProce
     wait_job_phase(kube, "doomed-parent", ("Running",), timeout=60)
     kube.run("delete", "gtj", "doomed-parent", "--wait=false", check=True)
     kube.wait_gone("gputrainingjob", "doomed-parent", timeout=60)
-    wait_until(lambda: not job_pods(kube, "doomed-parent") and kube.get("service", "doomed-parent") is None,
-               60, "pods and service garbage-collected")  # fmt: skip
+    wait_until(
+        lambda: (
+            not job_pods(kube, "doomed-parent") and kube.get("service", "doomed-parent") is None
+        ),
+        60,
+        "pods and service garbage-collected",
+    )
 
 
 def test_operator_restart_mid_job_keeps_counts_and_creates_no_duplicates(
@@ -204,14 +284,24 @@ def test_operator_restart_mid_job_keeps_counts_and_creates_no_duplicates(
             time.sleep(0.1)
     """
     kube.apply(job("survivor", script, runPolicy={"backoffLimit": 3}))
-    wait_until(lambda: job_status(kube, "survivor").get("restarts") == 1
-               and job_status(kube, "survivor").get("phase") == "Running", 90, "restart 1 and Running")  # fmt: skip
+    wait_until(
+        lambda: (
+            job_status(kube, "survivor").get("restarts") == 1
+            and job_status(kube, "survivor").get("phase") == "Running"
+        ),
+        90,
+        "restart 1 and Running",
+    )
     uids = {p["metadata"]["uid"] for p in job_pods(kube, "survivor")}
     operator.kill()
-    fresh = OperatorProcess(operator.kubeconfig, operator.namespaces, operator.log_path.with_name("op2.log")).start()
+    fresh = OperatorProcess(
+        operator.kubeconfig, operator.namespaces, operator.log_path.with_name("op2.log")
+    ).start()
     try:
         # The new operator sees the same pods and adopts them: no new pods, same restarts.
-        wait_until(lambda: "reconciled" in fresh.log_path.read_text() or fresh.healthy(), 30, "operator up")
+        wait_until(
+            lambda: "reconciled" in fresh.log_path.read_text() or fresh.healthy(), 30, "operator up"
+        )
         release.write_text("go")
         status = wait_job_phase(kube, "survivor", ("Succeeded", "Failed"), timeout=90)
         assert status["phase"] == "Succeeded" and status["restarts"] == 1

@@ -22,11 +22,19 @@ class Kube:
     namespace: str
     kubeconfig: Path
 
-    def run(self, *args: str, input: str | None = None, ns: bool = True, check: bool = False,
-            timeout: float = 60) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    def run(
+        self,
+        *args: str,
+        input: str | None = None,
+        ns: bool = True,
+        check: bool = False,
+        timeout: float = 60,
+    ) -> subprocess.CompletedProcess[str]:
         assert self.cluster.cp is not None
         extra = ["-n", self.namespace] if ns else []
-        res = self.cluster.cp.kubectl(*extra, *args, input=input, kubeconfig_path=self.kubeconfig, timeout=timeout)
+        res = self.cluster.cp.kubectl(
+            *extra, *args, input=input, kubeconfig_path=self.kubeconfig, timeout=timeout
+        )
         if check and res.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {res.stderr}")
         return res
@@ -69,5 +77,10 @@ def simple_pod(name: str, script: str, gpus: int = 0, **spec: Any) -> dict[str, 
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name},
-        "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 5, "containers": [container], **spec},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 5,
+            "containers": [container],
+            **spec,
+        },
     }

@@ -30,13 +30,22 @@ class OperatorProcess:
         self.health_port = free_port()
         self.metrics_port = free_port()
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), **self.extra_env}
-        args = [sys.executable, "-m", "gpujob_operator", "operator",
-                "--liveness", f"http://127.0.0.1:{self.health_port}/healthz",
-                "--metrics-port", str(self.metrics_port)]  # fmt: skip
+        args = [
+            sys.executable,
+            "-m",
+            "gpujob_operator",
+            "operator",
+            "--liveness",
+            f"http://127.0.0.1:{self.health_port}/healthz",
+            "--metrics-port",
+            str(self.metrics_port),
+        ]
         for ns in self.namespaces:
             args += ["--namespace", ns]
         out = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
-        self.proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
         out.close()
         wait_until(self.healthy, timeout, f"operator liveness (log: {self.log_path})")
         return self
@@ -46,7 +55,9 @@ class OperatorProcess:
         if self.proc.poll() is not None:
             raise AssertionError(f"operator exited with {self.proc.returncode}: {self.log_tail()}")
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2) as r:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.health_port}/healthz", timeout=2
+            ) as r:
                 return int(r.status) == 200
         except OSError:
             return False

@@ -30,9 +30,15 @@ class RankSim:
     node_rank: int = 0
     batch: int = 32
     phases: dict[str, float] = field(
-        default_factory=lambda: {"data_wait": 0.01, "forward": 0.03, "backward": 0.05,
-                                 "optimizer": 0.005, "comm_wait": 0.005, "other": 0.0}
-    )  # fmt: skip
+        default_factory=lambda: {
+            "data_wait": 0.01,
+            "forward": 0.03,
+            "backward": 0.05,
+            "optimizer": 0.005,
+            "comm_wait": 0.005,
+            "other": 0.0,
+        }
+    )
     steps: int = 0
     total: dict[str, float] = field(default_factory=lambda: dict.fromkeys(contract.PHASES, 0.0))
     last_step: float = 0.0

@@ -266,9 +266,17 @@ def test_status_has_what_kubectl_get_and_the_issue_need() -> None:
 
 @pytest.mark.parametrize(
     ("seconds", "text"),
-    [(0, "0s"), (45, "45s"), (60, "1m"), (1100, "18m20s"), (7500, "2h5m"), (7200, "2h"),
-     (273600, "3d4h"), (-1, "")],
-)  # fmt: skip
+    [
+        (0, "0s"),
+        (45, "45s"),
+        (60, "1m"),
+        (1100, "18m20s"),
+        (7500, "2h5m"),
+        (7200, "2h"),
+        (273600, "3d4h"),
+        (-1, ""),
+    ],
+)
 def test_display_durations(seconds: float, text: str) -> None:
     assert display.format_duration(seconds) == text
 

@@ -110,9 +110,32 @@ def test_fuzz_arbitrary_text(text: str) -> None:
 
 
 _LINE_PARTS = st.sampled_from(
-    ["gpujob_train_loss", "gpujob_train_steps_total", "x", "{", "}", '"', "\\", "=", ",", " ",
-     "rank", '"0"', "1.5", "NaN", "+Inf", "\n", "#", " TYPE ", "counter", "\t", "e", "-", "le"]
-)  # fmt: skip
+    [
+        "gpujob_train_loss",
+        "gpujob_train_steps_total",
+        "x",
+        "{",
+        "}",
+        '"',
+        "\\",
+        "=",
+        ",",
+        " ",
+        "rank",
+        '"0"',
+        "1.5",
+        "NaN",
+        "+Inf",
+        "\n",
+        "#",
+        " TYPE ",
+        "counter",
+        "\t",
+        "e",
+        "-",
+        "le",
+    ]
+)
 
 
 @settings(max_examples=600, suppress_health_check=[HealthCheck.too_slow], deadline=None)

@@ -30,8 +30,11 @@ def pod(name: str, rank: int, ip: str | None, phase: str = "Running") -> dict[st
 
 
 def test_scrape_targets_one_per_rank_of_running_pods() -> None:
-    pods = [pod("j-node-0", 0, "10.0.0.5"), pod("j-node-1", 1, "10.0.0.6"),
-            pod("j-node-2", 2, None, "Pending")]  # fmt: skip
+    pods = [
+        pod("j-node-0", 0, "10.0.0.5"),
+        pod("j-node-1", 1, "10.0.0.6"),
+        pod("j-node-2", 2, None, "Pending"),
+    ]
     got = scrape_targets(SPEC, pods)
     assert [(t.url, t.pod, t.node, t.node_rank, t.local_rank, t.rank) for t in got] == [
         ("http://10.0.0.5:9400/metrics", "j-node-0", "node-0", 0, 0, 0),
@@ -122,9 +125,18 @@ def test_stall_sets_the_condition_and_posts_an_event_at_once() -> None:
 def test_status_patch_only_on_meaningful_change_or_refresh() -> None:
     job = Job([RankSim(0, 0), RankSim(1, 1)], steps_per_scrape=1, interval=1.0)
     mon = JobMonitor(SPEC, refresh_seconds=60)
-    status: dict[str, Any] = {"phase": "Running", "conditions": [
-        {"type": "Running", "status": "True", "reason": "AllRanksRunning", "message": "",
-         "lastTransitionTime": "2027-01-01T00:00:00Z"}]}  # fmt: skip
+    status: dict[str, Any] = {
+        "phase": "Running",
+        "conditions": [
+            {
+                "type": "Running",
+                "status": "True",
+                "reason": "AllRanksRunning",
+                "message": "",
+                "lastTransitionTime": "2027-01-01T00:00:00Z",
+            }
+        ],
+    }
     writes = 0
     for i in range(40):
         patch = mon.observe(results_of(job, i), job.now).status_patch(status)

@@ -52,9 +52,15 @@ async def server(state: dict[str, int]) -> AsyncIterator[str]:
         return web.Response(body=PAYLOAD)
 
     app = web.Application()
-    for path, handler in (("/good", good), ("/garbage", garbage), ("/slow", slow),
-                          ("/error", error), ("/huge", huge), ("/foreign", foreign),
-                          ("/gated", gated)):  # fmt: skip
+    for path, handler in (
+        ("/good", good),
+        ("/garbage", garbage),
+        ("/slow", slow),
+        ("/error", error),
+        ("/huge", huge),
+        ("/foreign", foreign),
+        ("/gated", gated),
+    ):
         app.router.add_get(path, handler)
     runner = web.AppRunner(app, shutdown_timeout=0.1)
     await runner.setup()
