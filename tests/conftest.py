@@ -54,6 +54,8 @@ def sa_kubeconfig(cluster: LocalCluster, tmp_path: Path):  # type: ignore[no-unt
 
     def make(namespace: str, service_account: str) -> Path:
         assert cluster.cp is not None
-        return cluster.cp.token_kubeconfig(namespace, service_account, tmp_path / f"{service_account}.kubeconfig")
+        return cluster.cp.token_kubeconfig(
+            namespace, service_account, tmp_path / f"{service_account}.kubeconfig"
+        )
 
     return make

@@ -107,7 +107,9 @@ def test_env_contract() -> None:
     assert env["GPUJOB_TOTAL_STEPS"] == "1000"
     assert env["GPUJOB_JOB_NAME"] == "resnet" and env["GPUJOB_NAMESPACE"] == "ml"
     assert all(isinstance(v, str) for k, v in env.items() if k != "GPUJOB_METRICS_ADDR")
-    addr = next(e for e in pod["spec"]["containers"][0]["env"] if e["name"] == "GPUJOB_METRICS_ADDR")
+    addr = next(
+        e for e in pod["spec"]["containers"][0]["env"] if e["name"] == "GPUJOB_METRICS_ADDR"
+    )
     assert addr["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert "GPUJOB_TOTAL_STEPS" not in env_of(builders.build_pod(job(), 0, 0))
 

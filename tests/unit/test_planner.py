@@ -639,7 +639,9 @@ def test_status_keeps_the_analyzers_fields_and_renders_display() -> None:
     api.parse_status(st)  # the whole status fits the schema's model
     sim.succeed_all()
     sim.reconcile()
-    assert sim.status["display"] == {"progress": "100.0%"}, "no ETA for a finished job; success is 100%"
+    assert sim.status["display"] == {"progress": "100.0%"}, (
+        "no ETA for a finished job; success is 100%"
+    )
 
 
 def test_status_validates_against_the_model_at_every_stage() -> None:
@@ -768,7 +770,12 @@ def test_success_completes_the_progress_it_carries() -> None:
     sim.reconcile()
     sim.run_all()
     sim.reconcile()
-    sim.job["status"]["progress"] = {"step": 190, "totalSteps": 200, "percent": 95.0, "etaSeconds": 12.0}
+    sim.job["status"]["progress"] = {
+        "step": 190,
+        "totalSteps": 200,
+        "percent": 95.0,
+        "etaSeconds": 12.0,
+    }
     sim.succeed_all()
     result = sim.reconcile()
     assert result.phase == "Succeeded"

@@ -1,0 +1,139 @@
+"""`gpujob diagnose` against real torchrun runs of the example (2 CPU ranks, gloo).
+
+Each switch of the example must produce its verdict within two windows after warm-up, and
+a healthy run must never get a bottleneck verdict. The model is sized so one step is a few
+hundred milliseconds of compute: big enough that gloo's all-reduce latency and two ranks
+contending for two cores stay well below the thresholds (CommunicationBound at 15%).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from trainer_harness import TrainerRun, scrape, torchrun_example, wait_for
+
+from gpujob_operator import analysis as an
+from gpujob_operator import cli
+from gpujob_operator.diagnose import diagnose, targets_from_urls
+from gpujob_operator.monitor import JobMonitor, MonitorUpdate
+from gpujob_trainer import contract
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+BASE = ["--hidden=512", "--layers=4", "--batch-size=512", "--steps=100000"]
+WARMUP = 5
+WINDOW = 8.0
+INTERVAL = 1.0
+SETTINGS = an.Settings(
+    warmup_steps=WARMUP,
+    min_scrapes=3,
+    window_seconds=WINDOW,
+    scrape_interval_seconds=INTERVAL,
+    stall_timeout_seconds=5.0,
+    hysteresis_windows=2,
+)
+START_TIMEOUT = 240.0  # torchrun + torch import on a loaded 2-core machine
+
+
+def urls(run: TrainerRun) -> list[str]:
+    return [f"127.0.0.1:{p}" for p in run.ports()]
+
+
+def wait_warm(run: TrainerRun, steps: int = WARMUP) -> None:
+    def probe() -> bool | None:
+        if run.proc.poll() is not None:
+            raise AssertionError(f"torchrun exited {run.proc.returncode}:\n{run.log()}")
+        got = [scrape(p).get(contract.STEPS.name) or 0 for p in run.ports()]
+        return True if min(got) >= steps else None
+
+    wait_for(f"{steps} steps on every rank", probe, START_TIMEOUT)
+
+
+def diagnose_until(run: TrainerRun, expected: str) -> tuple[MonitorUpdate, list[str]]:
+    """Up to two windows with one monitor (as the operator keeps one); all published."""
+    monitor = JobMonitor(SETTINGS)
+    published: list[str] = []
+
+    def note(u: MonitorUpdate) -> None:
+        if u.bottleneck:
+            published.append(u.bottleneck["verdict"])
+
+    update: MonitorUpdate | None = None
+    for _ in range(2):
+        update = asyncio.run(
+            diagnose(
+                targets_from_urls(urls(run)),
+                SETTINGS,
+                window=WINDOW,
+                interval=INTERVAL,
+                monitor=monitor,
+                on_round=note,
+            )
+        )
+        if published and published[-1] == expected:
+            break
+    assert update is not None
+    return update, published
+
+
+@pytest.mark.parametrize(
+    ("name", "switches", "expected"),
+    [
+        ("slow_input", ["--slow-input=0.6"], an.INPUT_BOUND),
+        ("slow_rank", ["--slow-rank=1", "--slow-factor=4"], an.STRAGGLER),
+        ("comm_heavy", ["--comm-heavy"], an.COMMUNICATION_BOUND),
+    ],
+)
+def test_switch_gives_its_verdict(
+    name: str, switches: list[str], expected: str, tmp_path: Path
+) -> None:
+    with torchrun_example([*BASE, *switches], tmp_path) as run:
+        wait_warm(run)
+        update, published = diagnose_until(run, expected)
+        b = update.bottleneck
+        assert b is not None and b["verdict"] == expected, (published, update.analysis.candidates)
+        assert b["evidence"] and b["summary"] and b["advice"]
+        if expected == an.STRAGGLER:
+            assert b["rank"] == 1 and b["pod"] == urls(run)[1]
+        assert update.progress["samplesPerSecond"] > 0
+
+
+def test_hang_is_stalled(tmp_path: Path) -> None:
+    with torchrun_example([*BASE, "--hang-rank=1", "--hang-after=8"], tmp_path) as run:
+        wait_warm(run)
+        update, published = diagnose_until(run, an.STALLED)
+        b = update.bottleneck
+        assert b is not None and b["verdict"] == an.STALLED, published
+        assert b["severity"] == an.CRITICAL
+        assert b["evidence"]["step"] == 8
+        stalled = [cnd for cnd in update.conditions if cnd["type"] == "Stalled"]
+        assert stalled and stalled[0]["status"] == "True"
+
+
+def test_healthy_run_gets_no_bottleneck_through_the_cli(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with torchrun_example(BASE, tmp_path) as run:
+        wait_warm(run)
+        _, published = diagnose_until(run, "never")
+        assert published and set(published) == {an.HEALTHY}, published
+        rc = cli.main(
+            [
+                "diagnose",
+                *urls(run),
+                "--window=6",
+                "--interval=1",
+                "--json",
+                f"--warmup-steps={WARMUP}",
+                "--total-steps=100000",
+            ]
+        )
+        assert rc == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["bottleneck"]["verdict"] == an.HEALTHY, report
+        assert report["progress"]["totalSteps"] == 100000 and report["progress"]["step"] > 0
+        assert report["gpus"]["telemetry"].startswith("Unavailable: no GPU telemetry")
+        assert report["failures"] == []

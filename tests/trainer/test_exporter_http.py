@@ -1,0 +1,53 @@
+"""The exporter over real HTTP on loopback: private registry, no `_created`, clean stop."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+
+import pytest
+from trainer_harness import LOOPBACK, scrape
+
+import gpujob_trainer
+from gpujob_trainer import contract
+from gpujob_trainer.env import RankInfo
+
+
+def test_exporter_serves_the_contract_and_stops() -> None:
+    tracker = gpujob_trainer.init(
+        total_steps=5, port=0, addr=LOOPBACK, rank=RankInfo(1, 1, 0, 2), gpu_telemetry=True
+    )
+    try:
+        assert tracker.exporter is not None
+        port = tracker.exporter.port
+        assert port > 0
+        with tracker.phase("checkpoint"):
+            pass
+        tracker.end_step()
+        tracker.log(loss=0.5, samples=16)
+        s = scrape(port)
+        assert "_created" not in s.text
+        labels = {"rank": "1", "local_rank": "1", "node_rank": "0"}
+        assert s.value("gpujob_train_steps_total", **labels) == 1
+        assert s.value("gpujob_train_target_steps", **labels) == 5
+        assert s.value("gpujob_train_samples_total", **labels) == 16
+        assert s.value("gpujob_train_loss", **labels) == 0.5
+        assert s.value("gpujob_train_step_duration_seconds_count", **labels) == 1
+        assert s.types["gpujob_train_step_duration_seconds"] == "histogram"
+        assert s.types["gpujob_train_phase_seconds"] == "counter"
+        # no NVML on this machine: the availability gauge says so, no GPU series
+        assert s.value("gpujob_gpu_telemetry_available") == 0
+        assert not [n for n in s.names() if n.startswith("gpujob_gpu_") and "telemetry" not in n]
+        # our registry only: nothing of prometheus_client's default process/platform series
+        assert all(n.startswith("gpujob_") for n in s.names())
+        assert set(s.types) <= {m.family for m in contract.ALL_METRICS}
+    finally:
+        tracker.close()
+    with pytest.raises((urllib.error.URLError, ConnectionError)):
+        urllib.request.urlopen(f"http://{LOOPBACK}:{port}/metrics", timeout=2)
+
+
+def test_not_started_at_import_or_construction() -> None:
+    tracker = gpujob_trainer.Tracker(rank=RankInfo())
+    assert tracker.exporter is None
+    tracker.close()

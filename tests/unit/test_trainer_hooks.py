@@ -1,0 +1,165 @@
+"""The model, DataLoader and optimizer hooks on a real (CPU) PyTorch loop, in one process."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+
+from gpujob_trainer import contract
+from gpujob_trainer.env import RankInfo
+from gpujob_trainer.tracker import Tracker
+
+
+def make_loop(
+    batches: int = 6, batch: int = 8
+) -> tuple[nn.Module, DataLoader[tuple[torch.Tensor, ...]]]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    data = TensorDataset(torch.randn(batches * batch, 16), torch.randint(0, 4, (batches * batch,)))
+    return model, DataLoader(data, batch_size=batch)
+
+
+def train(
+    tracker: Tracker,
+    model: nn.Module,
+    loader: DataLoader[tuple[torch.Tensor, ...]],
+    epochs: int = 1,
+) -> int:
+    model = tracker.wrap_model(model)
+    batches = tracker.wrap_loader(loader, tokens=lambda b: int(b[0].numel()))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps = 0
+    for _ in range(epochs):
+        for x, y in batches:
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            tracker.log(loss=loss)
+            steps += 1
+    return steps
+
+
+@pytest.fixture
+def tracker() -> Iterator[Tracker]:
+    t = Tracker(total_steps=12, rank=RankInfo())
+    yield t
+    t.close()
+
+
+def test_plain_loop_counts_steps_samples_and_phases(tracker: Tracker) -> None:
+    model, loader = make_loop()
+    steps = train(tracker, model, loader, epochs=2)
+    snap = tracker.snapshot()
+    assert snap.steps == steps == 12
+    assert snap.step_count == 12
+    assert snap.samples == 12 * 8
+    assert snap.tokens == 12 * 8 * 16
+    assert snap.epoch == 1
+    assert snap.loss is not None and 0 < snap.loss < 10
+    for phase in ("data_wait", "forward", "backward", "optimizer", "other"):
+        assert snap.phase_seconds[phase] > 0, phase
+    assert snap.phase_seconds["checkpoint"] == 0
+    assert sum(snap.phase_seconds.values()) == pytest.approx(snap.step_sum, rel=1e-9)
+    compute = sum(snap.phase_seconds[p] for p in contract.COMPUTE_PHASES)
+    assert snap.compute_seconds == pytest.approx(compute, rel=1e-9)
+
+
+def test_close_removes_every_hook(tracker: Tracker) -> None:
+    model, loader = make_loop(batches=2)
+    train(tracker, model, loader)
+    assert tracker.snapshot().steps == 2
+    tracker.close()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    assert tracker.snapshot().steps == 2
+    assert not model._forward_hooks and not model._forward_pre_hooks
+
+
+def test_eval_forward_arms_no_backward(tracker: Tracker) -> None:
+    model, loader = make_loop(batches=2)
+    train(tracker, model, loader)
+    with torch.no_grad():
+        model(torch.randn(2, 16))
+    assert tracker._bwd_armed is False
+
+
+def test_watch_optimizer_only_that_one_ends_steps(tracker: Tracker) -> None:
+    model, loader = make_loop(batches=3)
+    tracker.wrap_model(model)
+    main = tracker.watch_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    side = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        nn.functional.cross_entropy(model(x), y).backward()
+        side.step()
+        main.step()
+    snap = tracker.snapshot()
+    assert snap.steps == 3
+    assert snap.step_count == 3
+
+
+def test_watch_optimizer_alone_hooks_only_that_instance() -> None:
+    tracker = Tracker(rank=RankInfo(), hook_optimizers=False)
+    model, loader = make_loop(batches=3)
+    opt = tracker.watch_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    assert tracker.watch_optimizer(opt) is opt  # idempotent
+    other = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        nn.functional.cross_entropy(model(x), y).backward()
+        other.step()  # not hooked at all
+        opt.step()
+    snap = tracker.snapshot()
+    assert snap.steps == 3
+    assert snap.phase_seconds["optimizer"] > 0
+    tracker.close()
+    opt.step()
+    assert tracker.snapshot().steps == 3
+
+
+def test_ddp_exposed_comm_wait_is_its_own_phase(tracker: Tracker) -> None:
+    """A one-rank DDP: the callbacks run around DDP's finalizer and comm_wait is counted."""
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        model, loader = make_loop()
+        ddp = DDP(model)
+        steps = train(tracker, ddp, loader)
+        snap = tracker.snapshot()
+        assert snap.steps == steps == 6
+        assert snap.phase_seconds["backward"] > 0
+        assert snap.phase_seconds["comm_wait"] > 0
+        assert tracker._stack == [contract.PHASE_OTHER]  # every phase was left again
+        assert sum(snap.phase_seconds.values()) == pytest.approx(snap.step_sum, rel=1e-9)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_manual_end_step_without_optimizer_hooks() -> None:
+    tracker = Tracker(rank=RankInfo(), hook_optimizers=False)
+    model, loader = make_loop(batches=3)
+    tracker.wrap_model(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in tracker.wrap_loader(loader):
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        tracker.end_step()
+    snap = tracker.snapshot()
+    assert snap.steps == 3
+    assert snap.phase_seconds["optimizer"] == 0  # not hooked: counted as other
+    tracker.close()
+
+
+def test_wrapped_loader_behaves_like_the_loader(tracker: Tracker) -> None:
+    _, loader = make_loop(batches=5)
+    wrapped = tracker.wrap_loader(loader)
+    assert len(wrapped) == 5
+    assert wrapped.batch_size == 8
+    assert wrapped.dataset is loader.dataset

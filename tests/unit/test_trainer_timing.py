@@ -1,0 +1,288 @@
+"""Step attribution and the tracker's counters, with fake host clocks and fake CUDA events."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from gpujob_trainer import contract
+from gpujob_trainer.env import RankInfo
+from gpujob_trainer.exporter import render_snapshot
+from gpujob_trainer.hooks import batch_size
+from gpujob_trainer.timing import CudaEventClock, HostClock, Mark, attribute
+from gpujob_trainer.tracker import Tracker
+
+
+class FakeTime:
+    """A host clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@dataclass
+class FakeEvent:
+    """A CUDA event stand-in: device time set by the test, done when the test says so."""
+
+    device_time: float | None = None
+    done: bool = False
+    records: int = 0
+
+    def record(self) -> None:
+        self.records += 1
+
+    def query(self) -> bool:
+        return self.done
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        assert self.done and end.done, "elapsed_time on an unfinished event would block"
+        assert self.device_time is not None and end.device_time is not None
+        return (end.device_time - self.device_time) * 1000.0
+
+
+def make_tracker(clock: Any = None, total_steps: int | None = 10) -> tuple[Tracker, FakeTime]:
+    t = FakeTime()
+    tracker = Tracker(
+        total_steps=total_steps,
+        rank=RankInfo(rank=3, local_rank=1, node_rank=1, world_size=4),
+        clock=clock,
+        wall_clock=lambda: 1_700_000_000.0,
+        host_clock=t,
+    )
+    return tracker, t
+
+
+def run_step(tracker: Tracker, t: FakeTime, seconds: dict[str, float]) -> None:
+    """One step through the private transitions the hooks use, with given phase times."""
+    tracker._enter("data_wait")
+    t.advance(seconds.get("data_wait", 0.0))
+    tracker._exit("data_wait")
+    tracker._enter("forward")
+    t.advance(seconds.get("forward", 0.0))
+    tracker._exit("forward")
+    t.advance(seconds.get("other", 0.0))
+    tracker._enter("backward")
+    t.advance(seconds.get("backward", 0.0))
+    tracker._switch("backward", "comm_wait")
+    t.advance(seconds.get("comm_wait", 0.0))
+    tracker._exit("comm_wait")
+    tracker._optimizer_begin(object())
+    t.advance(seconds.get("optimizer", 0.0))
+    tracker._optimizer_end(object())
+
+
+STEP = {
+    "data_wait": 0.010,
+    "forward": 0.020,
+    "other": 0.001,
+    "backward": 0.040,
+    "comm_wait": 0.015,
+    "optimizer": 0.005,
+}
+
+
+def test_attribute_host_partitions_span() -> None:
+    marks: list[Mark] = [(0.0, "data_wait", None), (0.5, "forward", None)]
+    marks += [(0.75, "other", None), (1.0, "x", None)]
+    got = attribute(marks, HostClock())
+    assert got["data_wait"] == 0.5
+    assert got["forward"] == 0.25
+    assert got["other"] == 0.25
+    assert sum(got.values()) == 1.0
+    assert set(got) == set(contract.PHASES)
+
+
+def test_attribute_unknown_phase_and_negative_interval() -> None:
+    got = attribute([(1.0, "nope", None), (2.0, "forward", None), (1.5, "other", None)])
+    assert got["other"] == 1.0
+    assert got["forward"] == 0.0
+
+
+def test_attribute_prefers_device_time_when_every_mark_has_an_event() -> None:
+    events = [FakeEvent(0.0, True), FakeEvent(0.2, True), FakeEvent(0.3, True)]
+    marks: list[Mark] = [(0.0, "forward", events[0]), (0.01, "backward", events[1])]
+    marks.append((0.02, "other", events[2]))
+    got = attribute(marks, CudaEventClock(event_factory=FakeEvent))
+    assert got["forward"] == pytest.approx(0.2)
+    assert got["backward"] == pytest.approx(0.1)
+    marks[1] = (0.01, "backward", None)  # a mark without an event: host times for the step
+    got = attribute(marks, CudaEventClock(event_factory=FakeEvent))
+    assert got["forward"] == pytest.approx(0.01)
+
+
+def test_tracker_counts_phases_steps_and_histogram() -> None:
+    tracker, t = make_tracker()
+    for _ in range(3):
+        run_step(tracker, t, STEP)
+        tracker.add_samples(32, tokens=4096)
+    snap = tracker.snapshot()
+    assert snap.steps == 3
+    assert snap.step_count == 3
+    assert snap.samples == 96
+    assert snap.tokens == 3 * 4096
+    assert snap.target_steps == 10
+    assert snap.last_step_timestamp == 1_700_000_000.0
+    per_step = sum(STEP.values())
+    assert snap.step_sum == pytest.approx(3 * per_step)
+    assert sum(snap.phase_seconds.values()) == pytest.approx(snap.step_sum)
+    for phase, seconds in STEP.items():
+        assert snap.phase_seconds[phase] == pytest.approx(3 * seconds)
+    assert snap.compute_seconds == pytest.approx(3 * (0.020 + 0.040 + 0.005))
+    idx = next(i for i, b in enumerate(contract.STEP_DURATION_BUCKETS) if per_step <= b)
+    assert snap.step_buckets[idx - 1] == 0
+    assert snap.step_buckets[idx] == 3
+    assert snap.step_buckets[-1] == 3
+
+
+def test_first_step_starts_at_first_mark() -> None:
+    tracker, t = make_tracker()
+    t.advance(50.0)  # model building, process group setup: not a step
+    run_step(tracker, t, STEP)
+    snap = tracker.snapshot()
+    assert snap.steps == 1
+    assert snap.step_sum == pytest.approx(sum(STEP.values()))
+
+
+def test_explicit_phase_context_and_validation() -> None:
+    tracker, t = make_tracker()
+    tracker._enter("data_wait")
+    t.advance(0.001)
+    tracker._exit("data_wait")
+    with tracker.phase("checkpoint"):
+        t.advance(2.0)
+        with tracker.phase("other"):
+            t.advance(0.5)
+    tracker.end_step()
+    snap = tracker.snapshot()
+    assert snap.phase_seconds["checkpoint"] == pytest.approx(2.0)
+    assert snap.phase_seconds["other"] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="unknown phase 'eval'"), tracker.phase("eval"):
+        pass
+
+
+def test_watched_optimizer_alone_ends_steps() -> None:
+    tracker, t = make_tracker()
+    gen, disc = object(), object()
+    tracker._step_optimizers.add(id(gen))  # what watch_optimizer(gen) records
+    for opt in (disc, gen, disc, gen):
+        # the global hooks see both; the watched one's own hooks see it too
+        tracker._optimizer_begin(opt)
+        if opt is gen:
+            tracker._optimizer_begin(opt, watched=True)
+        t.advance(0.01)
+        if opt is gen:
+            tracker._optimizer_end(opt, watched=True)
+        tracker._optimizer_end(opt)
+    snap = tracker.snapshot()
+    assert snap.steps == 2
+    assert snap.phase_seconds["optimizer"] == pytest.approx(0.04)
+
+
+def test_cuda_steps_are_attributed_lazily_from_events() -> None:
+    made: list[FakeEvent] = []
+
+    def factory() -> FakeEvent:
+        made.append(FakeEvent())
+        return made[-1]
+
+    clock = CudaEventClock(event_factory=factory)
+    tracker, t = make_tracker(clock=clock)
+    run_step(tracker, t, STEP)
+    run_step(tracker, t, STEP)
+    snap = tracker.snapshot()
+    assert snap.steps == 2  # progress is host-side and immediate
+    assert snap.step_count == 0  # nothing attributed: no event has completed
+    # The GPU ran each interval for 2 ms longer than the host saw (the host ran ahead).
+    for i, ev in enumerate(made):
+        ev.device_time = i * 0.002
+        ev.done = True
+    snap = tracker.snapshot()
+    assert snap.step_count == 2
+    marks_per_step = 9  # the second step starts at the first one's end mark
+    assert snap.step_sum == pytest.approx(((marks_per_step - 1) + marks_per_step) * 0.002)
+    assert sum(snap.phase_seconds.values()) == pytest.approx(snap.step_sum)
+    # events of attributed steps go back to the pool and are reused
+    n = len(made)
+    run_step(tracker, t, STEP)
+    assert len(made) < n + marks_per_step
+
+
+def test_cuda_attribution_waits_for_every_event_of_a_step() -> None:
+    made: list[FakeEvent] = []
+
+    def factory() -> FakeEvent:
+        made.append(FakeEvent(device_time=len(made) * 0.001))
+        return made[-1]
+
+    tracker, t = make_tracker(clock=CudaEventClock(event_factory=factory))
+    run_step(tracker, t, STEP)
+    run_step(tracker, t, STEP)
+    for ev in made[:5]:
+        ev.done = True
+    assert tracker.snapshot().step_count == 0
+    for ev in made:
+        ev.done = True
+    assert tracker.snapshot().step_count == 2
+
+
+def test_loss_values() -> None:
+    tracker, _ = make_tracker()
+    assert tracker.snapshot().loss is None
+    tracker.log(loss=2.5, samples=8, tokens=80, epoch=3)
+    snap = tracker.snapshot()
+    assert (snap.loss, snap.samples, snap.tokens, snap.epoch) == (2.5, 8, 80, 3)
+    tracker.log(loss=float("nan"))
+    assert math.isnan(tracker.snapshot().loss or 0.0)
+
+
+def test_epochs_from_loader_unless_set() -> None:
+    tracker, _ = make_tracker()
+    assert tracker.snapshot().epoch is None
+    tracker._loader_epoch_started()
+    tracker._loader_epoch_started()
+    assert tracker.snapshot().epoch == 1
+    tracker.set_epoch(7)
+    tracker._loader_epoch_started()
+    assert tracker.snapshot().epoch == 7
+
+
+def test_render_snapshot_names_types_and_labels() -> None:
+    tracker, t = make_tracker(total_steps=None)
+    run_step(tracker, t, STEP)
+    run_step(tracker, t, STEP)
+    fams = {f.name: f for f in render_snapshot(tracker.snapshot())}
+    assert "gpujob_train_target_steps" not in fams  # unknown target: absent, not 0
+    assert "gpujob_train_loss" not in fams
+    assert fams["gpujob_train_steps"].type == "counter"
+    assert fams["gpujob_train_step_duration_seconds"].type == "histogram"
+    rank = {"rank": "3", "local_rank": "1", "node_rank": "1"}
+    for fam in fams.values():
+        assert fam.name + "_created" not in {s.name for s in fam.samples}
+        for sample in fam.samples:
+            assert rank.items() <= sample.labels.items(), sample
+    phases = {s.labels["phase"] for s in fams["gpujob_train_phase_seconds"].samples}
+    assert phases == set(contract.PHASES)
+
+
+@pytest.mark.parametrize(
+    ("batch", "size"),
+    [
+        (FakeEvent, 1),
+        ([], 0),
+        ({"input_ids": type("T", (), {"shape": (8, 128)})()}, 8),
+        ((type("T", (), {"shape": (4, 3)})(), type("T", (), {"shape": (4,)})()), 4),
+        ([1, 2, 3], 3),
+        (type("S", (), {"shape": ()})(), 1),
+    ],
+)
+def test_batch_size(batch: Any, size: int) -> None:
+    assert batch_size(batch) == size

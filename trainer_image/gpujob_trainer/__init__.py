@@ -1,0 +1,42 @@
+"""gpujob_trainer: per-rank progress, phase timing and GPU telemetry for PyTorch training.
+
+    import gpujob_trainer
+    tracker = gpujob_trainer.init()            # exporter on GPUJOB_METRICS_PORT + LOCAL_RANK
+    model = tracker.wrap_model(DDP(model))     # forward, backward, exposed all-reduce wait
+    loader = tracker.wrap_loader(loader)       # data wait, samples, epochs
+    ...                                        # optimizer.step() ends each step
+    tracker.close()
+
+Importing this package imports neither torch nor NVML nor prometheus_client; they load when
+used. It never imports the operator.
+"""
+
+from __future__ import annotations
+
+from gpujob_trainer import contract
+from gpujob_trainer.env import RankInfo
+from gpujob_trainer.tracker import Snapshot, Tracker
+
+__all__ = ["RankInfo", "Snapshot", "Tracker", "contract", "init"]
+
+
+def init(
+    *,
+    total_steps: int | None = None,
+    port: int | None = None,
+    addr: str | None = None,
+    rank: RankInfo | None = None,
+    gpu_telemetry: bool | None = None,
+    hook_optimizers: bool = True,
+    start_exporter: bool = True,
+) -> Tracker:
+    """Make this rank's tracker and (unless told not to) start its metrics exporter.
+
+    Defaults come from the env the operator and torchrun set: `GPUJOB_TOTAL_STEPS`,
+    `GPUJOB_METRICS_PORT` (+ `LOCAL_RANK`), `RANK`, `LOCAL_RANK`, `GROUP_RANK`. GPU telemetry
+    defaults to on for local rank 0, which reports every GPU of the node.
+    """
+    tracker = Tracker(total_steps=total_steps, rank=rank, hook_optimizers=hook_optimizers)
+    if start_exporter:
+        tracker.start_exporter(port, addr, gpu_telemetry=gpu_telemetry)
+    return tracker

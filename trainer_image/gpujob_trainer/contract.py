@@ -1,0 +1,288 @@
+"""The trainer metrics contract: names, types, units, labels and env vars.
+
+This one module is imported by both sides: the trainer's exporter renders these series and
+the operator's scraper reads them. It holds plain data only, so importing it never pulls in
+torch, NVML or prometheus_client. Change a name here and both sides move together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Literal
+
+MetricType = Literal["counter", "gauge", "histogram"]
+
+# --- environment the operator injects (torchrun adds RANK, LOCAL_RANK, WORLD_SIZE, GROUP_RANK)
+ENV_METRICS_PORT: Final = "GPUJOB_METRICS_PORT"
+"""Base port of the per-rank exporters; each rank serves on base + LOCAL_RANK."""
+ENV_METRICS_ADDR: Final = "GPUJOB_METRICS_ADDR"
+"""Address the exporter binds (default all interfaces, so the operator can scrape the pod)."""
+ENV_TOTAL_STEPS: Final = "GPUJOB_TOTAL_STEPS"
+"""Target optimizer steps of the whole job (optional), exported as the target gauge."""
+ENV_RANK: Final = "RANK"
+ENV_LOCAL_RANK: Final = "LOCAL_RANK"
+ENV_WORLD_SIZE: Final = "WORLD_SIZE"
+ENV_GROUP_RANK: Final = "GROUP_RANK"
+"""torchrun's node rank; PET_NODE_RANK then NODE_RANK are the fallbacks, in that order."""
+ENV_NODE_RANK_FALLBACKS: Final = ("PET_NODE_RANK", "NODE_RANK")
+ENV_TRAINER: Final = (
+    ENV_METRICS_PORT,
+    ENV_METRICS_ADDR,
+    ENV_TOTAL_STEPS,
+    ENV_RANK,
+    ENV_LOCAL_RANK,
+    ENV_WORLD_SIZE,
+    ENV_GROUP_RANK,
+    *ENV_NODE_RANK_FALLBACKS,
+)
+
+DEFAULT_METRICS_PORT: Final = 9400
+METRICS_PATH: Final = "/metrics"
+
+# --- labels
+LABEL_RANK: Final = "rank"
+LABEL_LOCAL_RANK: Final = "local_rank"
+LABEL_NODE_RANK: Final = "node_rank"
+LABEL_PHASE: Final = "phase"
+LABEL_GPU: Final = "gpu"
+"""NVML index of the GPU on its node (what NVIDIA's DCGM exporter calls `gpu`)."""
+LABEL_UUID: Final = "UUID"
+"""GPU UUID as NVML spells it (`GPU-…`); the join key with DCGM and across ranks."""
+LABEL_REASON: Final = "reason"
+
+RANK_LABELS: Final = (LABEL_RANK, LABEL_LOCAL_RANK, LABEL_NODE_RANK)
+"""Carried by every series a rank exports about its own training."""
+GPU_LABELS: Final = (LABEL_NODE_RANK, LABEL_GPU, LABEL_UUID)
+"""Carried by every NVML series (one per GPU of the node, exported by local rank 0)."""
+CUDA_LABELS: Final = (*RANK_LABELS, LABEL_UUID)
+"""Carried by allocator series: the rank's own CUDA device, named by UUID."""
+
+# --- step phases; they partition each step, so their sum is the step time
+PHASE_DATA_WAIT: Final = "data_wait"
+PHASE_FORWARD: Final = "forward"
+PHASE_BACKWARD: Final = "backward"
+PHASE_OPTIMIZER: Final = "optimizer"
+PHASE_COMM_WAIT: Final = "comm_wait"
+PHASE_CHECKPOINT: Final = "checkpoint"
+PHASE_OTHER: Final = "other"
+PHASES: Final = (
+    PHASE_DATA_WAIT,
+    PHASE_FORWARD,
+    PHASE_BACKWARD,
+    PHASE_OPTIMIZER,
+    PHASE_COMM_WAIT,
+    PHASE_CHECKPOINT,
+    PHASE_OTHER,
+)
+COMPUTE_PHASES: Final = (PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER)
+"""A rank's own compute: what it spends working, excluding waits for data or peers."""
+
+# --- NVML clock event ("throttle") reasons, label value -> NVML bit
+CLOCK_EVENT_REASONS: Final = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clock_setting": 0x100,
+}
+THROTTLE_REASONS: Final = (
+    "sw_power_cap",
+    "hw_slowdown",
+    "sw_thermal_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+)
+"""The reasons that mean the GPU runs slower than it could (power, heat, hardware)."""
+
+# --- reasons GPU telemetry can be unavailable (values of the `reason` label)
+TELEMETRY_OK: Final = "ok"
+TELEMETRY_NVML_MISSING: Final = "nvml_not_installed"
+TELEMETRY_NVML_INIT_FAILED: Final = "nvml_init_failed"
+TELEMETRY_NO_DEVICES: Final = "no_devices"
+TELEMETRY_REASONS: Final = (
+    TELEMETRY_OK,
+    TELEMETRY_NVML_MISSING,
+    TELEMETRY_NVML_INIT_FAILED,
+    TELEMETRY_NO_DEVICES,
+)
+
+STEP_DURATION_BUCKETS: Final = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+)
+"""Upper bounds (seconds) of the step time histogram; +Inf is implied."""
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One series family: its full exposition name, type, base unit, help and labels."""
+
+    name: str
+    type: MetricType
+    help: str
+    labels: tuple[str, ...]
+    unit: str = ""
+
+    @property
+    def family(self) -> str:
+        """The name a parser reports for the family (counters lose `_total`)."""
+        if self.type == "counter" and self.name.endswith("_total"):
+            return self.name[: -len("_total")]
+        return self.name
+
+
+def _m(
+    name: str, type_: MetricType, help_: str, labels: tuple[str, ...], unit: str = ""
+) -> MetricSpec:
+    return MetricSpec(name=name, type=type_, help=help_, labels=labels, unit=unit)
+
+
+STEPS = _m("gpujob_train_steps_total", "counter", "Optimizer steps completed.", RANK_LABELS)
+TARGET_STEPS = _m(
+    "gpujob_train_target_steps", "gauge", "Optimizer steps the job means to run.", RANK_LABELS
+)
+SAMPLES = _m("gpujob_train_samples_total", "counter", "Samples consumed.", RANK_LABELS)
+TOKENS = _m("gpujob_train_tokens_total", "counter", "Tokens consumed, when given.", RANK_LABELS)
+EPOCH = _m("gpujob_train_epoch", "gauge", "Current epoch, counted from 0.", RANK_LABELS)
+LOSS = _m("gpujob_train_loss", "gauge", "Last reported training loss.", RANK_LABELS)
+STEP_DURATION = _m(
+    "gpujob_train_step_duration_seconds",
+    "histogram",
+    "Step time: from the end of one optimizer step to the end of the next.",
+    RANK_LABELS,
+    "seconds",
+)
+PHASE_SECONDS = _m(
+    "gpujob_train_phase_seconds_total",
+    "counter",
+    "Step time by phase; the phases partition each step.",
+    (*RANK_LABELS, LABEL_PHASE),
+    "seconds",
+)
+COMPUTE_SECONDS = _m(
+    "gpujob_train_compute_seconds_total",
+    "counter",
+    "The rank's own compute (forward, backward, optimizer), excluding data and comm waits.",
+    RANK_LABELS,
+    "seconds",
+)
+LAST_STEP_TIMESTAMP = _m(
+    "gpujob_train_last_step_timestamp_seconds",
+    "gauge",
+    "Unix time the last optimizer step ended.",
+    RANK_LABELS,
+    "seconds",
+)
+
+GPU_TELEMETRY_AVAILABLE = _m(
+    "gpujob_gpu_telemetry_available",
+    "gauge",
+    "1 when NVML GPU telemetry is exported, else 0 with the reason.",
+    (LABEL_NODE_RANK, LABEL_REASON),
+)
+GPU_UTILIZATION = _m(
+    "gpujob_gpu_utilization_ratio",
+    "gauge",
+    "Fraction of the last sample period a kernel ran on the GPU.",
+    GPU_LABELS,
+    "ratio",
+)
+GPU_MEMORY_USED = _m(
+    "gpujob_gpu_memory_used_bytes", "gauge", "GPU memory in use.", GPU_LABELS, "bytes"
+)
+GPU_MEMORY_TOTAL = _m(
+    "gpujob_gpu_memory_total_bytes", "gauge", "GPU memory installed.", GPU_LABELS, "bytes"
+)
+GPU_POWER = _m("gpujob_gpu_power_watts", "gauge", "GPU power draw.", GPU_LABELS, "watts")
+GPU_POWER_LIMIT = _m(
+    "gpujob_gpu_power_limit_watts", "gauge", "Enforced GPU power limit.", GPU_LABELS, "watts"
+)
+GPU_TEMPERATURE = _m(
+    "gpujob_gpu_temperature_celsius", "gauge", "GPU core temperature.", GPU_LABELS, "celsius"
+)
+GPU_SM_CLOCK = _m("gpujob_gpu_sm_clock_hertz", "gauge", "Current SM clock.", GPU_LABELS, "hertz")
+GPU_CLOCK_EVENT = _m(
+    "gpujob_gpu_clock_event_active",
+    "gauge",
+    "1 while NVML reports this clock event (throttle) reason.",
+    (*GPU_LABELS, LABEL_REASON),
+)
+GPU_XID_ERRORS = _m(
+    "gpujob_gpu_xid_errors_total",
+    "counter",
+    "Critical XID errors seen since the exporter started.",
+    GPU_LABELS,
+)
+GPU_ECC_UNCORRECTED = _m(
+    "gpujob_gpu_ecc_uncorrected_errors_total",
+    "counter",
+    "Uncorrected ECC errors since the driver loaded (volatile count).",
+    GPU_LABELS,
+)
+
+CUDA_MEMORY_RESERVED = _m(
+    "gpujob_cuda_memory_reserved_bytes",
+    "gauge",
+    "Memory the rank's CUDA caching allocator holds.",
+    CUDA_LABELS,
+    "bytes",
+)
+CUDA_ALLOC_RETRIES = _m(
+    "gpujob_cuda_alloc_retries_total",
+    "counter",
+    "Allocations that had to free cached blocks and retry.",
+    CUDA_LABELS,
+)
+CUDA_OOMS = _m(
+    "gpujob_cuda_ooms_total", "counter", "Out-of-memory errors the allocator raised.", CUDA_LABELS
+)
+
+TRAIN_METRICS: Final = (
+    STEPS,
+    TARGET_STEPS,
+    SAMPLES,
+    TOKENS,
+    EPOCH,
+    LOSS,
+    STEP_DURATION,
+    PHASE_SECONDS,
+    COMPUTE_SECONDS,
+    LAST_STEP_TIMESTAMP,
+)
+GPU_METRICS: Final = (
+    GPU_UTILIZATION,
+    GPU_MEMORY_USED,
+    GPU_MEMORY_TOTAL,
+    GPU_POWER,
+    GPU_POWER_LIMIT,
+    GPU_TEMPERATURE,
+    GPU_SM_CLOCK,
+    GPU_CLOCK_EVENT,
+    GPU_XID_ERRORS,
+    GPU_ECC_UNCORRECTED,
+)
+CUDA_METRICS: Final = (CUDA_MEMORY_RESERVED, CUDA_ALLOC_RETRIES, CUDA_OOMS)
+ALL_METRICS: Final = (*TRAIN_METRICS, GPU_TELEMETRY_AVAILABLE, *GPU_METRICS, *CUDA_METRICS)
+BY_NAME: Final = {m.name: m for m in ALL_METRICS}
+
+
+def metrics_port(base: int, local_rank: int) -> int:
+    """The port a rank serves on: the base port plus its local rank."""
+    return base + local_rank

@@ -1,0 +1,276 @@
+"""Example DDP training on synthetic data, instrumented with gpujob_trainer.
+
+    torchrun --nproc-per-node 2 -m gpujob_trainer.example --steps 200
+
+A small MLP on synthetic data (gloo on CPU, nccl on GPU). Switches create bottlenecks on
+purpose, strong enough to show on a loaded 2-core machine:
+
+    --slow-input S          each batch takes S seconds to load: input bound
+    --slow-rank R --slow-factor F
+                            rank R computes F times the work per step: a straggler (the
+                            others wait inside all-reduce)
+    --comm-heavy            a large, cheap embedding whose gradient is ready last: the
+                            all-reduce is long and cannot overlap compute
+    --hang-rank R --hang-after N
+                            rank R blocks forever before step N+1: a stall
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler
+
+import gpujob_trainer
+from gpujob_trainer import env as trainer_env
+
+log = logging.getLogger("gpujob_trainer.example")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="gpujob_trainer.example", description=__doc__.split("\n")[0])
+    size = p.add_argument_group("size")
+    size.add_argument(
+        "--steps", type=int, help="optimizer steps (default: $GPUJOB_TOTAL_STEPS, else epochs)"
+    )
+    size.add_argument("--epochs", type=int, default=1, help="epochs when --steps is not given")
+    size.add_argument("--steps-per-epoch", type=int, default=100)
+    size.add_argument("--batch-size", type=int, default=1024, help="samples per rank per step")
+    size.add_argument("--hidden", type=int, default=256)
+    size.add_argument("--layers", type=int, default=4)
+    size.add_argument(
+        "--step-time",
+        type=float,
+        help="choose the batch size so one rank's compute takes about this many seconds",
+    )
+    size.add_argument("--lr", type=float, default=0.01)
+    size.add_argument("--workers", type=int, default=0, help="DataLoader workers")
+    size.add_argument("--seed", type=int, default=0)
+    cond = p.add_argument_group("conditions")
+    cond.add_argument("--slow-input", type=float, default=0.0, metavar="SECONDS")
+    cond.add_argument("--slow-rank", type=int, metavar="R")
+    cond.add_argument("--slow-factor", type=float, default=4.0, metavar="F")
+    cond.add_argument("--comm-heavy", action="store_true")
+    cond.add_argument(
+        "--comm-mb", type=float, default=32.0, help="gradient size of --comm-heavy, MiB"
+    )
+    cond.add_argument("--hang-rank", type=int, metavar="R")
+    cond.add_argument("--hang-after", type=int, default=10, metavar="N")
+    run = p.add_argument_group("run")
+    run.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    run.add_argument("--threads", type=int, help="torch threads per rank (CPU default: 1)")
+    run.add_argument("--metrics-port", type=int, help="base port (default: $GPUJOB_METRICS_PORT)")
+    run.add_argument(
+        "--linger",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="keep serving metrics this long after the last step (SIGTERM ends it early)",
+    )
+    run.add_argument("--log-every", type=int, default=50)
+    args = p.parse_args(argv)
+    if args.slow_factor < 1:
+        p.error("--slow-factor must be >= 1")
+    return args
+
+
+def target_steps(args: argparse.Namespace) -> int:
+    """--steps, else the operator's GPUJOB_TOTAL_STEPS, else epochs x steps per epoch."""
+    if args.steps is not None:
+        return int(args.steps)
+    from_env = trainer_env.total_steps_from_env()
+    if from_env is not None:
+        return from_env
+    return int(args.epochs * args.steps_per_epoch)
+
+
+def build_model(args: argparse.Namespace, classes: int) -> nn.Module:
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            vocab = int(args.comm_mb * 2**20 / 4 / args.hidden) if args.comm_heavy else 0
+            # Used first in forward, so its gradient is ready last and its all-reduce is
+            # exposed; a gather is cheap, its dense gradient is large.
+            self.embed = nn.Embedding(vocab, args.hidden) if vocab else None
+            layers: list[nn.Module] = []
+            for _ in range(args.layers):
+                layers += [nn.Linear(args.hidden, args.hidden), nn.ReLU()]
+            self.body = nn.Sequential(*layers)
+            self.head = nn.Linear(args.hidden, classes)
+
+        def forward(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+            if self.embed is not None:
+                x = x + self.embed(ids % self.embed.num_embeddings)
+            return self.head(self.body(x))
+
+    return Net()
+
+
+class SyntheticData(Dataset[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]):
+    """Random rows from a fixed pool, fetched a whole batch per call (indices -> tensors)."""
+
+    def __init__(self, length: int, hidden: int, classes: int, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        pool = 4096
+        self.length = length
+        self.x = torch.randn(pool, hidden, generator=g)
+        self.y = torch.randint(0, classes, (pool,), generator=g)
+        self.ids = torch.randint(0, 2**31 - 1, (pool,), generator=g)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        j = torch.as_tensor(batch) % len(self.x)
+        return self.x[j], self.y[j], self.ids[j]
+
+
+class SlowInput:
+    """Stands in for an expensive decode/augment: each batch takes `seconds` to assemble."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __call__(self, batch: Any) -> Any:
+        if self.seconds > 0:
+            time.sleep(self.seconds)
+        return batch
+
+
+def calibrate_batch(
+    args: argparse.Namespace, model: nn.Module, device: torch.device, classes: int
+) -> int:
+    """Batch size whose forward+backward takes about --step-time on this rank (min over ranks)."""
+    probe = 64
+    x = torch.randn(probe, args.hidden, device=device)
+    y = torch.randint(0, classes, (probe,), device=device)
+    ids = torch.zeros(probe, dtype=torch.long, device=device)
+    for i in range(4):
+        if i == 1:  # first pass warms up
+            t0 = time.perf_counter()
+        F.cross_entropy(model(x, ids), y).backward()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # calibration only, before training starts
+    per_sample = (time.perf_counter() - t0) / 3 / probe
+    model.zero_grad(set_to_none=True)
+    batch = torch.tensor([max(1, round(args.step_time / per_sample))], device=device)
+    dist.all_reduce(batch, op=dist.ReduceOp.MIN)
+    return int(batch.item())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+    rank = trainer_env.RankInfo.from_env()
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        torch.cuda.set_device(rank.local_rank)
+        device = torch.device("cuda", rank.local_rank)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(args.threads or 1)
+    if args.threads and use_cuda:
+        torch.set_num_threads(args.threads)
+    dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    torch.manual_seed(args.seed)
+
+    steps = target_steps(args)
+    classes = 10
+    net = build_model(args, classes).to(device)
+    if args.step_time:
+        args.batch_size = calibrate_batch(args, net, device, classes)
+    if rank.rank == 0:
+        log.info(
+            "world=%d device=%s steps=%d batch=%d hidden=%d layers=%d",
+            rank.world_size,
+            device,
+            steps,
+            args.batch_size,
+            args.hidden,
+            args.layers,
+        )
+
+    data = SyntheticData(
+        args.steps_per_epoch * args.batch_size * rank.world_size, args.hidden, classes, args.seed
+    )
+    sampler: DistributedSampler[Any] = DistributedSampler(data, shuffle=True, seed=args.seed)
+    loader = DataLoader(  # batch_size=None: the sampler yields index batches, fetched at once
+        data,
+        batch_size=None,
+        sampler=BatchSampler(sampler, args.batch_size, drop_last=True),
+        num_workers=args.workers,
+        collate_fn=SlowInput(args.slow_input),
+        pin_memory=use_cuda,
+    )
+
+    tracker = gpujob_trainer.init(total_steps=steps, port=_port(args, rank))
+    model = tracker.wrap_model(DDP(net, device_ids=[rank.local_rank] if use_cuda else None))
+    batches = tracker.wrap_loader(loader)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    repeat = args.slow_factor if args.slow_rank == rank.rank else 1.0
+
+    step, epoch = 0, 0
+    t_log = time.perf_counter()
+    while step < steps:
+        sampler.set_epoch(epoch)
+        for x, y, ids in batches:
+            if args.hang_rank == rank.rank and step == args.hang_after:
+                log.warning("rank %d hangs after %d steps (--hang-rank)", rank.rank, step)
+                threading.Event().wait()  # forever; peers block in their next all-reduce
+            x, y, ids = (t.to(device, non_blocking=True) for t in (x, y, ids))
+            if repeat > 1:  # a straggler: the same step, `repeat` times the work
+                rows = max(1, round(len(x) * repeat))
+                k = math.ceil(repeat)
+                x, y, ids = (t.repeat(k, *([1] * (t.dim() - 1)))[:rows] for t in (x, y, ids))
+            loss = F.cross_entropy(model(x, ids), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            tracker.log(loss=loss)
+            step += 1
+            if rank.rank == 0 and args.log_every and step % args.log_every == 0:
+                now = time.perf_counter()
+                last_loss = tracker.snapshot().loss  # the lazily read value: no device sync
+                log.info(
+                    "step %d/%d loss %s %.1f ms/step",
+                    step,
+                    steps,
+                    "-" if last_loss is None else f"{last_loss:.4f}",
+                    1000 * (now - t_log) / args.log_every,
+                )
+                t_log = now
+            if step >= steps:
+                break
+        epoch += 1
+
+    dist.destroy_process_group()
+    if args.linger > 0 and tracker.exporter is not None:
+        exporter = tracker.exporter
+        signal.signal(signal.SIGTERM, lambda signum, frame: exporter.request_stop())
+        log.info("rank %d done; serving metrics for up to %.0fs", rank.rank, args.linger)
+    tracker.close(linger=args.linger)
+    return 0
+
+
+def _port(args: argparse.Namespace, rank: trainer_env.RankInfo) -> int | None:
+    if args.metrics_port is None:
+        return None
+    return args.metrics_port + rank.local_rank
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""A rank's Prometheus endpoint: collectors over the tracker (and NVML, CUDA allocator).
+
+The collectors read plain counters at scrape time and render them with the names of
+`contract.py`. They emit no `_created` series (prometheus_client adds those only for its own
+metric objects, which are not used here), and they live in a private CollectorRegistry so a
+user's own metrics and ours never collide.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from gpujob_trainer import contract
+from gpujob_trainer.env import metrics_addr, metrics_base_port
+
+if TYPE_CHECKING:
+    from gpujob_trainer.tracker import Snapshot, Tracker
+
+log = logging.getLogger("gpujob_trainer")
+
+
+def family(spec: contract.MetricSpec, extra_labels: tuple[str, ...] = ()) -> Metric:
+    """An empty metric family for a contract entry (labels: the contract's, in order)."""
+    labels = [*spec.labels]
+    for name in extra_labels:
+        if name not in labels:
+            labels.append(name)
+    if spec.type == "counter":
+        return CounterMetricFamily(spec.name, spec.help, labels=labels, unit=spec.unit)
+    if spec.type == "gauge":
+        return GaugeMetricFamily(spec.name, spec.help, labels=labels, unit=spec.unit)
+    return HistogramMetricFamily(spec.name, spec.help, labels=labels, unit=spec.unit)
+
+
+def render_snapshot(snap: Snapshot) -> list[Metric]:
+    """The trainer series of one snapshot (pure: used by the collector and by tests)."""
+    rank = [snap.rank.labels()[name] for name in contract.RANK_LABELS]
+    out: list[Metric] = []
+
+    def single(spec: contract.MetricSpec, value: float | None) -> None:
+        if value is None:
+            return
+        fam = family(spec)
+        fam.add_metric(rank, float(value))  # type: ignore[attr-defined]
+        out.append(fam)
+
+    single(contract.STEPS, snap.steps)
+    single(contract.TARGET_STEPS, snap.target_steps)
+    single(contract.SAMPLES, snap.samples)
+    single(contract.TOKENS, snap.tokens)
+    single(contract.EPOCH, snap.epoch)
+    single(contract.LOSS, snap.loss)  # NaN and Inf are valid samples and worth seeing
+
+    hist = family(contract.STEP_DURATION)
+    bounds = [repr(float(b)) for b in contract.STEP_DURATION_BUCKETS] + ["+Inf"]
+    hist.add_metric(  # type: ignore[attr-defined]
+        rank, list(zip(bounds, snap.step_buckets, strict=True)), snap.step_sum
+    )
+    out.append(hist)
+
+    phases = family(contract.PHASE_SECONDS)
+    for name in contract.PHASES:
+        phases.add_metric([*rank, name], snap.phase_seconds[name])  # type: ignore[attr-defined]
+    out.append(phases)
+    single(contract.COMPUTE_SECONDS, snap.compute_seconds)
+    single(contract.LAST_STEP_TIMESTAMP, snap.last_step_timestamp)
+    return out
+
+
+class TrainerCollector(Collector):
+    """Renders a tracker's counters at scrape time."""
+
+    def __init__(self, tracker: Tracker) -> None:
+        self._tracker = tracker
+
+    def collect(self) -> Iterator[Metric]:
+        yield from render_snapshot(self._tracker.snapshot())
+
+
+class Exporter:
+    """The HTTP endpoint of one rank: a private registry served on one port."""
+
+    def __init__(self, registry: CollectorRegistry, port: int, addr: str = "0.0.0.0") -> None:
+        self.registry = registry
+        self.addr = addr
+        self.port = port
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self._stop_requested = threading.Event()
+
+    @classmethod
+    def for_tracker(
+        cls,
+        tracker: Tracker,
+        *,
+        port: int | None = None,
+        addr: str | None = None,
+        gpu: bool | None = None,
+    ) -> Exporter:
+        """Registry with the trainer collector, the CUDA allocator collector and (on local
+        rank 0 unless told otherwise) the NVML collector for all GPUs of the node."""
+        from gpujob_trainer.cuda_memory import CudaMemoryCollector
+        from gpujob_trainer.nvml import NvmlCollector
+
+        rank = tracker.rank
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(TrainerCollector(tracker))
+        registry.register(CudaMemoryCollector(rank, device_fn=lambda: tracker.cuda_device))
+        if gpu if gpu is not None else rank.local_rank == 0:
+            registry.register(NvmlCollector(node_rank=rank.node_rank))
+        if port is None:
+            port = contract.metrics_port(metrics_base_port(), rank.local_rank)
+        return cls(registry, port, addr if addr is not None else metrics_addr())
+
+    def start(self) -> int:
+        """Start serving in a daemon thread; returns the bound port (useful with port 0)."""
+        if self._server is None:
+            self._server, self._thread = start_http_server(
+                self.port, addr=self.addr, registry=self.registry
+            )
+            self.port = int(self._server.server_port)
+            log.info(
+                "gpujob metrics on http://%s:%d%s", self.addr, self.port, contract.METRICS_PATH
+            )
+        return self.port
+
+    def request_stop(self) -> None:
+        """Ask a lingering `wait_stopped` to return early (safe from a signal handler)."""
+        self._stop_requested.set()
+
+    def wait_stopped(self, timeout: float) -> bool:
+        """Keep serving until `request_stop()` or `timeout` seconds; True if asked to stop."""
+        return self._stop_requested.wait(timeout)
+
+    def stop(self) -> None:
+        """Stop serving and close the socket."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
