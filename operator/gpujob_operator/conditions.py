@@ -73,6 +73,9 @@ METRICS_RECOVERED: Final = "MetricsRecovered"
 STALL_CLEARED: Final = "StallCleared"
 BOTTLENECK_CHANGED: Final = "BottleneckChanged"
 
+WAITING_FOR_RANKS: Final = "WaitingForRanks"
+RANKS_FINISHED: Final = "RanksFinished"
+
 # ---- display phases ----------------------------------------------------------------------
 PHASE_PENDING: Final = "Pending"
 PHASE_RUNNING: Final = "Running"

@@ -28,7 +28,7 @@ from gpujob_operator import api, verdicts
 from gpujob_operator import conditions as c
 from gpujob_operator.builders import LABEL_NODE_RANK
 from gpujob_operator.display import render_display
-from gpujob_operator.scrape import ScrapeResult, ScrapeTarget
+from gpujob_operator.scrape import ErrorKind, ScrapeResult, ScrapeTarget
 from gpujob_operator.window import Window, frame
 from gpujob_trainer import contract
 
@@ -40,6 +40,10 @@ ETA_ABSOLUTE: Final = 30.0
 RATE_RELATIVE: Final = 0.05
 UTIL_ABSOLUTE: Final = 0.05
 MAX_FAILURES_LISTED: Final = 5
+STARTUP_GRACE: Final = 180.0
+NEARLY_DONE_SECONDS: Final = 30.0
+"""Seconds after the first scrape of an attempt during which refused endpoints mean "starting"."""
+_DOWN: Final = frozenset({ErrorKind.REFUSED, ErrorKind.CONNECTION})
 
 
 def scrape_targets(
@@ -159,6 +163,9 @@ class JobMonitor:
         self.window = Window(self.settings.max_points(), self.settings.window_seconds)
         self.verdict = verdicts.VerdictState()
         self._metrics_ok: bool | None = None
+        self._first_seen: float | None = None
+        self._finished = False
+        self._last_step: float | None = None
         self._clock = _PatchClock()
 
     def reset(self) -> None:
@@ -166,6 +173,9 @@ class JobMonitor:
         self.window.clear()
         self.verdict = verdicts.VerdictState()
         self._metrics_ok = None
+        self._first_seen = None
+        self._finished = False
+        self._last_step = None
 
     def scrape_targets(
         self, spec: api.GPUTrainingJobSpec | Mapping[str, Any], pods: Iterable[Mapping[str, Any]]
@@ -180,9 +190,23 @@ class JobMonitor:
                 self.window.add(r.t, r.target.pod, r.target.node, frame(r.samples, r.t))
         self.window.end_round(now, {r.target.pod for r in results})
         result = an.analyze(self.window, self.settings, now)
-        self.verdict, change = verdicts.step(
-            self.verdict, result.verdict, now, self.settings.hysteresis_windows
+        step, total = result.progress.get("step"), result.progress.get("totalSteps")
+        eta = result.progress.get("etaSeconds")
+        # Done, or so close that ranks exiting between two scrapes is the likely story.
+        self._finished = self._finished or (step is not None and bool(total) and step >= total)
+        self._finished = self._finished or (eta is not None and float(eta) <= NEARLY_DONE_SECONDS)
+        # A round without a new step carries no new evidence (ranks finishing, a pause): it
+        # neither confirms nor clears a verdict, except the ones that are about not stepping.
+        urgent = result.verdict is not None and result.verdict.verdict in (
+            an.STALLED,
+            an.HARDWARE_FAULT,
         )
+        change = None
+        if urgent or step is None or self._last_step is None or step > self._last_step:
+            self.verdict, change = verdicts.step(
+                self.verdict, result.verdict, now, self.settings.hysteresis_windows
+            )
+        self._last_step = step if step is not None else self._last_step
         failures = [r for r in results if not r.ok]
         events: list[Event] = []
         conds = [self._metrics_condition(results, failures, now, events)]
@@ -218,6 +242,25 @@ class JobMonitor:
         now: float,
         events: list[Event],
     ) -> dict[str, Any]:
+        if self._first_seen is None:
+            self._first_seen = now
+        only_down = bool(failures) and all(f.error in _DOWN for f in failures)
+        if (
+            results
+            and only_down
+            and self._metrics_ok is None
+            and now - self._first_seen < STARTUP_GRACE
+        ):
+            # torchrun is still starting the ranks: no exporter yet is not a fault.
+            waiting = f"{len(failures)}/{len(results)} rank endpoint(s) not up yet"
+            return c.make(
+                c.METRICS_AVAILABLE, c.UNKNOWN, c.WAITING_FOR_RANKS, waiting,
+                datetime.fromtimestamp(now, UTC), self.generation,
+            )  # fmt: skip
+        if results and only_down and self._finished:
+            # The last scrape showed the final step: the ranks are exiting, as they should.
+            msg = f"the ranks reached the last step and are exiting ({len(failures)} gone)"
+            return self._make(c.METRICS_AVAILABLE, True, c.RANKS_FINISHED, msg, now)
         if not results:
             ok, reason, msg = False, c.NO_RANKS_TO_SCRAPE, "no running rank to scrape"
         elif not failures:

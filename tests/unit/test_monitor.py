@@ -109,6 +109,37 @@ def test_metrics_lost_and_recovered() -> None:
     assert cond(none, c.METRICS_AVAILABLE)["reason"] == c.NO_RANKS_TO_SCRAPE
 
 
+def test_ranks_not_up_yet_are_waited_for_without_a_warning() -> None:
+    job = Job([RankSim(0, 0), RankSim(1, 1)])
+    mon = JobMonitor(SPEC)
+    starting = mon.observe(results_of(job, 0, fail={0, 1}), job.now)
+    m = cond(starting, c.METRICS_AVAILABLE)
+    assert m["status"] == c.UNKNOWN and m["reason"] == c.WAITING_FOR_RANKS
+    assert starting.events == []
+    up = mon.observe(results_of(job, 1), job.now)
+    assert cond(up, c.METRICS_AVAILABLE)["status"] == c.TRUE
+
+
+def test_ranks_that_never_come_up_are_reported_after_the_grace() -> None:
+    job = Job([RankSim(0, 0), RankSim(1, 1)])
+    mon = JobMonitor(SPEC)
+    mon.observe(results_of(job, 0, fail={0, 1}), job.now)
+    late = mon.observe(results_of(job, 1, fail={0, 1}), job.now + 181)
+    assert cond(late, c.METRICS_AVAILABLE)["reason"] == c.SCRAPE_FAILED
+    assert [e.reason for e in late.events] == [c.SCRAPE_FAILED]
+
+
+def test_ranks_exiting_after_the_last_step_are_not_a_fault() -> None:
+    job = Job([RankSim(0, 0, target=30), RankSim(1, 1, target=30)])
+    mon = JobMonitor(SPEC)
+    for i in range(4):
+        mon.observe(results_of(job, i), job.now)
+    gone = mon.observe(results_of(job, 4, fail={0, 1}), job.now)
+    m = cond(gone, c.METRICS_AVAILABLE)
+    assert m["status"] == c.TRUE and m["reason"] == c.RANKS_FINISHED
+    assert gone.events == []
+
+
 def test_stall_sets_the_condition_and_posts_an_event_at_once() -> None:
     job = Job([RankSim(0, 0), RankSim(1, 1)])
     mon = JobMonitor(SPEC)

@@ -1,0 +1,139 @@
+"""The README's reference tables, generated from the modules that own the facts.
+
+README.md holds each table between ``<!-- BEGIN GENERATED: key -->`` and
+``<!-- END GENERATED: key -->``; ``test_readme.py`` fails when one differs from what this
+module renders. ``python -m tests.e2e.readme_tables`` rewrites them in place.
+
+- trainer metrics: :mod:`gpujob_trainer.contract` (names, types, units, labels, help);
+- operator metrics: what :class:`gpujob_operator.opmetrics.JobMetrics` actually exports for a
+  job whose status has every field, collected from its registry (so types and labels are the
+  exported ones, not a second spelling);
+- dashboards: :data:`gpujob_operator.dashboards.DASHBOARDS`; alerts: :mod:`gpujob_operator.alerts`.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final
+
+from gpujob_operator import alerts, dashboards, opmetrics
+from gpujob_trainer import contract
+
+README: Final = Path(__file__).resolve().parents[2] / "README.md"
+BLOCK: Final = re.compile(
+    r"(<!-- BEGIN GENERATED: (?P<key>[a-z-]+) -->\n)(?P<body>.*?)"
+    r"(<!-- END GENERATED: (?P=key) -->)",
+    re.S,
+)
+
+
+TEMPLATE: Final = re.compile(r"\{\{ \$(?:labels\.(\w+)|value[^}]*) \}\}")
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _labels(names: tuple[str, ...] | list[str]) -> str:
+    return ", ".join(f"`{n}`" for n in names) if names else ""
+
+
+def trainer_metrics() -> str:
+    rows = ["| metric | type | unit | labels | meaning |", "|---|---|---|---|---|"]
+    for m in contract.ALL_METRICS:
+        rows.append(
+            f"| `{m.name}` | {m.type} | {m.unit or ''} | {_labels(m.labels)} | {_cell(m.help)} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+FULL_STATUS: Final = {
+    "phase": "Running",
+    "restarts": 1,
+    "totalGPUs": 16,
+    "startTime": "2026-01-01T00:00:00Z",
+    "conditions": [
+        {"type": "MetricsAvailable", "status": "True"},
+        {"type": "Stalled", "status": "False"},
+    ],
+    "progress": {
+        "step": 10,
+        "totalSteps": 100,
+        "percent": 10.0,
+        "etaSeconds": 60.0,
+        "samplesPerSecond": 100.0,
+        "tokensPerSecond": 1000.0,
+        "loss": 1.0,
+        "lastStepTime": "2026-01-01T00:01:00Z",
+    },
+    "bottleneck": {"verdict": "InputBound"},
+    "gpus": {"meanUtilizationRatio": 0.5},
+    "replicas": {"desired": 2, "pending": 0, "running": 2, "succeeded": 0, "failed": 0},
+}
+"""A status with every field the operator's job series read."""
+
+
+def operator_metrics() -> str:
+    jm = opmetrics.JobMetrics(process=False)
+    jm.update("ns", "job", FULL_STATUS)
+    jm.observe_reconcile(0.01)
+    jm.observe_scrape(0.01, ok=False, reason="timeout")
+    rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
+    for fam in jm.registry.collect():
+        name = fam.name + ("_total" if fam.type == "counter" else "")
+        labels = sorted(
+            {k for s in fam.samples for k in s.labels if k != "le"},
+            key=lambda k: (
+                k not in opmetrics.JOB_LABELS,
+                opmetrics.JOB_LABELS.index(k) if k in opmetrics.JOB_LABELS else 0,
+                k,
+            ),
+        )
+        rows.append(f"| `{name}` | {fam.type} | {_labels(labels)} | {_cell(fam.documentation)} |")
+    return "\n".join(rows) + "\n"
+
+
+def dashboard_table() -> str:
+    rows = ["| dashboard (uid) | title | shows |", "|---|---|---|"]
+    for uid, make in dashboards.DASHBOARDS.items():
+        d = make()
+        rows.append(f"| `{uid}` | {d['title']} | {_cell(d['description'])} |")
+    return "\n".join(rows) + "\n"
+
+
+def alert_table() -> str:
+    rows = ["| alert | severity | for | summary |", "|---|---|---|---|"]
+    for a in (*alerts.JOB_ALERTS, *alerts.OPERATOR_ALERTS):
+        summary = TEMPLATE.sub(lambda m: f"${m[1] or 'value'}", a.summary)
+        rows.append(f"| `{a.name}` | {a.severity} | {a.for_} | {_cell(summary)} |")
+    return "\n".join(rows) + "\n"
+
+
+TABLES: Final[dict[str, Callable[[], str]]] = {
+    "trainer-metrics": trainer_metrics,
+    "operator-metrics": operator_metrics,
+    "dashboards": dashboard_table,
+    "alerts": alert_table,
+}
+
+
+def blocks(text: str) -> dict[str, str]:
+    """Key -> body of every generated block in ``text``."""
+    return {m["key"]: m["body"] for m in BLOCK.finditer(text)}
+
+
+def rewrite(text: str) -> str:
+    """``text`` with every generated block re-rendered."""
+    return BLOCK.sub(lambda m: m[1] + TABLES[m["key"]]() + m[4], text)
+
+
+def main() -> int:
+    README.write_text(rewrite(README.read_text()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
