@@ -53,8 +53,8 @@ class Loop:
         self.tracker = tracker
         self.clock: Callable[[], float] = time.perf_counter
         g = torch.Generator().manual_seed(1)
-        first, last = base[0], base[-1]  # nn.Sequential of Linear layers
-        width, classes = first.in_features, last.out_features
+        linears = [m for m in base.modules() if isinstance(m, nn.Linear)]
+        width, classes = linears[0].in_features, linears[-1].out_features
         batches = [
             (
                 torch.randn(batch, width, generator=g),

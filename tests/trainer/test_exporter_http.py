@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import urllib.error
 import urllib.request
 
@@ -51,3 +52,18 @@ def test_not_started_at_import_or_construction() -> None:
     tracker = gpujob_trainer.Tracker(rank=RankInfo())
     assert tracker.exporter is None
     tracker.close()
+
+
+def test_port_in_use_is_logged_and_training_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    with socket.socket() as taken:
+        taken.bind((LOOPBACK, 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        tracker = gpujob_trainer.init(port=port, addr=LOOPBACK, rank=RankInfo())
+        assert tracker.exporter is None
+        assert "metrics exporter not started" in caplog.text
+        with pytest.raises(OSError):
+            tracker.start_exporter(port, LOOPBACK)
+        tracker.end_step()
+        assert tracker.snapshot().steps == 1
+        tracker.close()

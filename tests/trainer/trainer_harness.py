@@ -114,6 +114,9 @@ class TrainerRun:
     base_port: int
     nproc: int
     log_path: Path
+    seen_workers: set[int] = field(default_factory=set)
+    """Worker PIDs seen so far: torchrun starts each in its own session, so killing
+    torchrun's process group alone would leave them running."""
 
     def ports(self) -> list[int]:
         return [contract.metrics_port(self.base_port, r) for r in range(self.nproc)]
@@ -128,6 +131,7 @@ class TrainerRun:
             if self.proc.poll() is not None:
                 raise AssertionError(f"torchrun exited {self.proc.returncode}:\n{self.log()}")
             got = [scrape(p) for p in self.ports()]
+            self.workers()  # remember them while torchrun can still name them
             done = all(s.get(contract.STEPS.name) == steps for s in got)
             return got if done else None
 
@@ -139,8 +143,15 @@ class TrainerRun:
     def workers(self) -> list[int]:
         """PIDs of torchrun's worker processes (its children running the example)."""
         pids: list[int] = []
-        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
-            children = (task / "children").read_text().split()
+        try:
+            tasks = list(Path(f"/proc/{self.proc.pid}/task").iterdir())
+        except OSError:  # torchrun is gone
+            return pids
+        for task in tasks:
+            try:
+                children = (task / "children").read_text().split()
+            except OSError:
+                continue
             for pid in map(int, children):
                 try:
                     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -148,6 +159,7 @@ class TrainerRun:
                     continue
                 if b"gpujob_trainer.example" in cmdline:
                     pids.append(pid)
+        self.seen_workers.update(pids)
         return pids
 
     def end_linger(self, timeout: float = 60.0) -> int:
@@ -158,11 +170,21 @@ class TrainerRun:
         return self.proc.wait(timeout=timeout)
 
     def kill(self) -> None:
-        """Tear the whole run down (its own process group only)."""
+        """Tear the whole run down: the workers' sessions, then torchrun's (ours only)."""
+        if self.proc.poll() is None:
+            self.workers()
+        for pid in sorted(self.seen_workers):
+            try:  # still our worker (not a reused PID)?
+                if b"gpujob_trainer.example" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    continue
+            except OSError:
+                continue
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)  # a worker leads its own session and group
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
+        self.proc.wait(timeout=30)
 
 
 @contextlib.contextmanager

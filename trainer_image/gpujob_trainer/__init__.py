@@ -13,6 +13,8 @@ used. It never imports the operator.
 
 from __future__ import annotations
 
+import logging
+
 from gpujob_trainer import contract
 from gpujob_trainer.env import RankInfo
 from gpujob_trainer.tracker import Snapshot, Tracker
@@ -34,9 +36,16 @@ def init(
 
     Defaults come from the env the operator and torchrun set: `GPUJOB_TOTAL_STEPS`,
     `GPUJOB_METRICS_PORT` (+ `LOCAL_RANK`), `RANK`, `LOCAL_RANK`, `GROUP_RANK`. GPU telemetry
-    defaults to on for local rank 0, which reports every GPU of the node.
+    defaults to on for local rank 0, which reports every GPU of the node. If the port cannot
+    be bound, the error is logged and training goes on without /metrics: telemetry never
+    stops a job (`Tracker.start_exporter` itself raises).
     """
     tracker = Tracker(total_steps=total_steps, rank=rank, hook_optimizers=hook_optimizers)
     if start_exporter:
-        tracker.start_exporter(port, addr, gpu_telemetry=gpu_telemetry)
+        try:
+            tracker.start_exporter(port, addr, gpu_telemetry=gpu_telemetry)
+        except OSError as exc:
+            logging.getLogger("gpujob_trainer").error(
+                "gpujob: metrics exporter not started (%s); training continues without it", exc
+            )
     return tracker

@@ -401,8 +401,9 @@ class Tracker:
         from gpujob_trainer.exporter import Exporter
 
         if self.exporter is None:
-            self.exporter = Exporter.for_tracker(self, port=port, addr=addr, gpu=gpu_telemetry)
-            self.exporter.start()
+            exporter = Exporter.for_tracker(self, port=port, addr=addr, gpu=gpu_telemetry)
+            exporter.start()
+            self.exporter = exporter
         return self.exporter
 
     def close(self, linger: float = 0.0) -> None:
