@@ -20,11 +20,11 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import yaml
 
+from tests.support.fake_nvml import FakeGpu, FakeNvml
 from tests.support.waiting import wait_until
 
 PROMETHEUS_BIN = os.environ.get("PROMETHEUS_BIN", "/usr/bin/prometheus")
@@ -144,79 +144,6 @@ class Prometheus:
 # ---- the fake-GPU trainer run by the test job's pods ------------------------------------------
 
 
-@dataclass
-class FakeGpu:
-    """One GPU as the fake NVML reports it (numbers chosen to look like a busy A100)."""
-
-    uuid: str
-    util: int = 87
-    used: int = 30 * 2**30
-    total: int = 80 * 2**30
-    power_mw: int = 312_500
-    limit_mw: int = 400_000
-    temp: int = 71
-    sm_mhz: int = 1410
-    reasons: int = 0x4  # sw_power_cap active: the throttling panel shows a 1
-
-
-class FakeNvml:
-    """The part of pynvml the collector calls, answering for ``gpus``."""
-
-    NVML_TEMPERATURE_GPU = 0
-    NVML_CLOCK_SM = 1
-    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
-    NVML_VOLATILE_ECC = 0
-    nvmlEventTypeXidCriticalError = 8
-
-    def __init__(self, gpus: list[FakeGpu]) -> None:
-        self.gpus = gpus
-
-    def nvmlInit(self) -> None:
-        pass
-
-    def nvmlDeviceGetCount(self) -> int:
-        return len(self.gpus)
-
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> FakeGpu:
-        return self.gpus[i]
-
-    def nvmlDeviceGetUUID(self, h: FakeGpu) -> str:
-        return h.uuid
-
-    def nvmlEventSetCreate(self) -> list[Any]:
-        return []
-
-    def nvmlDeviceRegisterEvents(self, h: FakeGpu, types: int, events: list[Any]) -> None:
-        events.append(h)
-
-    def nvmlEventSetWait_v2(self, events: list[Any], timeout_ms: int) -> Any:
-        raise TimeoutError("no XID events queued")
-
-    def nvmlDeviceGetUtilizationRates(self, h: FakeGpu) -> Any:
-        return SimpleNamespace(gpu=h.util, memory=10)
-
-    def nvmlDeviceGetMemoryInfo(self, h: FakeGpu) -> Any:
-        return SimpleNamespace(used=h.used, total=h.total, free=h.total - h.used)
-
-    def nvmlDeviceGetPowerUsage(self, h: FakeGpu) -> int:
-        return h.power_mw
-
-    def nvmlDeviceGetEnforcedPowerLimit(self, h: FakeGpu) -> int:
-        return h.limit_mw
-
-    def nvmlDeviceGetTemperature(self, h: FakeGpu, sensor: int) -> int:
-        return h.temp
-
-    def nvmlDeviceGetClockInfo(self, h: FakeGpu, clock: int) -> int:
-        return h.sm_mhz
-
-    def nvmlDeviceGetCurrentClocksEventReasons(self, h: FakeGpu) -> int:
-        return h.reasons
-
-    def nvmlDeviceGetTotalEccErrors(self, h: FakeGpu, kind: int, counter: int) -> int:
-        return 0
-
-
 def fake_trainer_main() -> None:
     """One pod of the test job: ``PET_NPROC_PER_NODE`` ranks, each with its own exporter.
 
@@ -241,7 +168,12 @@ def fake_trainer_main() -> None:
     total = total_steps_from_env() or 10**9
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    gpus = [FakeGpu(f"GPU-{node_rank:08d}-0000-0000-0000-{i:012d}") for i in range(nproc)]
+    gpus = [
+        FakeGpu(
+            f"GPU-{node_rank:08d}-0000-0000-0000-{i:012d}", reasons=0x4
+        )  # sw power cap: throttling panel shows 1
+        for i in range(nproc)
+    ]
 
     def rank_loop(local_rank: int) -> None:
         rank = RankInfo(
