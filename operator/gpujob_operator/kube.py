@@ -68,17 +68,20 @@ class Kube:
 
     async def patch_status(
         self, namespace: str, name: str, patch: dict[str, Any]
-    ) -> dict[str, Any]:
-        """A JSON merge patch of ``status`` through the status subresource; returns the object."""
-        written: Any = await asyncio.to_thread(
-            cast(Any, self.custom.patch_namespaced_custom_object_status),
-            api.GROUP,
-            api.VERSION,
-            namespace,
-            api.PLURAL,
-            name,
-            {"status": patch},
-        )
+    ) -> dict[str, Any] | None:
+        """A JSON merge patch of ``status`` through the status subresource.
+
+        Returns the written object, or None when the job is gone (deleted meanwhile).
+        """
+        try:
+            written: Any = await asyncio.to_thread(
+                cast(Any, self.custom.patch_namespaced_custom_object_status),
+                api.GROUP, api.VERSION, namespace, api.PLURAL, name, {"status": patch},
+            )  # fmt: skip
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
         return cast(dict[str, Any], written)
 
     async def delete_job(self, namespace: str, name: str) -> None:

@@ -85,8 +85,9 @@ class JobLoop:
         self.reconciles += 1
         old_status = {k: v for k, v in (job.get("status") or {}).items() if k != "kopf"}
         patch = planner.merge_patch(old_status, plan.status)
-        if patch:
-            await self._write_status(ns, name, patch)
+        if patch and not await self._write_status(ns, name, patch):
+            log.info("job %s/%s is gone; nothing to apply", ns, name)
+            return plan
         for pod in plan.delete_pods:
             await self.kube.delete_pod(ns, pod)
         if plan.create_service is not None:
@@ -112,10 +113,13 @@ class JobLoop:
             )
         return plan
 
-    async def _write_status(self, ns: str, name: str, patch: dict[str, Any]) -> None:
+    async def _write_status(self, ns: str, name: str, patch: dict[str, Any]) -> bool:
+        """Patch status; False when the job no longer exists."""
         written = await self.kube.patch_status(ns, name, patch)
-        if isinstance(written, dict):
-            self.last_written = written
+        if written is None:
+            return False
+        self.last_written = written
+        return True
 
     async def observe_metrics(self, pods: list[Mapping[str, Any]]) -> float | None:
         """Scrape the ranks when due and fold the result into status; seconds until the next.
