@@ -116,3 +116,36 @@ def test_slow_input_is_published_as_input_bound_with_its_evidence(
     assert "BottleneckChanged" in events
     final = watch(kube, "starved", timeout=300)[-1]
     assert final["STATUS"] == "Succeeded" and final["PROGRESS"] == "100.0%"
+
+
+def test_hung_rank_is_stalled_and_restart_on_stall_restarts_the_gang(
+    kube: Kube, operator: OperatorProcess
+) -> None:
+    body = trainer_job(
+        "hung", 400, "--hang-rank", "1", "--hang-after", "15", stallTimeoutSeconds=10
+    )
+    body["spec"]["runPolicy"] = {"backoffLimit": 1, "restartOnStall": True}
+    body["spec"]["template"] = {"terminationGracePeriodSeconds": 5}
+    kube.apply(body)
+
+    def stalled_once() -> dict[str, Any] | None:
+        status = job_status(kube, "hung")
+        return status if status.get("restarts", 0) >= 1 else None
+
+    status = wait_until(stalled_once, 300, "a gang restart caused by the stall", interval=1.0)
+    assert status["restarts"] == 1
+    final = wait_until(
+        lambda: (s := job_status(kube, "hung")).get("phase") == "Failed" and s,
+        300,
+        "the job to fail",
+    )
+    assert final["restarts"] == 1
+    failed = next(c for c in final["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "BackoffLimitExceeded", failed
+    reasons = [
+        e["reason"]
+        for e in kube.list("events")
+        if e["involvedObject"].get("name") == "hung"
+        and e["involvedObject"].get("kind") == "GPUTrainingJob"
+    ]
+    assert "StallDetected" in reasons and "GangRestart" in reasons, reasons
