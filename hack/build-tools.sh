@@ -22,7 +22,7 @@ log() { printf '[build-tools] %s\n' "$*" >&2; }
 if [[ "${1:-}" == "--print-bin-dir" ]]; then echo "$BIN_DIR"; exit 0; fi
 if [[ -f "$STAMP" ]]; then echo "$BIN_DIR"; exit 0; fi
 
-command -v go >/dev/null || { log "go is not installed; install Go >= 1.25 first"; exit 2; }
+command -v go >/dev/null || { log "go is not installed; install Go >= 1.26 first (Kubernetes v1.37 needs it)"; exit 2; }
 mkdir -p "$CACHE_ROOT" "$WORK"
 exec 9>"$CACHE_ROOT/build.lock"
 log "waiting for the build lock $CACHE_ROOT/build.lock"
