@@ -28,6 +28,9 @@ def run(
     )
     for noisy in ("kubernetes.client.rest", "urllib3", "aiohttp.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if not verbose:
+        # kopf logs every handler success per event at INFO; the reconciler logs what matters.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     serve_metrics(metrics_port, metrics_addr)
     asyncio.run(
         kopf.operator(
