@@ -66,7 +66,8 @@ def _error(lineno: int, line: str, why: str) -> ParseError:
     return ParseError(f"line {lineno}: {why}: {shown!r}")
 
 
-def _common_prefix(names: Collection[str]) -> str:
+def common_prefix(names: Collection[str]) -> str:
+    """The longest prefix every name shares (lines without it are none of the wanted)."""
     if not names:
         return ""
     lo, hi = min(names), max(names)
@@ -92,7 +93,7 @@ def parse(text: str | bytes, wanted: Collection[str] | None = WANTED) -> list[Sa
     elif wanted is WANTED:
         prefix = _WANTED_PREFIX
     else:
-        prefix = _common_prefix(wanted)
+        prefix = common_prefix(wanted)
     out: list[Sample] = []
     for lineno, raw in enumerate(text.split("\n"), 1):
         line = raw[:-1] if raw.endswith("\r") else raw
@@ -131,7 +132,7 @@ def parse(text: str | bytes, wanted: Collection[str] | None = WANTED) -> list[Sa
     return out
 
 
-_WANTED_PREFIX: Final = _common_prefix(WANTED)
+_WANTED_PREFIX: Final = common_prefix(WANTED)
 
 
 def _check_comment(lineno: int, line: str) -> None:

@@ -36,7 +36,7 @@ class Kube:
             await asyncio.to_thread(self.core.create_namespaced_pod, namespace, cast(Any, body))
             return True
         except ApiException as e:
-            if e.status == 409:
+            if e.status == 409 or namespace_terminating(e):
                 return False
             raise
 
@@ -54,7 +54,7 @@ class Kube:
         try:
             await asyncio.to_thread(self.core.create_namespaced_service, namespace, cast(Any, body))
         except ApiException as e:
-            if e.status != 409:
+            if e.status != 409 and not namespace_terminating(e):
                 raise
 
     async def service_exists(self, namespace: str, name: str) -> bool:
@@ -98,6 +98,11 @@ class Kube:
         except ApiException as e:
             if e.status != 404:
                 raise
+
+
+def namespace_terminating(e: ApiException) -> bool:
+    """The namespace is being deleted: creating in it is refused, and GC will take the job."""
+    return e.status == 403 and "NamespaceTerminating" in str(e.body or "")
 
 
 def load_client() -> client.ApiClient:

@@ -187,7 +187,12 @@ class JobMonitor:
         """Fold one round of scrapes into the window and evaluate it."""
         for r in results:
             if r.ok:
-                self.window.add(r.t, r.target.pod, r.target.node, frame(r.samples, r.t))
+                self.window.add(
+                    r.t,
+                    r.target.pod,
+                    r.target.node,
+                    r.frame if r.frame is not None else frame(r.samples, r.t),
+                )
         self.window.end_round(now, {r.target.pod for r in results})
         result = an.analyze(self.window, self.settings, now)
         step, total = result.progress.get("step"), result.progress.get("totalSteps")

@@ -9,12 +9,13 @@ series, never per point. Absent values are NaN.
 from __future__ import annotations
 
 import math
+import re
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
-from gpujob_operator.expfmt import Sample
+from gpujob_operator.expfmt import Sample, common_prefix, parse, sample_names
 from gpujob_trainer import contract
 
 NAN: Final = math.nan
@@ -97,6 +98,9 @@ class Frame:
     """The `reason` of gpujob_gpu_telemetry_available when the endpoint exports it."""
     local_rank: dict[int, int]
     node_rank: dict[int, int]
+    steps_local_ranks: tuple[str, ...] = ()
+    """The `local_rank` label of each step counter series, in payload order ("?" when absent,
+    and one entry per series whether or not it carries a rank): which rank answered."""
 
 
 def frame(samples: Iterable[Sample], t: float) -> Frame:
@@ -108,8 +112,11 @@ def frame(samples: Iterable[Sample], t: float) -> Frame:
     local: dict[int, int] = {}
     node: dict[int, int] = {}
     telemetry: str | None = None
+    steps: list[str] = []
     nb = len(contract.STEP_DURATION_BUCKETS) + 1
     for name, labels, value, _ in samples:
+        if name == _STEPS:
+            steps.append(labels.get(contract.LABEL_LOCAL_RANK, "?"))
         gi = _GPU_FIELDS.get(name)
         if gi is not None or name == contract.GPU_CLOCK_EVENT.name:
             gpu = _int(labels.get(contract.LABEL_GPU))
@@ -161,7 +168,7 @@ def frame(samples: Iterable[Sample], t: float) -> Frame:
                 if b is None:
                     b = buckets[rank] = array("d", [NAN]) * nb
                 b[idx] = value
-    return Frame(ranks, buckets, cuda_uuid, gpus, telemetry, local, node)
+    return Frame(ranks, buckets, cuda_uuid, gpus, telemetry, local, node, tuple(steps))
 
 
 def _int(text: str | None) -> int | None:
@@ -178,6 +185,196 @@ def _float(text: str) -> float:
         return float(text)
     except ValueError:
         return NAN
+
+
+# ---- the scraper's path: payload text straight to a frame, in one pass ------------------
+
+NEEDED: Final = sample_names(
+    m
+    for m in contract.ALL_METRICS
+    if m
+    not in (
+        # Exported for dashboards, read by no analysis: left NaN in the GPU rows.
+        contract.GPU_POWER,
+        contract.GPU_POWER_LIMIT,
+        contract.GPU_TEMPERATURE,
+        contract.GPU_SM_CLOCK,
+    )
+)
+"""The sample names the analysis reads; `frame_payload` equals `frame(parse(text, NEEDED))`."""
+
+_STEPS: Final = contract.STEPS.name
+_PREFIX: Final = re.escape(common_prefix(NEEDED))
+_NAME_RE: Final = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_LVAL_RE: Final = r'"[^"\\\n ]*"'
+_LABELS_RE: Final = rf"\{{(?:[a-zA-Z_]\w*={_LVAL_RE}(?:,[a-zA-Z_]\w*={_LVAL_RE})*,?)?\}}"
+_VALUE_RE: Final = (
+    r"[+-]?(?:[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?|Inf|NaN)"
+)
+_TYPE_RE: Final = r"(?:counter|gauge|histogram|summary|untyped|info)"
+# The common shape of a whole payload, checked in one C-level match: every line is empty, a
+# comment (a TYPE line well formed), a line of ours in strict canonical form (ASCII label
+# names, no escapes or spaces in label values, single spaces, a plain float value, an optional integer timestamp), or
+# another metric's line, which is only checked to start with a name. Everything it accepts,
+# `expfmt.parse` accepts too and decodes the same way; anything else (escapes, CRs, indented
+# or odd lines, garbage) takes the general parser, which decides and raises ParseError.
+_LINE_RE: Final = (
+    rf"(?:{_PREFIX}[a-zA-Z0-9_:]*(?:{_LABELS_RE})? {_VALUE_RE}(?: -?[0-9]+)?"
+    rf"|(?!{_PREFIX}){_NAME_RE}[{{ \t][^\n]*"
+    rf"|#(?! TYPE)[^\n]*|# TYPE {_NAME_RE} {_TYPE_RE})?"
+)
+_DOC: Final = re.compile(rf"(?>{_LINE_RE})(?:\n(?>{_LINE_RE}))*", re.ASCII)
+# In a payload _DOC accepted, every line that starts with the prefix is one of ours, its
+# series (name and labels) up to the first space, then the value. Searched in "\n" + text:
+# a literal start lets the regex engine skip to candidates at C speed.
+_OURS: Final = re.compile(rf"\n({_PREFIX}[^ \n]*) ([^ \n]+)")
+_PAIR: Final = re.compile(r'([a-zA-Z_]\w*)="([^"]*)"', re.ASCII)
+
+# What one series (name and label set) contributes to a frame, decoded once and cached.
+_IGNORE, _RANK_ROW, _RANK_BUCKET, _GPU, _TELEMETRY, _STEPS_ONLY = 0, 1, 2, 3, 4, 5
+_Action = tuple[int, int, int | None, int | None, int, str | None, str | None]
+"""(kind, key, a, node, index, label, steps' local_rank label). Rank kinds: key is the rank,
+a its local rank, index the row or bucket position (-1: none), label the CUDA UUID. _GPU: key
+is the GPU, a its row position (None for a clock event), index the throttle bit (0: none),
+label its UUID. _TELEMETRY: label is the reason."""
+_NO_ACTION: Final[_Action] = (_IGNORE, -1, None, None, -1, None, None)
+_ACTIONS: dict[str, _Action] = {}
+_ACTIONS_MAX: Final = 65536
+_RANK_TEMPLATE: Final = array("d", [NAN]) * R_WIDTH
+_GPU_TEMPLATE: Final = array("d", [NAN]) * G_WIDTH
+_BUCKET_TEMPLATE: Final = array("d", [NAN]) * (len(contract.STEP_DURATION_BUCKETS) + 1)
+
+
+class _Fallback(Exception):
+    """The fast path met something only the general parser decides (a duplicate label)."""
+
+
+def _action(series: str) -> _Action:
+    brace = series.find("{")
+    name = series if brace < 0 else series[:brace]
+    if name not in NEEDED:
+        return _NO_ACTION
+    labels: dict[str, str] = {}
+    if brace >= 0:
+        pairs = _PAIR.findall(series, brace + 1, len(series) - 1)
+        labels = dict(pairs)
+        if len(labels) != len(pairs):
+            raise _Fallback(series)
+    gi = _GPU_FIELDS.get(name)
+    if gi is not None or name == contract.GPU_CLOCK_EVENT.name:
+        gpu = _int(labels.get(contract.LABEL_GPU))
+        if gpu is None:
+            return _NO_ACTION
+        uuid = labels.get(contract.LABEL_UUID, "")
+        if gi is None:
+            bit = _THROTTLE_BIT.get(labels.get(contract.LABEL_REASON, ""), 0)
+            return (_GPU, gpu, None, None, bit, uuid, None)
+        return (_GPU, gpu, gi, None, 0, uuid, None)
+    if name == contract.GPU_TELEMETRY_AVAILABLE.name:
+        return (_TELEMETRY, -1, None, None, -1, labels.get(contract.LABEL_REASON, ""), None)
+    steps = labels.get(contract.LABEL_LOCAL_RANK, "?") if name == _STEPS else None
+    rank = _int(labels.get(contract.LABEL_RANK))
+    if rank is None:
+        return (_STEPS_ONLY, -1, None, None, -1, None, steps) if steps is not None else _NO_ACTION
+    local = _int(labels.get(contract.LABEL_LOCAL_RANK))
+    node = _int(labels.get(contract.LABEL_NODE_RANK))
+    ri = _RANK_FIELDS.get(name)
+    if ri is not None:
+        cuda = labels.get(contract.LABEL_UUID) if ri == R_CUDA_RESERVED else None
+        return (_RANK_ROW, rank, local, node, ri, cuda, steps)
+    if name == contract.PHASE_SECONDS.name:
+        pi = R_PHASE.get(labels.get(contract.LABEL_PHASE, ""), -1)
+        return (_RANK_ROW, rank, local, node, pi, None, None)
+    if name == _BUCKETS:
+        le = labels.get("le", "")
+        nb = len(_BUCKET_TEMPLATE)
+        idx = nb - 1 if le == "+Inf" else _BUCKET_INDEX.get(_float(le), -1)
+        if idx >= 0:
+            return (_RANK_BUCKET, rank, local, node, idx, None, None)
+    return (_RANK_ROW, rank, local, node, -1, None, None)
+
+
+def frame_payload(payload: str | bytes | bytearray | memoryview, t: float) -> Frame:
+    """`frame(expfmt.parse(payload, NEEDED), t)` without the per-sample objects.
+
+    The scraper's hot path: one C-level check of the payload's shape, one C-level search for
+    our lines, and per line a cached decision of where its value goes. Raises ParseError
+    exactly when `expfmt.parse` would (unusual payloads go through it).
+    """
+    if isinstance(payload, str):
+        text = payload
+    else:
+        try:
+            text = str(payload, "utf-8")
+        except UnicodeDecodeError:
+            return frame(parse(bytes(payload), NEEDED), t)
+    if "\r" in text or _DOC.fullmatch(text) is None:
+        return frame(parse(text, NEEDED), t)
+    try:
+        return _scan(text, t)
+    except _Fallback:
+        return frame(parse(text, NEEDED), t)
+
+
+def _scan(text: str, t: float) -> Frame:
+    ranks: dict[int, array[float]] = {}
+    buckets: dict[int, array[float]] = {}
+    cuda_uuid: dict[int, str] = {}
+    gpus: dict[int, tuple[str, array[float]]] = {}
+    local: dict[int, int] = {}
+    node: dict[int, int] = {}
+    telemetry: str | None = None
+    steps: list[str] = []
+    actions = _ACTIONS
+    for series, value_text in _OURS.findall("\n" + text):
+        a = actions.get(series)
+        if a is None:
+            a = _action(series)
+            if len(actions) >= _ACTIONS_MAX:
+                actions.clear()
+            actions[series] = a
+        kind, key, lr, nr, idx, text_label, steps_label = a
+        if kind in (_RANK_ROW, _RANK_BUCKET):
+            row = ranks.get(key)
+            if row is None:
+                row = ranks[key] = _RANK_TEMPLATE[:]
+                row[0] = t
+                if lr is not None:
+                    local[key] = lr
+                if nr is not None:
+                    node[key] = nr
+            if kind == _RANK_ROW:
+                if idx >= 0:
+                    row[idx] = float(value_text)
+                if text_label is not None:
+                    cuda_uuid[key] = text_label
+                if steps_label is not None:
+                    steps.append(steps_label)
+            else:
+                b = buckets.get(key)
+                if b is None:
+                    b = buckets[key] = _BUCKET_TEMPLATE[:]
+                b[idx] = float(value_text)
+        elif kind == _GPU:
+            entry = gpus.get(key)
+            if entry is None:
+                grow = _GPU_TEMPLATE[:]
+                grow[0] = t
+                entry = gpus[key] = (text_label or "", grow)
+            grow = entry[1]
+            if lr is not None:
+                grow[lr] = float(value_text)
+            elif idx:
+                cur = grow[G_THROTTLE]
+                mask = 0 if cur != cur else int(cur)
+                grow[G_THROTTLE] = float(mask | idx) if float(value_text) > 0 else float(mask)
+        elif kind == _TELEMETRY:
+            value = float(value_text)
+            if telemetry is None or value > 0:
+                telemetry = contract.TELEMETRY_OK if value > 0 else text_label or "unknown"
+        elif kind == _STEPS_ONLY and steps_label is not None:
+            steps.append(steps_label)
+    return Frame(ranks, buckets, cuda_uuid, gpus, telemetry, local, node, tuple(steps))
 
 
 @dataclass(slots=True)

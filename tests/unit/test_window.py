@@ -9,16 +9,22 @@ from array import array
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gpujob_operator import expfmt
 from gpujob_operator.window import (
+    G_MEM_USED,
+    G_POWER,
     G_THROTTLE,
     G_UTIL,
+    NEEDED,
     R_PHASE,
     R_STEPS,
     R_WIDTH,
     Window,
     frame,
+    frame_payload,
     increase,
     rate,
     throttle_reasons,
@@ -118,3 +124,106 @@ def test_memory_of_a_thousand_jobs_of_eight_ranks() -> None:
     per_thousand = size * 5 / 2**20
     print(f"windows of 1,000 jobs x 8 ranks: {per_thousand:.0f} MiB", file=sys.stderr)
     assert per_thousand < 150
+
+
+# ---- the scraper's one-pass path equals parse + frame ----------------------------------------
+
+
+def outcome(fn: object, text: str | bytes) -> str:
+    """repr of the frame (NaN-safe) or of the ParseError."""
+    try:
+        return repr(fn(text))  # type: ignore[operator]
+    except expfmt.ParseError as exc:
+        return f"ParseError({exc})"
+
+
+def assert_same(text: str | bytes) -> None:
+    fast = outcome(lambda x: frame_payload(x, 7.0), text)
+    slow = outcome(lambda x: frame(expfmt.parse(x, NEEDED), 7.0), text)
+    assert fast == slow
+
+
+GPU_TEXT = "".join(
+    f'# HELP {m} x\n# TYPE {m} gauge\n{m}{{UUID="GPU-{g}",gpu="{g}",node_rank="0"{extra}}} {v}\n'
+    for g in range(3)
+    for m, extra, v in (
+        ("gpujob_gpu_utilization_ratio", "", "0.5"),
+        ("gpujob_gpu_memory_used_bytes", "", "1.2e+10"),
+        ("gpujob_gpu_power_watts", "", "300"),
+        ("gpujob_gpu_clock_event_active", ',reason="gpu_idle"', "1.0"),
+        ("gpujob_gpu_clock_event_active", ',reason="hw_slowdown"', f"{g % 2}.0"),
+        ("gpujob_gpu_telemetry_available", ',reason="ok"', "1.0"),
+    )
+)
+
+
+@pytest.mark.parametrize("path", sorted(PAYLOADS.glob("*.prom")), ids=lambda p: p.name)
+def test_frame_payload_equals_parse_then_frame_on_recorded_payloads(path: Path) -> None:
+    raw = path.read_bytes()
+    assert_same(raw)
+    assert_same(raw + GPU_TEXT.encode())
+    assert_same(raw.replace(b"\n", b"\r\n"))  # the general parser's path
+    assert_same(raw.decode() + 'gpujob_train_loss{rank="0",rank="1"} 1\n')  # duplicate label
+
+
+def test_frame_payload_reads_gpus_and_leaves_unused_fields_nan() -> None:
+    fr = frame_payload(GPU_TEXT, 1.0)
+    uuid, row = fr.gpus[1]
+    assert uuid == "GPU-1" and row[G_UTIL] == 0.5 and row[G_MEM_USED] == 1.2e10
+    assert throttle_reasons(row[G_THROTTLE]) == ["hw_slowdown"]
+    assert math.isnan(row[G_POWER]) and fr.telemetry == contract.TELEMETRY_OK
+
+
+_PARTS = st.sampled_from(
+    [
+        "gpujob_train_loss",
+        "gpujob_train_steps_total",
+        "gpujob_gpu_clock_event_active",
+        "gpujob_train_step_duration_seconds_bucket",
+        "gpujob_gpu_power_watts",
+        "x",
+        "{",
+        "}",
+        '"',
+        "\\",
+        "=",
+        ",",
+        " ",
+        "rank",
+        "local_rank",
+        "gpu",
+        "le",
+        "reason",
+        '"0"',
+        '"1"',
+        '"+Inf"',
+        '"hw_slowdown"',
+        "1.5",
+        "NaN",
+        "+Inf",
+        "\n",
+        "#",
+        " TYPE ",
+        "counter",
+        "\t",
+        "\r",
+        "e",
+        "-",
+    ]
+)
+
+
+@settings(max_examples=600, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(st.lists(_PARTS, max_size=40))
+def test_fuzz_frame_payload_agrees_with_parse_then_frame(parts: list[str]) -> None:
+    assert_same("".join(parts))
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(st.data())
+def test_fuzz_frame_payload_on_mutated_real_payloads(data: st.DataObject) -> None:
+    raw = bytearray((PAYLOADS / "healthy-scrape2-rank0.prom").read_bytes() + GPU_TEXT.encode())
+    for _ in range(data.draw(st.integers(1, 8))):
+        i = data.draw(st.integers(0, len(raw) - 1))
+        raw[i] = data.draw(st.sampled_from(b' \t\n\r{}",=_.#\\e0aZ\xff'))
+    assert_same(bytes(raw))
