@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,11 @@ from typing import TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpujob_localcluster.nodeagent import become_subreaper, descendants
 from gpujob_trainer import contract
+
+RUN_MARKER_ENV = "GPUJOB_TEST_RUN"
+become_subreaper()  # orphaned torchrun workers come back to this process, so kill() finds them
 
 T = TypeVar("T")
 LOOPBACK = "127.0.0.1"
@@ -117,6 +122,8 @@ class TrainerRun:
     seen_workers: set[int] = field(default_factory=set)
     """Worker PIDs seen so far: torchrun starts each in its own session, so killing
     torchrun's process group alone would leave them running."""
+    marker: str = ""
+    """A value of RUN_MARKER_ENV in every process of this run, found again after reparenting."""
 
     def ports(self) -> list[int]:
         return [contract.metrics_port(self.base_port, r) for r in range(self.nproc)]
@@ -185,6 +192,14 @@ class TrainerRun:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=30)
+        # Workers torchrun left behind were reparented to us (a subreaper): find them by marker.
+        for pid in descendants(os.getpid()):
+            with contextlib.suppress(OSError):
+                if (
+                    f"{RUN_MARKER_ENV}={self.marker}".encode()
+                    in Path(f"/proc/{pid}/environ").read_bytes()
+                ):
+                    os.kill(pid, signal.SIGKILL)
 
 
 @contextlib.contextmanager
@@ -195,8 +210,10 @@ def torchrun_example(
     base = free_port_run(nproc)
     log_path = tmp_path / f"torchrun-{base}.log"
     inherited = {k: v for k, v in os.environ.items() if k not in contract.ENV_TRAINER}
+    marker = uuid.uuid4().hex
     run_env = {
         **inherited,
+        RUN_MARKER_ENV: marker,
         contract.ENV_METRICS_ADDR: LOOPBACK,
         contract.ENV_METRICS_PORT: str(base),
         "OMP_NUM_THREADS": "1",
@@ -221,7 +238,7 @@ def torchrun_example(
         proc = subprocess.Popen(
             cmd, stdout=log_file, stderr=subprocess.STDOUT, env=run_env, start_new_session=True
         )
-    run = TrainerRun(proc, base, nproc, log_path)
+    run = TrainerRun(proc, base, nproc, log_path, marker=marker)
     try:
         yield run
     finally:
