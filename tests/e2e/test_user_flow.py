@@ -217,7 +217,10 @@ def test_a_user_installs_runs_watches_and_cleans_up(
     assert {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment"} <= kinds, objects
     deploy = kube.run("get", "deployment", c.RELEASE, "-n", c.SYSTEM_NS, "-o", "json", ns=False)
     assert '"replicas": 0' in deploy.stdout
-    explain = user.run(c.EXPLAIN)
+    # The API server publishes a new CRD's OpenAPI a moment after it is Established.
+    explain = wait_until(
+        lambda: user.run(c.EXPLAIN, check=False), 30, "kubectl explain to know the CRD"
+    )
     assert "scrapeIntervalSeconds" in explain and "thresholds" in explain, explain
 
     # 2. The operator, as the chart's ServiceAccount.

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from tests.support.kube import Kube
+from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = sorted((REPO / "crds" / "samples").glob("*.yaml"))
@@ -56,7 +57,16 @@ def test_immutable_fields_are_refused_on_update(kube: Kube, crd: Path, update: P
 
 
 def test_kubectl_explain_reads_well(kube: Kube, crd: Path) -> None:
-    out = kube.run("explain", "gputrainingjob.spec.runPolicy", ns=False, check=True).stdout
+    # The API server publishes a new CRD's OpenAPI a moment after it is Established.
+    explained = wait_until(
+        lambda: (
+            (r := kube.run("explain", "gputrainingjob.spec.runPolicy", ns=False)).returncode == 0
+            and r
+        ),
+        30,
+        "kubectl explain to know the CRD",
+    )
+    out = explained.stdout
     for field in (
         "backoffLimit",
         "retryableExitCodes",
