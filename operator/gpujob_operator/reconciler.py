@@ -29,6 +29,10 @@ from gpujob_operator.scrape import Scraper
 log = logging.getLogger("gpujob.reconciler")
 
 RESYNC_SECONDS = 30.0
+IDLE_RESYNC_SECONDS = 300.0
+"""A finished job only changes through events (which wake its loop); resync it rarely."""
+SERVICE_RECHECK_SECONDS = 300.0
+"""How long a seen Service is trusted without a GET (a thousand jobs, one GET each per pass)."""
 DEBOUNCE_SECONDS = 0.05
 
 EventPoster = Callable[[Mapping[str, Any], str, str, str], None]
@@ -55,6 +59,7 @@ class JobLoop:
         None  # (generation, attempt) the monitor's window belongs to
     )
     next_scrape: float = 0.0
+    service_seen_at: float = -1e9
     last_written: dict[str, Any] | None = None
     reconciles: int = 0
     body: dict[str, Any] = field(default_factory=dict)
@@ -80,7 +85,10 @@ class JobLoop:
         ns, name = meta["namespace"], meta["name"]
         observed = [planner.observe_pod(p) for p in pods]
         started = time.monotonic()
-        service = await self.kube.service_exists(ns, name)
+        stale = time.monotonic() - self.service_seen_at > SERVICE_RECHECK_SECONDS
+        if stale and await self.kube.service_exists(ns, name):
+            self.service_seen_at = time.monotonic()
+        service = time.monotonic() - self.service_seen_at <= SERVICE_RECHECK_SECONDS
         plan = planner.plan(job, observed, now or datetime.now(UTC), service_exists=service)
         self.reconciles += 1
         old_status = {k: v for k, v in (job.get("status") or {}).items() if k != "kopf"}
@@ -92,6 +100,7 @@ class JobLoop:
             await self.kube.delete_pod(ns, pod)
         if plan.create_service is not None:
             await self.kube.create_service(ns, plan.create_service)
+            self.service_seen_at = time.monotonic()
         for pod_body in plan.create_pods:
             await self.kube.create_pod(ns, pod_body)
         for ev in plan.events:
@@ -185,7 +194,10 @@ class JobLoop:
         while True:
             try:
                 plan = await self.reconcile(self.body, self._pods())
-                timeout = min(plan.requeue_after or RESYNC_SECONDS, RESYNC_SECONDS)
+                resync = (
+                    IDLE_RESYNC_SECONDS if plan.phase in ("Succeeded", "Failed") else RESYNC_SECONDS
+                )
+                timeout = min(plan.requeue_after or resync, resync)
             except asyncio.CancelledError:
                 raise
             except Exception as e:
