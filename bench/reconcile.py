@@ -77,19 +77,20 @@ def main() -> None:
             assert op.proc is not None
             pid = op.proc.pid
             try:
-                t0 = time.monotonic()
-                kube.apply(job("single"))
-                wait_until(
-                    lambda: count_pods(kube) >= 2, 60, "the single job's pods", interval=0.02
-                )
-                single = time.monotonic() - t0
+                singles = []
+                for i in range(2):  # the first job after start-up, then one on a warm operator
+                    t0 = time.monotonic()
+                    kube.apply(job(f"single-{i}"))
+                    n = 2 * (i + 1)
+                    wait_until(lambda n=n: count_pods(kube) >= n, 60, "pods", interval=0.02)
+                    singles.append(time.monotonic() - t0)
 
                 cpu0 = cpu_seconds(pid)
                 burst = "---\n".join(yaml.safe_dump(job(f"burst-{i}")) for i in range(args.jobs))
                 t0 = time.monotonic()
                 kube.run("apply", "-f", "-", input=burst, check=True, timeout=600)
                 applied = time.monotonic() - t0
-                want = 2 + 2 * args.jobs
+                want = 4 + 2 * args.jobs
                 wait_until(lambda: count_pods(kube) >= want, 900, f"{want} pods", interval=0.5)
                 total = time.monotonic() - t0
                 cpu = cpu_seconds(pid) - cpu0
@@ -98,7 +99,10 @@ def main() -> None:
                 op.stop()
         finally:
             cluster.stop()
-    print(f"single job (2 nodes): apply -> all pods created: {single:.2f}s")
+    print(
+        f"single job (2 nodes): apply -> all pods created: {singles[0]:.2f}s for the first job "
+        f"after start-up, {singles[1]:.2f}s on a warm operator"
+    )
     print(
         f"burst of {args.jobs} jobs x 2 nodes: kubectl apply {applied:.1f}s; all {2 * args.jobs} pods created "
         f"after {total:.1f}s -> {2 * args.jobs / total:.1f} pods/s"
