@@ -11,23 +11,14 @@ from __future__ import annotations
 
 from typing import Final
 
+from tests.support.kube import GET_COLUMNS
+
 RELEASE: Final = "gpujob"
 SYSTEM_NS: Final = "gpujob-system"
 JOB: Final = "cpu-example"
 SAMPLE: Final = "crds/samples/cpu-2x2-example.yaml"
 CRD_NAME: Final = "gputrainingjobs.gpujob.dev"
-HEADER: Final = (
-    "NAME",
-    "STATUS",
-    "NODES",
-    "GPUS",
-    "PROGRESS",
-    "ETA",
-    "THROUGHPUT",
-    "BOTTLENECK",
-    "AGE",
-)
-"""The columns of `kubectl get gputrainingjobs` (the CRD's printer columns without -o wide)."""
+HEADER: Final = GET_COLUMNS
 
 # The chart, as installed on the local control plane: its Deployment scaled to 0 (the node
 # agent would run the operator on the host without credentials), the operator run as a

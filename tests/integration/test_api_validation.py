@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.kube import Kube
+from tests.support.kube import GET_COLUMNS, Kube
 from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,15 +83,5 @@ def test_short_names_and_printer_columns(kube: Kube, crd: Path) -> None:
     kube.apply(yaml.safe_load((REPO / "crds" / "samples" / "suspended.yaml").read_text()))
     out = kube.run("get", "gtj", check=True).stdout
     header = out.splitlines()[0].split()
-    assert header == [
-        "NAME",
-        "STATUS",
-        "NODES",
-        "GPUS",
-        "PROGRESS",
-        "ETA",
-        "THROUGHPUT",
-        "BOTTLENECK",
-        "AGE",
-    ]
+    assert header == list(GET_COLUMNS)
     assert kube.run("get", "gpujob").returncode == 0

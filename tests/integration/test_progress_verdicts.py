@@ -10,12 +10,12 @@ import re
 from typing import Any
 
 from tests.integration.conftest import job_status
-from tests.support.kube import Kube
+from tests.support.kube import GET_COLUMNS, Kube
 from tests.support.operator import OperatorProcess
 from tests.support.waiting import wait_until
 
 SIZE = ["--hidden", "512", "--layers", "4", "--batch-size", "1024"]
-HEADER = ["NAME", "STATUS", "NODES", "GPUS", "PROGRESS", "ETA", "THROUGHPUT", "BOTTLENECK", "AGE"]
+HEADER = list(GET_COLUMNS)
 
 
 def trainer_job(name: str, steps: int, *switches: str, **monitoring: Any) -> dict[str, Any]:

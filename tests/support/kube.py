@@ -13,6 +13,11 @@ import yaml
 from gpujob_localcluster.cluster import LocalCluster
 from tests.support.waiting import wait_until
 
+GET_COLUMNS: tuple[str, ...] = (
+    "NAME", "STATUS", "NODES", "GPUS", "PROGRESS", "ETA", "THROUGHPUT", "BOTTLENECK", "AGE",
+)  # fmt: skip
+"""The columns of `kubectl get gputrainingjobs` (the CRD's printer columns without -o wide)."""
+
 
 @dataclass
 class Kube:
