@@ -48,6 +48,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def proc_state(pid: int) -> str | None:
+    """The state letter of ``pid`` from /proc (``Z`` for a zombie), or None when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 def pid_alive(pid: int) -> bool:
     """Whether a process with ``pid`` exists (and is not a zombie we could reap)."""
     try:
@@ -56,11 +64,7 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
+    return proc_state(pid) != "Z"
 
 
 def wait_for(

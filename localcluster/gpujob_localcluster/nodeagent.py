@@ -38,6 +38,7 @@ from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
 from gpujob_localcluster import podenv
+from gpujob_localcluster.controlplane import pid_alive, proc_state
 
 log = logging.getLogger("gpujob.nodeagent")
 
@@ -614,14 +615,14 @@ class NodeAgent:
                 run.family.update(descendants(c.proc.pid))
         ours = {c.proc.pid for r in self.runs.values() for c in r.containers if c.proc is not None}
         for pid in descendants(os.getpid()):
-            if pid not in ours and _is_zombie(pid):
+            if pid not in ours and proc_state(pid) == "Z":
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, os.WNOHANG)
 
     def _kill_family(self, run: PodRun) -> None:
         """SIGKILL what is left of a pod after its containers ended (the cgroup's job)."""
         for pid in run.family:
-            if _alive(pid):
+            if pid_alive(pid):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
 
@@ -686,20 +687,6 @@ def become_subreaper() -> None:
 
     with contextlib.suppress(Exception):
         ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return False
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def descendants(pid: int) -> list[int]:
