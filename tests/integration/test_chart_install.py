@@ -119,18 +119,7 @@ def run_job_to_success(
         raise
     finally:
         op.stop()
-    log = op.log_path.read_text()
-    # A 403 shows as "Forbidden" (the reason) in the client's and kopf's errors; a bare "403"
-    # also matches random audit IDs, ports and tokens. Namespaces of earlier tests that are
-    # still terminating refuse new content with a Forbidden too: that is not RBAC.
-    denied = [
-        line
-        for line in log.replace("Not enough permissions to list namespaces", "").splitlines()
-        if "Forbidden" in line
-        and "being terminated" not in line
-        and "NamespaceTerminating" not in line
-    ]
-    assert not denied, op.log_tail(80)
+    assert not op.rbac_denials(), op.log_tail(80)
     return op
 
 

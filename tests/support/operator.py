@@ -65,6 +65,23 @@ class OperatorProcess:
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
+    def rbac_denials(self) -> list[str]:
+        """Log lines where the API server refused the operator for lack of permission.
+
+        A 403 shows as "Forbidden" in the client's and kopf's errors (a bare "403" also matches
+        audit IDs, ports and tokens). Namespaces of earlier tests that are still terminating
+        refuse new content with a Forbidden too, and kopf's namespace scan may be refused in
+        namespaced mode: neither is a missing permission of the operator's own work.
+        """
+        log = self.log_path.read_text().replace("Not enough permissions to list namespaces", "")
+        return [
+            line
+            for line in log.splitlines()
+            if "Forbidden" in line
+            and "being terminated" not in line
+            and "NamespaceTerminating" not in line
+        ]
+
     def kill(self) -> None:
         """SIGKILL, as a node failure or OOM would: no graceful shutdown."""
         assert self.proc is not None
