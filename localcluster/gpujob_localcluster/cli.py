@@ -34,7 +34,9 @@ def _nodes(args: argparse.Namespace) -> NodeConfig:
 def serve(args: argparse.Namespace) -> int:
     """Run the cluster in the foreground until SIGTERM/SIGINT; then tear it down."""
     folder = Path(args.dir)
-    cluster = LocalCluster(folder, _nodes(args))
+    cluster = LocalCluster(
+        folder, _nodes(args), gang_scheduling=args.gang_scheduling, kueue=args.kueue
+    )
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
@@ -80,6 +82,8 @@ def up(args: argparse.Namespace) -> int:
         str(args.nodes),
         "--gpus-per-node",
         str(args.gpus_per_node),
+        *(["--gang-scheduling"] if args.gang_scheduling else []),
+        *(["--kueue"] if args.kueue else []),
     ]
     with open(sup_log, "ab") as out:
         proc = subprocess.Popen(
@@ -127,6 +131,17 @@ def main(argv: list[str] | None = None) -> int:
         s.add_argument("--nodes", type=int, default=2)
         s.add_argument("--gpus-per-node", type=int, default=4)
         s.add_argument("--timeout", type=float, default=600)
+        s.add_argument(
+            "--gang-scheduling",
+            action="store_true",
+            help="enable Kubernetes' native gang scheduling (GenericWorkload gate, "
+            "scheduling.k8s.io Workload/PodGroup API, kube-scheduler GangScheduling plugin)",
+        )
+        s.add_argument(
+            "--kueue",
+            action="store_true",
+            help="also run Kueue's manager (built by hack/build-kueue.sh), webhooks on loopback",
+        )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     return {"up": up, "down": down, "serve": serve}[args.cmd](args)

@@ -6,14 +6,17 @@ in the background. ``LocalCluster.start`` is the only place that wires the two.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpujob_localcluster.controlplane import ControlPlane, wait_for
+from gpujob_localcluster.controlplane import ControlPlane, pid_alive, wait_for
+from gpujob_localcluster.nodeagent import descendants
 
 log = logging.getLogger("gpujob.localcluster")
 
@@ -43,6 +46,10 @@ class LocalCluster:
     nodes: NodeConfig = field(default_factory=NodeConfig)
     cp: ControlPlane | None = None
     agent: subprocess.Popen[bytes] | None = None
+    gang_scheduling: bool = False
+    """Native gang scheduling (Workload/PodGroup API, GangScheduling plugin); see ControlPlane."""
+    kueue: bool = False
+    """Run Kueue's manager too (built from its Go module; see kueue.py)."""
 
     @property
     def kubeconfig(self) -> Path:
@@ -54,19 +61,55 @@ class LocalCluster:
         return self.folder / "agent" / "pods"
 
     def start(self, timeout: float = 180) -> LocalCluster:
-        self.cp = ControlPlane(self.folder).start(timeout)
+        self.cp = ControlPlane(self.folder, gang_scheduling=self.gang_scheduling).start(timeout)
         try:
+            if self.kueue:
+                from gpujob_localcluster.kueue import Kueue
+
+                Kueue(self.cp).start(timeout)
             self._start_agent(timeout)
         except BaseException:
             self.stop()
             raise
         return self
 
+    def kill_agent(self) -> list[int]:
+        """SIGKILL the node agent and every pod process it runs, as a node crash would.
+
+        The agent starts each pod in a session of its own, so its process group alone would
+        leave the pods running; the whole family is found first and killed after the agent.
+        Returns the pod processes that were killed.
+        """
+        assert self.agent is not None
+        family = descendants(self.agent.pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.agent.pid, signal.SIGKILL)
+        for pid in family:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        self.agent.wait(timeout=10)
+        # The orphans are reparented to init (or our subreaper); wait until they are gone.
+        wait_for(lambda: not [p for p in family if pid_alive(p)], 30, "the pod processes to die")
+        return family
+
+    def start_agent(self, timeout: float = 180) -> None:
+        """Start the node agent again (after :meth:`kill_agent`); it re-registers its nodes."""
+        if self.agent is not None and self.agent.poll() is None:
+            raise RuntimeError(f"the node agent still runs (pid {self.agent.pid})")
+        self._start_agent(timeout)
+
     def _start_agent(self, timeout: float) -> None:
         assert self.cp is not None
         ready = self.folder / "agent" / "ready"
         ready.parent.mkdir(parents=True, exist_ok=True)
+        ready.unlink(missing_ok=True)
         log_path = self.cp.log_dir / "node-agent.log"
+        # The kubelet API's serving certificate, checked by the API server against the local CA.
+        serving = self.cp.pki.issue(
+            "kubelet",
+            "gpujob-node-agent",
+            sans=("IP:127.0.0.1", "DNS:localhost", *(f"DNS:{n}" for n in self.nodes.names)),
+        )
         out = open(log_path, "ab")  # noqa: SIM115 - owned by the child
         self.agent = subprocess.Popen(
             [
@@ -89,6 +132,12 @@ class LocalCluster:
                 str(ready.parent),
                 "--ready-file",
                 str(ready),
+                "--kubelet-cert",
+                str(serving.cert),
+                "--kubelet-key",
+                str(serving.key),
+                "--client-ca",
+                str(self.cp.pki.ca_cert),
             ],
             stdout=out,
             stderr=subprocess.STDOUT,

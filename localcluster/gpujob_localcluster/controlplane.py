@@ -37,6 +37,12 @@ STATE_FILE = "state.json"
 STALE_PARTS = ("etcd", "agent", "apiserver-certs", "logs")
 
 
+GANG_FEATURE_GATES = "GenericWorkload=true"
+"""Kubernetes v1.37: the Workload/PodGroup API and kube-scheduler's GangScheduling plugin."""
+GANG_RUNTIME_CONFIG = "scheduling.k8s.io/v1alpha3=true,scheduling.k8s.io/v1beta1=true"
+"""Both versions of the Workload API (kube-scheduler watches PodGroups through v1beta1)."""
+
+
 class ClusterError(RuntimeError):
     """The local control plane could not start or is in a state we refuse to touch."""
 
@@ -105,6 +111,12 @@ class Component:
     name: str
     proc: subprocess.Popen[bytes]
     log_path: Path
+    args: list[str] = field(default_factory=list)
+    """The command line, kept so that a restart brings back the same ports, certs and data."""
+    ready: Callable[[], bool] | None = None
+    """Whether the component serves (its health endpoint answers), for restarts."""
+    env: dict[str, str] | None = None
+    """Extra environment it was started with, kept for restarts too."""
 
     def problem(self) -> str | None:
         """A message if the process has exited, else None."""
@@ -153,6 +165,14 @@ class ControlPlane:
     components: list[Component] = field(default_factory=list)
     server: str = ""
     bins: Path | None = None
+    gang_scheduling: bool = False
+    """Enable native gang scheduling: GenericWorkload in every component, the
+    scheduling.k8s.io Workload/PodGroup API, and so kube-scheduler's GangScheduling plugin
+    (it is in the default profile whenever the gate is on)."""
+
+    def gates(self) -> list[str]:
+        """Feature-gate flags every component gets."""
+        return ["--feature-gates", GANG_FEATURE_GATES] if self.gang_scheduling else []
 
     @property
     def admin_kubeconfig(self) -> Path:
@@ -201,7 +221,13 @@ class ControlPlane:
             for path in stale:
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
 
-    def _spawn(self, name: str, args: list[str]) -> Component:
+    def _spawn(
+        self,
+        name: str,
+        args: list[str],
+        ready: Callable[[], bool] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Component:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
         out = open(log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
@@ -211,12 +237,53 @@ class ControlPlane:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            env={**os.environ, **env} if env else None,
         )
         out.close()
-        comp = Component(name, proc, log_path)
-        self.components.append(comp)
+        comp = Component(name, proc, log_path, list(args), ready, env)
+        old = [i for i, c in enumerate(self.components) if c.name == name]
+        if old:
+            self.components[old[0]] = comp
+        else:
+            self.components.append(comp)
         self._write_state()
         return comp
+
+    # -- faults (the chaos tests restart components the way a node reboot would) ----------
+    def component(self, name: str) -> Component:
+        """The running component called ``name`` (etcd, kube-apiserver, ...)."""
+        for comp in self.components:
+            if comp.name == name:
+                return comp
+        raise ClusterError(f"no component {name!r} in this control plane")
+
+    def stop_component(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Stop one component abruptly (SIGKILL: a crash) or gracefully (SIGTERM)."""
+        comp = self.component(name)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(comp.proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            comp.proc.wait(timeout=30)
+        if comp.proc.poll() is None:
+            terminate_group(comp.proc.pid, 0)
+            comp.proc.wait(timeout=10)
+
+    def start_component(self, name: str, timeout: float = 120.0) -> Component:
+        """Start a stopped component again with the same command line; wait until it serves."""
+        old = self.component(name)
+        if old.proc.poll() is None:
+            raise ClusterError(f"{name} still runs (pid {old.proc.pid}); stop it first")
+        comp = self._spawn(name, old.args, old.ready, old.env)
+        if comp.ready is not None:
+            wait_for(comp.ready, timeout, f"{name} to serve again", comp.problem)
+        return comp
+
+    def restart_component(
+        self, name: str, sig: int = signal.SIGKILL, timeout: float = 120.0
+    ) -> Component:
+        """Stop and start one component; ports, certificates and data are kept."""
+        self.stop_component(name, sig)
+        return self.start_component(name, timeout)
 
     def _write_state(self, extra: dict | None = None) -> None:
         state_path = self.folder / STATE_FILE
@@ -260,6 +327,10 @@ class ControlPlane:
         admin = pki.issue("admin", "gpujob-admin", orgs=("system:masters",))
         cm = pki.issue("controller-manager", "system:kube-controller-manager")
         sched = pki.issue("scheduler", "system:kube-scheduler")
+        # The API server's identity towards kubelets (kubectl logs is proxied with it).
+        kubelet_client = pki.issue(
+            "apiserver-kubelet-client", "kube-apiserver-kubelet-client", orgs=("system:masters",)
+        )
         sa_key, sa_pub = pki.service_account_keys()
 
         etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
@@ -294,9 +365,11 @@ class ControlPlane:
                 "--log-level",
                 "warn",
             ],
+            ready=lambda: _http_ok(f"{etcd_url}/health"),
         )
         wait_for(lambda: _http_ok(f"{etcd_url}/health"), 30, "etcd /health", etcd.problem)
 
+        ctx = self.ssl_context(admin)
         api = self._spawn(
             "kube-apiserver",
             [
@@ -334,11 +407,22 @@ class ControlPlane:
                 "none",
                 "--profiling=false",
                 "--enable-priority-and-fairness=false",
+                *self.gates(),
+                *(["--runtime-config", GANG_RUNTIME_CONFIG] if self.gang_scheduling else []),
+                "--kubelet-client-certificate",
+                str(kubelet_client.cert),
+                "--kubelet-client-key",
+                str(kubelet_client.key),
+                "--kubelet-certificate-authority",
+                str(pki.ca_cert),
+                # Nodes advertise 127.0.0.1 as InternalIP; their Hostname does not resolve.
+                "--kubelet-preferred-address-types",
+                "InternalIP",
                 "--v",
                 "1",
             ],
+            ready=lambda: _http_ok(f"{self.server}/readyz", ctx),
         )
-        ctx = self.ssl_context(admin)
         wait_for(
             lambda: _http_ok(f"{self.server}/readyz", ctx),
             timeout,
@@ -371,6 +455,7 @@ class ControlPlane:
                 "*,-endpoint,-endpointslice,-endpointslicemirroring",
                 "--concurrent-gc-syncs",
                 "5",
+                *self.gates(),
                 "--v",
                 "1",
             ],
@@ -390,6 +475,7 @@ class ControlPlane:
                 "--secure-port",
                 str(sched_port),
                 "--leader-elect=false",
+                *self.gates(),
                 "--v",
                 "1",
             ],

@@ -1,10 +1,11 @@
 """``make demo``: a local cluster, the chart, the operator, and a job training to 100%.
 
-Steps: start (or reuse) the local control plane, ``helm install`` the chart, run the
-operator as a process with the chart's ServiceAccount token (so the chart's RBAC is
-what the API server enforces), apply a 2 nodes x 2 ranks CPU job of the example
-trainer, and show live progress until it ends; then a summary and what to look at
-next. ``--bottleneck slow-input`` (or another switch) plants a bottleneck so the
+Steps: start (or reuse) the local control plane, ``helm install`` the chart with its
+default values (the node agent runs the operator Deployment's pod like a kubelet: its own
+ServiceAccount token, so the chart's RBAC is what the API server enforces, and its
+probes), wait for the rollout, apply a 2 nodes x 2 ranks CPU job of the example trainer,
+and show live progress until it ends; then a summary, ``kubectl logs`` of rank 0, and
+what to look at next. ``--bottleneck slow-input`` (or another switch) plants a bottleneck so the
 verdict appears. With ``CI=true`` (or no TTY) it prints plain lines instead of a
 redrawn table. Ctrl-C tears everything down.
 """
@@ -23,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from gpujob_localcluster.controlplane import ControlPlane, free_port, stop_folder, wait_for
+from gpujob_localcluster.controlplane import ControlPlane, stop_folder, wait_for
 from gpujob_localcluster.tools import REPO_ROOT, bin_dir
 
 DEMO_DIR = Path(os.environ.get("GPUJOB_DEMO_DIR", "/tmp/gpujob-demo"))
@@ -64,7 +65,6 @@ class Demo:
         self.live = sys.stdout.isatty() and os.environ.get("CI", "").lower() not in ("true", "1")
         self.bins = bin_dir()
         self.cp = ControlPlane.attach(self.folder)
-        self.operator: subprocess.Popen[bytes] | None = None
 
     def say(self, text: str) -> None:
         print(f"==> {text}", flush=True)
@@ -112,9 +112,8 @@ class Demo:
         )
 
     def install_chart(self) -> None:
-        self.say(
-            f"helm install {RELEASE} charts/gpujob (operator Deployment scaled to 0: the operator runs here as a process)"
-        )
+        self.say(f"helm install {RELEASE} charts/gpujob --namespace {SYSTEM_NS} --create-namespace")
+        started = time.monotonic()
         self.helm(
             "upgrade",
             "--install",
@@ -123,65 +122,26 @@ class Demo:
             "--namespace",
             SYSTEM_NS,
             "--create-namespace",
-            "--set",
-            "replicaCount=0",
-            "--wait=false",
         )
         self.kubectl(
             "wait", "--for=condition=Established", "crd/gputrainingjobs.gpujob.dev", "--timeout=60s"
         )
-
-    def start_operator(self) -> None:
-        sa = (
-            self.kubectl(
-                "get",
-                "serviceaccount",
-                "-n",
-                SYSTEM_NS,
-                "-l",
-                f"app.kubernetes.io/instance={RELEASE}",
-                "-o",
-                "jsonpath={.items[0].metadata.name}",
-            ).strip()
-            or RELEASE
-        )
-        kubeconfig = self.cp.token_kubeconfig(SYSTEM_NS, sa, self.folder / "operator.kubeconfig")
-        log_path = self.folder / "logs" / "operator.log"
-        port, metrics_port = free_port(), free_port()
-        env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-        with open(log_path, "ab") as out:
-            self.operator = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "gpujob_operator",
-                    "operator",
-                    "--liveness",
-                    f"http://127.0.0.1:{port}/healthz",
-                    "--metrics-port",
-                    str(metrics_port),
-                ],
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
+        res = self.cp.kubectl(
+            "-n", SYSTEM_NS, "rollout", "status", f"deployment/{RELEASE}", "--timeout=180s",
+            timeout=200,
+        )  # fmt: skip
+        if res.returncode != 0:
+            logs = self.cp.kubectl("-n", SYSTEM_NS, "logs", f"deployment/{RELEASE}", "--tail=30")
+            raise SystemExit(
+                f"the operator did not become Ready: {res.stderr.strip()}\n{logs.stdout}{logs.stderr}"
             )
-        self.cp.register_pid("operator", self.operator.pid)
-        op = self.operator
-        wait_for(
-            lambda: (
-                subprocess.run(
-                    ["curl", "-sf", f"http://127.0.0.1:{port}/healthz"], capture_output=True
-                ).returncode
-                == 0
-            ),
-            60,
-            "the operator's health endpoint",
-            lambda: None if op.poll() is None else f"operator exited; see {log_path}",
-        )
+        pod = self.kubectl(
+            "-n", SYSTEM_NS, "get", "pods", "-l", f"app.kubernetes.io/instance={RELEASE}",
+            "-o", "jsonpath={.items[0].metadata.name} {.items[0].status.podIP}",
+        ).split()  # fmt: skip
         self.say(
-            f"operator running as ServiceAccount {SYSTEM_NS}/{sa} (log: {log_path}, "
-            f"metrics: http://127.0.0.1:{metrics_port}/metrics)"
+            f"operator pod {SYSTEM_NS}/{pod[0]} Ready at {pod[1]} in "
+            f"{time.monotonic() - started:.0f}s (its ServiceAccount token, its probes)"
         )
 
     def run_job(self) -> dict[str, Any]:
@@ -237,11 +197,6 @@ class Demo:
             last_cells = cells
             if status.get("phase") in ("Succeeded", "Failed"):
                 break
-            if self.operator is not None and self.operator.poll() is not None:
-                log_path = self.folder / "logs" / "operator.log"
-                raise SystemExit(
-                    f"\nthe operator exited ({self.operator.returncode}); see {log_path}"
-                )
             if time.monotonic() - started > self.args.timeout:
                 raise SystemExit(f"\nthe job did not finish within {self.args.timeout}s")
             time.sleep(1)
@@ -266,21 +221,22 @@ class Demo:
             f"verdicts seen: {', '.join(extra['verdicts']) or 'none (Healthy)'}"
         )
         print(self.kubectl("get", "gputrainingjobs", "-n", NAMESPACE))
+        self.say(f"kubectl logs {name}-node-0 -n {NAMESPACE} --tail 5")
+        print(self.kubectl("logs", f"{name}-node-0", "-n", NAMESPACE, "--tail", "5", check=False))
         kc = self.cp.admin_kubeconfig
         print(f"""Look further:
   export KUBECONFIG={kc}
   kubectl get gputrainingjobs -A
   kubectl describe gputrainingjob {name} -n {NAMESPACE}
   kubectl get events -n {NAMESPACE} --field-selector involvedObject.name={name}
-  logs: {self.folder}/logs/ (control plane, node agent, operator.log)
-        {self.folder}/agent/pods/{NAMESPACE}_{name}-node-*_*/trainer.log (each pod's output)
-  make demo-down     # stop the cluster and the operator""")
+  kubectl logs {name}-node-1 -n {NAMESPACE}          # a rank's output (-f to follow)
+  kubectl logs -n {SYSTEM_NS} deployment/{RELEASE}    # the operator
+  control plane and node agent logs: {self.folder}/logs/
+  make demo-down     # stop the cluster (and with it the operator)""")
 
     def main(self) -> int:
         self.start_cluster()
         self.install_chart()
-        if self.operator is None:
-            self.start_operator()
         job = self.run_job()
         self.summary(job)
         return 0 if job.get("status", {}).get("phase") == "Succeeded" else 1
@@ -296,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get("BOTTLENECK", "none") or "none",
     )
     p.add_argument("--timeout", type=float, default=900)
-    p.add_argument("--down", action="store_true", help="stop the demo's cluster and operator")
+    p.add_argument("--down", action="store_true", help="stop the demo's cluster (and operator)")
     args = p.parse_args(argv)
     if args.down:
         stopped = stop_folder(Path(args.dir))

@@ -149,3 +149,18 @@ def termination_tail(text: str, max_lines: int = 80, max_bytes: int = 2048) -> s
     tail = "\n".join(text.splitlines()[-max_lines:])
     data = tail.encode()[-max_bytes:]
     return data.decode(errors="replace")
+
+
+def kubernetes_service_env(host: str, port: int) -> dict[str, str]:
+    """The ``kubernetes`` Service's variables every container gets (in-cluster clients read
+    ``KUBERNETES_SERVICE_HOST``/``_PORT``); here they name the API server directly."""
+    return {
+        "KUBERNETES_SERVICE_HOST": host,
+        "KUBERNETES_SERVICE_PORT": str(port),
+        "KUBERNETES_SERVICE_PORT_HTTPS": str(port),
+        "KUBERNETES_PORT": f"tcp://{host}:{port}",
+        f"KUBERNETES_PORT_{port}_TCP": f"tcp://{host}:{port}",
+        f"KUBERNETES_PORT_{port}_TCP_PROTO": "tcp",
+        f"KUBERNETES_PORT_{port}_TCP_PORT": str(port),
+        f"KUBERNETES_PORT_{port}_TCP_ADDR": host,
+    }

@@ -81,3 +81,10 @@ def test_termination_tail_is_bounded() -> None:
     text = "\n".join(f"line {i}" for i in range(1000))
     tail = podenv.termination_tail(text)
     assert tail.endswith("line 999") and len(tail.encode()) <= 2048 and "line 900" not in tail
+
+
+def test_kubernetes_service_env_names_the_api_server() -> None:
+    env = podenv.kubernetes_service_env("127.0.0.1", 6443)
+    assert env["KUBERNETES_SERVICE_HOST"] == "127.0.0.1"
+    assert env["KUBERNETES_SERVICE_PORT"] == "6443"
+    assert env["KUBERNETES_PORT"] == "tcp://127.0.0.1:6443"
