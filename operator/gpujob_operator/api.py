@@ -3,7 +3,10 @@
 This module is the single source of truth. :mod:`gpujob_operator.crd` turns it into the
 CRD's OpenAPI schema (descriptions feed ``kubectl explain``), so every field carries a
 ``description``, and every server-side rule (CEL ``x-kubernetes-validations``) has a
-pydantic twin here so a manifest the API server refuses is refused by the model too.
+pydantic twin here so a manifest the API server refuses is refused by the model too. The
+pod-facing part of the spec (env, resources, ``template``) lives in
+:mod:`gpujob_operator.podspec` and is re-exported here; rules are written once with both
+twins (:mod:`gpujob_operator.rules`).
 
 Wire format is camelCase; Python attributes are snake_case. Dump with
 ``model_dump(mode="json", exclude_none=True)`` (aliases are the default).
@@ -11,22 +14,32 @@ Wire format is camelCase; Python attributes are snake_case. Dump with
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 from pydantic import (
-    AliasGenerator,
     BaseModel,
     ConfigDict,
     Field,
     PlainSerializer,
+    ValidationError,
     WithJsonSchema,
     model_validator,
 )
-from pydantic.alias_generators import to_camel
 
+from gpujob_operator import rules as R
+from gpujob_operator.apibase import Model as _Model
+from gpujob_operator.apibase import Ruled as _Ruled
+from gpujob_operator.apibase import quantity_value as _q
 from gpujob_operator.conditions import format_time
+from gpujob_operator.podspec import GPU_RESOURCE as GPU_RESOURCE
+from gpujob_operator.podspec import VOLUME_SOURCES as VOLUME_SOURCES
+from gpujob_operator.podspec import EnvVar as EnvVar
+from gpujob_operator.podspec import PodTemplate as PodTemplate
+from gpujob_operator.podspec import ResourceRequirements as ResourceRequirements
+from gpujob_operator.podspec import Toleration as Toleration
 from gpujob_trainer import contract
 
 GROUP: Final = "gpujob.dev"
@@ -38,7 +51,6 @@ SINGULAR: Final = "gputrainingjob"
 SHORT_NAMES: Final = ("gtj", "gpujob")
 CRD_NAME: Final = f"{PLURAL}.{GROUP}"
 
-GPU_RESOURCE: Final = "nvidia.com/gpu"
 MAX_NODES: Final = 9999
 # `<job>-node-<rank>` is a pod hostname (a DNS label, <= 63 chars): 53 + len("-node-9998").
 MAX_JOB_NAME_LENGTH: Final = 53
@@ -98,33 +110,12 @@ Time = Annotated[
 ]
 """A timestamp, written as RFC 3339 UTC with a Z, like Kubernetes' metav1.Time."""
 
-Quantity = Annotated[int | str, WithJsonSchema({"x-kubernetes-int-or-string": True})]
-"""A Kubernetes resource quantity: an integer or a string such as "500m" or "16Gi"."""
-
-Passthrough = Annotated[
-    dict[str, Any],
-    WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
-]
-"""A Kubernetes object copied verbatim into the pod (validated at pod creation)."""
-
 Evidence = Annotated[
     dict[str, float | int | str],
     WithJsonSchema(
         {"type": "object", "additionalProperties": {"x-kubernetes-preserve-unknown-fields": True}}
     ),
 ]
-
-
-class _Model(BaseModel):
-    """Base for spec models: camelCase on the wire, unknown fields refused."""
-
-    model_config = ConfigDict(
-        alias_generator=AliasGenerator(alias=to_camel),
-        validate_by_name=True,
-        validate_by_alias=True,
-        serialize_by_alias=True,
-        extra="forbid",
-    )
 
 
 class _StatusModel(_Model):
@@ -134,141 +125,6 @@ class _StatusModel(_Model):
 
 
 # ---- spec ------------------------------------------------------------------------------
-
-
-class EnvVar(_Model):
-    """An environment variable for the trainer container (a subset of core/v1 EnvVar)."""
-
-    model_config = ConfigDict(
-        json_schema_extra=_rules(
-            _cel(
-                "!(has(self.value) && has(self.valueFrom))",
-                "spec.env: set either value or valueFrom, not both",
-            )
-        )
-    )
-
-    name: str = Field(min_length=1, max_length=256, description="Name of the variable.")
-    value: str | None = Field(
-        default=None, description="Literal value; $(VAR) references are expanded by the kubelet."
-    )
-    value_from: Passthrough | None = Field(
-        default=None,
-        description="Source for the value (core/v1 EnvVarSource: secretKeyRef, configMapKeyRef, "
-        "fieldRef, resourceFieldRef), copied verbatim into the pod.",
-    )
-
-    @model_validator(mode="after")
-    def _one_source(self) -> EnvVar:
-        if self.value is not None and self.value_from is not None:
-            raise ValueError("spec.env: set either value or valueFrom, not both")
-        return self
-
-
-class ResourceRequirements(_Model):
-    """Per-node (per-pod) compute resources besides GPUs, as in core/v1."""
-
-    model_config = ConfigDict(
-        json_schema_extra=_rules(
-            _cel(
-                "(!has(self.requests) || !('nvidia.com/gpu' in self.requests)) && "
-                "(!has(self.limits) || !('nvidia.com/gpu' in self.limits))",
-                "spec.resources must not set nvidia.com/gpu: use spec.gpusPerNode",
-            )
-        )
-    )
-
-    requests: dict[str, Quantity] | None = Field(
-        default=None,
-        description='Minimum resources per pod, e.g. {cpu: "8", memory: 64Gi}. Quote fractions '
-        '("0.5").',
-    )
-    limits: dict[str, Quantity] | None = Field(
-        default=None, description="Maximum resources per pod, e.g. {memory: 64Gi}."
-    )
-
-    @model_validator(mode="after")
-    def _no_gpu(self) -> ResourceRequirements:
-        for part in (self.requests, self.limits):
-            if part and GPU_RESOURCE in part:
-                raise ValueError("spec.resources must not set nvidia.com/gpu: use spec.gpusPerNode")
-        return self
-
-
-class Toleration(_Model):
-    """A core/v1 Toleration, so pods can land on tainted GPU nodes."""
-
-    key: str | None = Field(default=None, description="Taint key to match; empty matches all.")
-    operator: Literal["Exists", "Equal"] | None = Field(
-        default=None, description="Exists or Equal (default Equal)."
-    )
-    value: str | None = Field(default=None, description="Taint value to match with Equal.")
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
-        default=None, description="Taint effect to match; empty matches all."
-    )
-    toleration_seconds: int | None = Field(
-        default=None, description="How long a NoExecute taint is tolerated."
-    )
-
-
-class LocalObjectReference(_Model):
-    """A reference to an object in the job's namespace, by name."""
-
-    name: str = Field(min_length=1, description="Name of the referenced object.")
-
-
-class PodTemplate(_Model):
-    """Pod settings copied into every pod of the job (a k8s passthrough subset)."""
-
-    labels: dict[str, str] | None = Field(
-        default=None, description="Extra pod labels (gpujob.dev/* labels are the operator's)."
-    )
-    annotations: dict[str, str] | None = Field(default=None, description="Extra pod annotations.")
-    node_selector: dict[str, str] | None = Field(
-        default=None, description="core/v1 PodSpec nodeSelector."
-    )
-    tolerations: list[Toleration] | None = Field(
-        default=None, description="core/v1 PodSpec tolerations."
-    )
-    affinity: Passthrough | None = Field(
-        default=None, description="core/v1 Affinity, copied verbatim."
-    )
-    volumes: list[Passthrough] | None = Field(
-        default=None, description="core/v1 Volumes, copied verbatim."
-    )
-    volume_mounts: list[Passthrough] | None = Field(
-        default=None, description="core/v1 VolumeMounts of the trainer container, verbatim."
-    )
-    security_context: Passthrough | None = Field(
-        default=None, description="core/v1 PodSecurityContext, copied verbatim."
-    )
-    container_security_context: Passthrough | None = Field(
-        default=None, description="core/v1 SecurityContext of the trainer container, verbatim."
-    )
-    service_account_name: str | None = Field(
-        default=None, description="ServiceAccount the pods run as."
-    )
-    priority_class_name: str | None = Field(default=None, description="PriorityClass of the pods.")
-    scheduler_name: str | None = Field(
-        default=None, description="Scheduler for the pods (e.g. a gang scheduler)."
-    )
-    image_pull_secrets: list[LocalObjectReference] | None = Field(
-        default=None, description="Secrets used to pull the image."
-    )
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
-        default=None, description="core/v1 imagePullPolicy of the trainer container."
-    )
-    termination_grace_period_seconds: int = Field(
-        default=30,
-        ge=0,
-        le=3600,
-        description="Seconds a rank gets after SIGTERM (e.g. to checkpoint) before SIGKILL.",
-    )
-    shm_size: Quantity | None = Field(
-        default=None,
-        description='Size of a memory-backed /dev/shm (e.g. "8Gi"); DataLoader workers need more '
-        "than the runtime's 64Mi default.",
-    )
 
 
 class Training(_Model):
@@ -321,6 +177,20 @@ class Window(_Model):
     )
 
 
+# InputBound wins above the bound, so a warning level at or above it could never show.
+_WARN_BELOW_BOUND: Final = (
+    "spec.monitoring.thresholds.inputWarnRatio must be < inputBoundRatio: the warning level "
+    "could never show"
+)
+# The window keeps scrapes no older than durationSeconds (window.py), so a window shorter
+# than minScrapes-1 scrape intervals never holds enough scrapes for a verdict.
+_WINDOW_HOLDS_MIN_SCRAPES: Final = (
+    "spec.monitoring.window.durationSeconds must be >= scrapeIntervalSeconds x "
+    "(window.minScrapes - 1): a shorter window never holds minScrapes scrapes, so no verdict "
+    "could ever be made"
+)
+
+
 class Thresholds(_Model):
     """Per-verdict trigger levels (ratios 0..1); override the defaults per job."""
 
@@ -328,8 +198,8 @@ class Thresholds(_Model):
         json_schema_extra=_rules(
             _cel(
                 "!has(self.inputWarnRatio) || !has(self.inputBoundRatio) || "
-                "self.inputWarnRatio <= self.inputBoundRatio",
-                "spec.monitoring.thresholds.inputWarnRatio must be <= inputBoundRatio",
+                "self.inputWarnRatio < self.inputBoundRatio",
+                _WARN_BELOW_BOUND,
             )
         )
     )
@@ -350,7 +220,22 @@ class Thresholds(_Model):
         default=0.75,
         ge=0,
         le=1,
-        description="Straggler when a rank's speed relative to the fastest falls below it.",
+        description="Straggler when the other ranks' median own time per step (step time "
+        "minus data, comm, checkpoint and eval waits) over the slowest rank's falls below it.",
+    )
+    checkpoint_bound_ratio: float = Field(
+        default=0.10,
+        ge=0,
+        le=1,
+        description="CheckpointBound when the checkpoint phase's share of the time between "
+        "steps (on the rank that spends most in it) exceeds it.",
+    )
+    eval_bound_ratio: float = Field(
+        default=0.15,
+        ge=0,
+        le=1,
+        description="EvalBound when the eval phase's share of the time between steps (on the "
+        "rank that spends most in it) exceeds it.",
     )
     memory_pressure_ratio: float = Field(
         default=0.90,
@@ -367,8 +252,8 @@ class Thresholds(_Model):
 
     @model_validator(mode="after")
     def _warn_below_bound(self) -> Thresholds:
-        if self.input_warn_ratio > self.input_bound_ratio:
-            raise ValueError("spec.monitoring.thresholds.inputWarnRatio must be <= inputBoundRatio")
+        if self.input_warn_ratio >= self.input_bound_ratio:
+            raise ValueError(_WARN_BELOW_BOUND)
         return self
 
 
@@ -381,7 +266,14 @@ class Monitoring(_Model):
                 "!has(self.stallTimeoutSeconds) || !has(self.scrapeIntervalSeconds) || "
                 "self.stallTimeoutSeconds >= self.scrapeIntervalSeconds",
                 "spec.monitoring.stallTimeoutSeconds must be >= scrapeIntervalSeconds",
-            )
+            ),
+            _cel(
+                "!has(self.window) || !has(self.window.durationSeconds) || "
+                "!has(self.window.minScrapes) || !has(self.scrapeIntervalSeconds) || "
+                "self.window.durationSeconds >= "
+                "self.scrapeIntervalSeconds * (self.window.minScrapes - 1)",
+                _WINDOW_HOLDS_MIN_SCRAPES,
+            ),
         )
     )
 
@@ -395,7 +287,21 @@ class Monitoring(_Model):
         default=300,
         ge=1,
         description="Stalled when no rank finished a step for this long (or k x the median "
-        "step time, whichever is longer).",
+        "step time, whichever is longer) and no rank is busy: a rank that changed phase "
+        "within this time, or is in a checkpoint or an evaluation, is not hung.",
+    )
+    startup_timeout_seconds: int = Field(
+        default=1800,
+        ge=1,
+        description="Before the first step (compilation, model init, data download) the "
+        "job is Stalled only after this long (or stallTimeoutSeconds, if longer) without one.",
+    )
+    busy_timeout_seconds: int = Field(
+        default=1800,
+        ge=1,
+        description="Longest one checkpoint or evaluation (the trainer's checkpoint and eval "
+        "phases) may take before a rank in it counts as hung (or stallTimeoutSeconds, if "
+        "longer).",
     )
     window: Window = Field(
         default_factory=Window,
@@ -421,6 +327,10 @@ class Monitoring(_Model):
     def _stall_after_scrape(self) -> Monitoring:
         if self.stall_timeout_seconds < self.scrape_interval_seconds:
             raise ValueError("spec.monitoring.stallTimeoutSeconds must be >= scrapeIntervalSeconds")
+        if self.window.duration_seconds < self.scrape_interval_seconds * (
+            self.window.min_scrapes - 1
+        ):
+            raise ValueError(_WINDOW_HOLDS_MIN_SCRAPES)
         return self
 
 
@@ -470,17 +380,101 @@ class RunPolicy(_Model):
     )
 
 
+GangMechanism = Literal["None", "Native", "Kueue"]
+GANG_NONE: Final = "None"
+GANG_NATIVE: Final = "Native"
+GANG_KUEUE: Final = "Kueue"
+KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_LABEL: Final = "kueue.x-k8s.io/priority-class"
+
+
+class Scheduling(_Model):
+    """How the gang gets its nodes: all pods at once, or none of them."""
+
+    gang: GangMechanism | None = Field(
+        default=None,
+        description="None: the default scheduler places each pod on its own (a busy cluster "
+        "can bind part of the gang). Native: a Kubernetes Workload and PodGroup (minCount = "
+        "nodes) make kube-scheduler bind all pods or none (needs the GenericWorkload feature "
+        "gate). Kueue: the job waits in the Kueue LocalQueue named by its "
+        "kueue.x-k8s.io/queue-name label and its pods are created only once Kueue admits it. "
+        "Unset: Kueue when the job carries that label, else the operator's default "
+        "(GPUJOB_DEFAULT_GANG, None unless the platform set it). Decided when the job is "
+        "first reconciled and kept in status.gang.mechanism.",
+        json_schema_extra=_immutable("spec.scheduling.gang"),
+    )
+
+
+Image = Annotated[
+    str,
+    R.Checked(
+        R.str_rule(
+            "self == self.trim()",
+            lambda v: v == v.strip(),
+            "spec.image must not have leading or trailing whitespace",
+        ),
+        max_length=4096,
+        min_length=1,
+        server_only=tuple(_immutable("spec.image")["x-kubernetes-validations"]),
+    ),
+]
+
 _PROCS_EXPR = (
     "(has(self.training) && has(self.training.procsPerNode) ? self.training.procsPerNode : "
     "(has(self.gpusPerNode) && self.gpusPerNode > 0 ? self.gpusPerNode : 1))"
 )
 
 
-class GPUTrainingJobSpec(_Model):
+def _shm_fits(s: GPUTrainingJobSpec) -> bool:
+    shm = _q(s.template.shm_size) if s.template else None
+    limit = _q((s.resources.limits or {}).get("memory")) if s.resources else None
+    return shm is None or limit is None or shm <= limit
+
+
+_SPEC_RULES: Final = (
+    # A memory-backed /dev/shm counts against the container's memory limit.
+    R.Rule(
+        "!has(self.template) || !has(self.template.shmSize) || !has(self.resources) || "
+        "!has(self.resources.limits) || !('memory' in self.resources.limits) || "
+        "!isQuantity(string(self.template.shmSize)) || "
+        "!isQuantity(string(self.resources.limits['memory'])) || "
+        "quantity(string(self.template.shmSize)).compareTo("
+        "quantity(string(self.resources.limits['memory']))) <= 0",
+        "spec.template.shmSize must be <= spec.resources.limits.memory: /dev/shm is "
+        "memory-backed and counts against the limit",
+        _shm_fits,
+    ),
+    R.Rule(
+        "!has(self.runPolicy) || !has(self.runPolicy.restartOnStall) || "
+        "!self.runPolicy.restartOnStall || !has(self.monitoring) || "
+        "!has(self.monitoring.enabled) || self.monitoring.enabled",
+        "spec.runPolicy.restartOnStall needs spec.monitoring.enabled: only monitoring "
+        "detects a stall",
+        lambda s: not s.run_policy.restart_on_stall or s.monitoring.enabled,
+    ),
+    R.Rule(
+        "!has(self.training) || !has(self.training.totalSteps) || !has(self.monitoring) || "
+        "(has(self.monitoring.enabled) && !self.monitoring.enabled) || "
+        "!has(self.monitoring.warmupSteps) || "
+        "self.monitoring.warmupSteps < self.training.totalSteps",
+        "spec.monitoring.warmupSteps must be < spec.training.totalSteps: the analysis skips "
+        "the first warmupSteps steps, so no verdict could ever be made",
+        lambda s: (
+            s.training.total_steps is None
+            or not s.monitoring.enabled
+            or s.monitoring.warmup_steps < s.training.total_steps
+        ),
+    ),
+)
+
+
+class GPUTrainingJobSpec(_Ruled):
     """Desired state: the image and command, the gang's shape, and its policies."""
 
+    RULES: ClassVar = _SPEC_RULES
     model_config = ConfigDict(
         json_schema_extra=_rules(
+            *(r.schema() for r in _SPEC_RULES),
             _cel(
                 "!has(self.training) || !has(self.training.procsPerNode) || "
                 "!has(self.gpusPerNode) || self.gpusPerNode == 0 || "
@@ -508,10 +502,8 @@ class GPUTrainingJobSpec(_Model):
         )
     )
 
-    image: str = Field(
-        min_length=1,
+    image: Image = Field(
         description="Container image of every rank (e.g. the gpujob trainer image).",
-        json_schema_extra=_immutable("spec.image"),
     )
     command: list[str] | None = Field(
         default=None,
@@ -569,6 +561,10 @@ class GPUTrainingJobSpec(_Model):
         default_factory=RunPolicy,
         description="Retries, deadlines, cleanup and suspension.",
         json_schema_extra={"default": {}},
+    )
+    scheduling: Scheduling | None = Field(
+        default=None,
+        description="Gang admission: Native (Workload/PodGroup), Kueue, or None.",
     )
 
     @model_validator(mode="after")
@@ -671,12 +667,39 @@ class Progress(_StatusModel):
     loss: float | None = Field(default=None, description="Last reported training loss.")
 
 
+class RankBreakdown(_StatusModel):
+    """One rank's step split: own work vs waits (mean seconds per step over the window)."""
+
+    rank: int = Field(description="Global rank.")
+    role: str = Field(description="slowest, median or fastest, by own time per step.")
+    pod: str | None = Field(default=None, description="Pod of the rank.")
+    node: str | None = Field(default=None, description="Node of the rank.")
+    step_seconds: float | None = Field(default=None, description="Whole step.")
+    own_seconds: float | None = Field(
+        default=None,
+        description="The rank's own work: step minus data wait, comm wait, checkpoint, eval.",
+    )
+    compute_seconds: float | None = Field(
+        default=None, description="Forward, backward and optimizer (part of own)."
+    )
+    other_seconds: float | None = Field(
+        default=None,
+        description="Own work outside forward/backward/optimizer: loss, preprocessing, metrics.",
+    )
+    data_wait_seconds: float | None = Field(default=None, description="Waiting for a batch.")
+    comm_wait_seconds: float | None = Field(
+        default=None, description="Exposed wait for gradient all-reduce (for slower peers too)."
+    )
+    checkpoint_seconds: float | None = Field(default=None, description="Checkpointing.")
+    eval_seconds: float | None = Field(default=None, description="Evaluation.")
+
+
 class Bottleneck(_StatusModel):
     """What limits the job's speed now, with the numbers that justify the verdict."""
 
     verdict: str = Field(
-        description="InputBound, CommunicationBound, Straggler, MemoryPressure, "
-        "GPUUnderutilized, Throttled, Stalled, HardwareFault or Healthy."
+        description="InputBound, CheckpointBound, EvalBound, CommunicationBound, Straggler, "
+        "MemoryPressure, GPUUnderutilized, Throttled, Stalled, HardwareFault or Healthy."
     )
     severity: str | None = Field(default=None, description="Info, Warning or Critical.")
     summary: str | None = Field(default=None, description="One-line explanation.")
@@ -691,6 +714,12 @@ class Bottleneck(_StatusModel):
         default=None, alias="gpuUUID", description="GPU concerned (NVML UUID), if one."
     )
     since: Time | None = Field(default=None, description="When this verdict was first published.")
+    breakdown: list[RankBreakdown] | None = Field(
+        default=None,
+        max_length=8,
+        description="Mean seconds per step of a few ranks over the window: the slowest "
+        "three by own time, the median and the fastest (never one entry per rank).",
+    )
 
 
 class GPUSummary(_StatusModel):
@@ -726,6 +755,37 @@ class Failure(_StatusModel):
         default=None, description="Last lines of the failed container's log."
     )
     time: Time | None = Field(default=None, description="When the container terminated.")
+
+
+class GangStatus(_StatusModel):
+    """Where the gang stands with its admission mechanism (spec.scheduling.gang)."""
+
+    mechanism: GangMechanism | None = Field(
+        default=None, description="The mechanism in effect: None, Native or Kueue."
+    )
+    workload: str | None = Field(
+        default=None,
+        description="Native: the scheduling.k8s.io Workload; Kueue: the kueue.x-k8s.io Workload.",
+    )
+    pod_group: str | None = Field(
+        default=None, description="Native: the PodGroup of the current attempt."
+    )
+    queue: str | None = Field(default=None, description="Kueue: the LocalQueue.")
+    cluster_queue: str | None = Field(
+        default=None, description="Kueue: the ClusterQueue that admitted the job."
+    )
+    admitted: bool | None = Field(
+        default=None, description="Kueue: whether the job holds its quota now."
+    )
+    flavors: dict[str, str] | None = Field(
+        default=None, description="Kueue: the ResourceFlavor assigned to each resource."
+    )
+    preemptions: int | None = Field(
+        default=None,
+        description="Times the gang was preempted or evicted (by Kueue, by kube-scheduler "
+        "for a higher-priority pod, by an eviction such as kubectl drain): restarts that are "
+        "not failures and not counted against backoffLimit.",
+    )
 
 
 class Display(_StatusModel):
@@ -779,6 +839,12 @@ class GPUTrainingJobStatus(_StatusModel):
     completion_time: Time | None = Field(
         default=None, description="When the job succeeded or failed."
     )
+    next_attempt_time: Time | None = Field(
+        default=None,
+        description="When the pods of the next gang attempt will be created: set while a gang "
+        "restart backs off (10 s, 20 s, 40 s ... capped, like batch/v1 Job) or a refused pod "
+        "create is retried.",
+    )
     progress: Progress | None = Field(default=None, description="Training progress.")
     bottleneck: Bottleneck | None = Field(default=None, description="Current bottleneck verdict.")
     gpus: GPUSummary | None = Field(default=None, description="GPU summary.")
@@ -786,6 +852,9 @@ class GPUTrainingJobStatus(_StatusModel):
         default=None, description="Root cause of the failure or of the latest gang restart."
     )
     display: Display | None = Field(default=None, description="Strings for kubectl get columns.")
+    gang: GangStatus | None = Field(
+        default=None, description="Gang admission: mechanism, PodGroup or Kueue queue state."
+    )
 
 
 class GPUTrainingJob(BaseModel):
@@ -803,7 +872,6 @@ class GPUTrainingJob(BaseModel):
 
     @model_validator(mode="after")
     def _name(self) -> GPUTrainingJob:
-        import re
 
         name = self.metadata.get("name")
         if isinstance(name, str) and not (
@@ -829,6 +897,20 @@ def parse_spec(spec: Mapping[str, Any] | GPUTrainingJobSpec) -> GPUTrainingJobSp
     if isinstance(spec, GPUTrainingJobSpec):
         return spec
     return GPUTrainingJobSpec.model_validate(dict(spec))
+
+
+def spec_problems(error: ValidationError) -> str:
+    """A refused spec's problems as the API server words them: ``spec.<path>: <message>``.
+
+    For the operator's status when a stored job no longer passes the model (created before
+    a rule existed, or under an older CRD): the same words ``kubectl apply`` would show.
+    """
+    out = []
+    for e in error.errors():
+        path = "spec" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"])
+        message = str(e["msg"]).removeprefix("Value error, ")
+        out.append(f"{path}: {message}")
+    return "; ".join(out)
 
 
 def parse_status(status: Mapping[str, Any] | None) -> GPUTrainingJobStatus:

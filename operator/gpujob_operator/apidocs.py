@@ -43,6 +43,7 @@ def _limits(node: dict[str, Any]) -> str:
         ("minLength", "len ≥"),
         ("maxLength", "len ≤"),
         ("maxItems", "items ≤"),
+        ("maxProperties", "keys ≤"),
         ("pattern", "pattern"),
     ):
         if key in node:
@@ -63,11 +64,15 @@ def _rows(node: dict[str, Any], path: str) -> Iterator[tuple[str, str, str, str]
 
 
 def _rules(node: dict[str, Any], path: str) -> Iterator[tuple[str, str]]:
+    """Each rule with where it applies: ``[]`` is every list item, ``[*]`` every map value."""
     for rule in node.get("x-kubernetes-validations") or []:
         yield path or "(root)", str(rule.get("message", rule.get("rule")))
     for name, child in (node.get("properties") or {}).items():
-        target = child.get("items", {}) if child.get("type") == "array" else child
-        yield from _rules(target, f"{path}.{name}" if path else name)
+        yield from _rules(child, f"{path}.{name}" if path else name)
+    if isinstance(node.get("items"), dict):
+        yield from _rules(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from _rules(node["additionalProperties"], f"{path}[*]")
 
 
 def render() -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from gpujob_operator import api
+from gpujob_operator import api, crd
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = sorted((ROOT / "crds" / "samples").glob("*.yaml"))
@@ -139,6 +140,86 @@ def test_bad_manifests_are_refused_by_the_model(path: Path) -> None:
         api.GPUTrainingJob.model_validate(yaml.safe_load(path.read_text()))
 
 
+def _cel_messages(node: Any) -> Iterator[str]:
+    """Every CEL message under a schema node, transition rules (oldSelf) excepted."""
+    if isinstance(node, dict):
+        for rule in node.get("x-kubernetes-validations") or ():
+            if "oldSelf" not in rule["rule"]:
+                yield rule["message"]
+        for value in node.values():
+            yield from _cel_messages(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _cel_messages(value)
+
+
+CEL_MESSAGES = sorted(set(_cel_messages(crd.openapi_schema())))
+# Rules whose bad manifest would be unwieldy as a file; the integration tests build one.
+BUILT_IN_TESTS = {"spec.template.annotations must total at most 256 KiB (keys and values)"}
+
+
+def _expected(path: Path) -> str:
+    return " ".join(expectations(path).values())
+
+
+@pytest.mark.parametrize("message", CEL_MESSAGES)
+def test_every_cel_rule_has_a_bad_manifest(message: str) -> None:
+    if message in BUILT_IN_TESTS:
+        return
+    assert any(message in _expected(p) for p in BAD), f"no bad manifest expects: {message}"
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in BAD if any(m in _expected(p) for m in CEL_MESSAGES)], ids=lambda p: p.stem
+)
+def test_the_model_refuses_with_the_servers_message(path: Path) -> None:
+    """The pydantic twin of each CEL rule says exactly what the API server says."""
+    with pytest.raises(ValidationError) as refused:
+        api.GPUTrainingJob.model_validate(yaml.safe_load(path.read_text()))
+    for message in (m for m in CEL_MESSAGES if m in _expected(path)):
+        assert message in str(refused.value)
+
+
+def test_full_template_is_valid_for_the_model() -> None:
+    job = api.GPUTrainingJob.model_validate(
+        yaml.safe_load((ROOT / "tests/data/full-template.yaml").read_text())
+    )
+    tpl = job.spec.template
+    assert tpl is not None and tpl.volumes and tpl.volumes[1].empty_dir == {"sizeLimit": "20Gi"}
+    assert job.spec.env and job.spec.env[1].value_from and job.spec.env[1].value_from.secret_key_ref
+
+
+def test_annotations_size_limit() -> None:
+    ok = {"image": "i", "command": ["x"], "template": {"annotations": {"a": "x" * 200_000}}}
+    api.GPUTrainingJobSpec.model_validate(ok)
+    big = {"a": "x" * 200_000, "b": "y" * 62_144}
+    with pytest.raises(ValidationError, match="256 KiB"):
+        api.GPUTrainingJobSpec.model_validate({**ok, "template": {"annotations": big}})
+
+
+@pytest.mark.parametrize(
+    "patch",
+    [
+        {
+            "resources": {
+                "requests": {"memory": "1Gi", "hugepages-1Gi": "2Gi"},
+                "limits": {"hugepages-1Gi": "2Gi"},
+            }
+        },
+        {"resources": {"requests": {"cpu": "500m"}, "limits": {"cpu": "0.5"}}},
+        {"resources": {"limits": {"example.com/nic": 2}}},
+        {"template": {"tolerations": [{"operator": "Exists"}]}},
+        {"template": {"shmSize": 1}},
+        {"template": {"labels": {"gpujob.dev.example.com/x": "ok"}}},
+        {"monitoring": {"enabled": False, "warmupSteps": 50}, "training": {"totalSteps": 10}},
+        {"monitoring": {"scrapeIntervalSeconds": 60, "window": {"durationSeconds": 120}}},
+        {"template": {"securityContext": {"appArmorProfile": {"type": "RuntimeDefault"}}}},
+    ],
+)
+def test_valid_edges_are_accepted(patch: dict[str, Any]) -> None:
+    api.GPUTrainingJobSpec.model_validate({"image": "img", "command": ["python", "t.py"], **patch})
+
+
 @pytest.mark.parametrize("path", BAD_UPDATES, ids=lambda p: p.stem)
 def test_bad_updates_have_a_valid_base_and_a_valid_body(path: Path) -> None:
     """Immutability is only the server's to check; both sides are valid on their own."""
@@ -212,3 +293,19 @@ def test_core_imports_no_kopf_no_client_no_http_no_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.strip() == ""
+
+
+def test_spec_problems_read_like_the_api_server() -> None:
+    body = {
+        "image": "img",
+        "command": ["x"],
+        "template": {"labels": {"team": "a b"}, "tolerations": [{"operator": "Equal"}]},
+    }
+    with pytest.raises(ValidationError) as refused:
+        api.parse_spec(body)
+    text = api.spec_problems(refused.value)
+    assert "spec.template.labels.team: must be a label value" in text
+    assert (
+        "spec.template.tolerations[0]: spec.template.tolerations[]: operator must be Exists" in text
+    )
+    assert "Value error" not in text

