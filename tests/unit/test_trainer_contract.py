@@ -35,6 +35,8 @@ def test_required_metric_set() -> None:
         "gpujob_train_phase_seconds_total": "counter",
         "gpujob_train_compute_seconds_total": "counter",
         "gpujob_train_last_step_timestamp_seconds": "gauge",
+        "gpujob_train_heartbeat_timestamp_seconds": "gauge",
+        "gpujob_train_current_phase": "gauge",
         "gpujob_gpu_utilization_ratio": "gauge",
         "gpujob_gpu_memory_used_bytes": "gauge",
         "gpujob_gpu_memory_total_bytes": "gauge",
@@ -72,8 +74,10 @@ def test_phases_and_env() -> None:
         "optimizer",
         "comm_wait",
         "checkpoint",
+        "eval",
         "other",
     )
+    assert set(contract.BUSY_PHASES) == {"checkpoint", "eval"}
     assert set(contract.COMPUTE_PHASES) == {"forward", "backward", "optimizer"}
     assert contract.DEFAULT_METRICS_PORT == 9400
     assert contract.metrics_port(9400, 3) == 9403

@@ -92,6 +92,50 @@ def test_eval_forward_arms_no_backward(tracker: Tracker) -> None:
     assert tracker._bwd_armed is False
 
 
+def test_forward_inside_eval_or_checkpoint_counts_as_that_phase() -> None:
+    now = [0.0]
+    tracker = Tracker(rank=RankInfo(), host_clock=lambda: now[0])
+    model, loader = make_loop(batches=1)
+    wrapped = tracker.wrap_model(model)
+    opt = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+    for phase in ("eval", "checkpoint"):
+        with tracker.phase(phase), torch.no_grad():
+            now[0] += 1.0
+            wrapped(torch.randn(2, 16))  # its hooks must not switch to forward
+            now[0] += 1.0
+        assert tracker._stack == [contract.PHASE_OTHER]
+    x, y = next(iter(loader))
+    loss = nn.functional.cross_entropy(wrapped(x), y)
+    loss.backward()
+    opt.step()
+    snap = tracker.snapshot()
+    tracker.close()
+    assert snap.phase_seconds["eval"] == 2.0 and snap.phase_seconds["checkpoint"] == 2.0
+    assert snap.phase_seconds["forward"] == 0.0  # the training forward took no clock time
+
+
+def test_an_evaluation_between_steps_is_eval_time_not_training(tracker: Tracker) -> None:
+    model, loader = make_loop(batches=4)
+    model = tracker.wrap_model(model)
+    batches = tracker.wrap_loader(loader)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i, (x, y) in enumerate(batches):
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        if i == 1:
+            with tracker.evaluating(), torch.no_grad():
+                marks = len(tracker._marks)
+                for ex, _ in batches:  # the same wrapped loader: no samples, no epoch
+                    model(ex)
+                # no forward or data_wait boundary inside: the whole block is eval time
+                assert len(tracker._marks) == marks
+                assert tracker.snapshot().current_phase == "eval"
+    snap = tracker.snapshot()
+    assert snap.steps == 4 and snap.samples == 4 * 8 and snap.epoch == 0
+    assert snap.phase_seconds["eval"] > 0 and snap.current_phase == "other"
+    assert sum(snap.phase_seconds.values()) == pytest.approx(snap.step_sum, rel=1e-9)
+
+
 def test_watch_optimizer_only_that_one_ends_steps(tracker: Tracker) -> None:
     model, loader = make_loop(batches=3)
     tracker.wrap_model(model)

@@ -165,7 +165,7 @@ def test_explicit_phase_context_and_validation() -> None:
     snap = tracker.snapshot()
     assert snap.phase_seconds["checkpoint"] == pytest.approx(2.0)
     assert snap.phase_seconds["other"] == pytest.approx(0.5)
-    with pytest.raises(ValueError, match="unknown phase 'eval'"), tracker.phase("eval"):
+    with pytest.raises(ValueError, match="unknown phase 'evaluation'"), tracker.phase("evaluation"):
         pass
 
 
@@ -286,3 +286,71 @@ def test_render_snapshot_names_types_and_labels() -> None:
 )
 def test_batch_size(batch: Any, size: int) -> None:
     assert batch_size(batch) == size
+
+
+# ---- liveness between steps: heartbeat and current phase ------------------------------------
+
+
+def test_heartbeat_is_the_last_phase_change_in_wall_time() -> None:
+    wall = FakeTime()
+    wall.now = 1_700_000_000.0
+    host = FakeTime()
+    tracker = Tracker(total_steps=10, rank=RankInfo(), wall_clock=wall, host_clock=host)
+    host.advance(5)
+    wall.advance(5)
+    snap = tracker.snapshot()  # nothing happened yet: alive since the tracker was made
+    assert snap.heartbeat_timestamp == 1_700_000_000.0 and snap.current_phase == "other"
+    tracker._enter("forward")
+    host.advance(30)  # a forward that takes 30 s: no phase change meanwhile
+    wall.advance(30)
+    snap = tracker.snapshot()
+    assert snap.heartbeat_timestamp == 1_700_000_005.0 and snap.current_phase == "forward"
+    wall.advance(0.25)  # the two clocks never tick together (NTP, reading order): without
+    host.advance(0.5)  # a phase change the exported value must not move, or every scrape
+    assert tracker.snapshot().heartbeat_timestamp == 1_700_000_005.0  # would look alive
+    wall.advance(0.25)
+    tracker._exit("forward")
+    assert tracker.snapshot().heartbeat_timestamp == 1_700_000_035.5  # on the host clock
+    assert tracker.snapshot().current_phase == "other"
+
+
+def test_eval_and_checkpoint_are_busy_phases_that_own_their_time() -> None:
+    tracker, t = make_tracker()
+    run_step(tracker, t, STEP)
+    with tracker.evaluating():
+        assert tracker.snapshot().current_phase == "eval"
+        for _ in range(3):  # the hooks of an evaluation's batches and forwards stay quiet
+            it = iter([1])
+            from gpujob_trainer.hooks import InstrumentedLoader
+
+            next(iter(InstrumentedLoader(tracker, it)))
+            t.advance(2.0)
+    with tracker.checkpointing():
+        assert tracker.snapshot().current_phase == "checkpoint"
+        t.advance(5.0)
+    run_step(tracker, t, STEP)
+    snap = tracker.snapshot()
+    assert snap.phase_seconds["eval"] == pytest.approx(6.0)
+    assert snap.phase_seconds["checkpoint"] == pytest.approx(5.0)
+    assert snap.phase_seconds["data_wait"] == pytest.approx(2 * STEP["data_wait"])
+    assert snap.samples == 0  # the eval batches are not training samples
+    assert snap.current_phase == "other" and tracker._held == 0
+
+
+def test_busy_phase_survives_an_exception() -> None:
+    tracker, _ = make_tracker()
+    with pytest.raises(RuntimeError), tracker.phase("eval"):
+        raise RuntimeError("eval failed")
+    assert tracker._held == 0 and tracker.snapshot().current_phase == "other"
+
+
+def test_render_heartbeat_and_one_hot_current_phase() -> None:
+    tracker, t = make_tracker()
+    run_step(tracker, t, STEP)
+    with tracker.phase("checkpoint"):
+        fams = {f.name: f for f in render_snapshot(tracker.snapshot())}
+    (beat,) = fams[contract.HEARTBEAT_TIMESTAMP.name].samples
+    assert beat.value == 1_700_000_000.0
+    current = {s.labels["phase"]: s.value for s in fams[contract.CURRENT_PHASE.name].samples}
+    assert set(current) == set(contract.PHASES)
+    assert current["checkpoint"] == 1.0 and sum(current.values()) == 1.0

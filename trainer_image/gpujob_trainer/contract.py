@@ -64,6 +64,8 @@ PHASE_BACKWARD: Final = "backward"
 PHASE_OPTIMIZER: Final = "optimizer"
 PHASE_COMM_WAIT: Final = "comm_wait"
 PHASE_CHECKPOINT: Final = "checkpoint"
+PHASE_EVAL: Final = "eval"
+"""Evaluation between training steps (`tracker.phase("eval")`): busy, not hung, and not training."""
 PHASE_OTHER: Final = "other"
 PHASES: Final = (
     PHASE_DATA_WAIT,
@@ -72,8 +74,11 @@ PHASES: Final = (
     PHASE_OPTIMIZER,
     PHASE_COMM_WAIT,
     PHASE_CHECKPOINT,
+    PHASE_EVAL,
     PHASE_OTHER,
 )
+BUSY_PHASES: Final = (PHASE_CHECKPOINT, PHASE_EVAL)
+"""Work between steps: a rank in one is busy (not hung) though it finishes no step."""
 COMPUTE_PHASES: Final = (PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER)
 """A rank's own compute: what it spends working, excluding waits for data or peers."""
 
@@ -190,6 +195,19 @@ LAST_STEP_TIMESTAMP = _m(
     RANK_LABELS,
     "seconds",
 )
+HEARTBEAT_TIMESTAMP = _m(
+    "gpujob_train_heartbeat_timestamp_seconds",
+    "gauge",
+    "Unix time the training thread last entered a phase: alive between steps too.",
+    RANK_LABELS,
+    "seconds",
+)
+CURRENT_PHASE = _m(
+    "gpujob_train_current_phase",
+    "gauge",
+    "1 for the phase the rank is in now (checkpoint, eval, ...), 0 for the others.",
+    (*RANK_LABELS, LABEL_PHASE),
+)
 
 GPU_TELEMETRY_AVAILABLE = _m(
     "gpujob_gpu_telemetry_available",
@@ -265,6 +283,8 @@ TRAIN_METRICS: Final = (
     PHASE_SECONDS,
     COMPUTE_SECONDS,
     LAST_STEP_TIMESTAMP,
+    HEARTBEAT_TIMESTAMP,
+    CURRENT_PHASE,
 )
 GPU_METRICS: Final = (
     GPU_UTILIZATION,

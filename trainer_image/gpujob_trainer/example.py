@@ -11,15 +11,34 @@ purpose, strong enough to show on a loaded 2-core machine:
                             others wait inside all-reduce)
     --comm-heavy            a large, cheap embedding whose gradient is ready last: the
                             all-reduce is long and cannot overlap compute
+    --slow-loss-rank R --slow-loss-seconds S
+                            rank R spends S more seconds computing its loss, outside the
+                            wrapped model (a large-vocabulary head): a straggler
+    --slow-preprocess-rank R --slow-preprocess-seconds S
+                            rank R spends S seconds preprocessing each batch on its device
+                            after loading it (GPU augmentation; tensor work on CPU): a straggler
+    --checkpoint-every N --checkpoint-seconds S [--checkpoint-rank R]
+                            every N steps every rank (only rank R with --checkpoint-rank, as
+                            DDP loops save from rank 0) saves a checkpoint taking S seconds
+                            in tracker.phase("checkpoint"): busy, not stalled; checkpoint
+                            bound when S/N is large
+    --eval-every N --eval-seconds S
+                            every N steps every rank evaluates for S seconds (forward passes
+                            under no_grad, then an all-reduce of the metrics) inside
+                            tracker.phase("eval"): busy, not stalled; eval bound when large
     --hang-rank R --hang-after N
                             rank R blocks forever before step N+1: a stall
+    --startup-seconds S     the first step takes S seconds longer (compilation, init, a
+                            data download): busy, not stalled
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import logging
 import math
+import os
 import signal
 import sys
 import threading
@@ -67,8 +86,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     cond.add_argument(
         "--comm-mb", type=float, default=32.0, help="gradient size of --comm-heavy, MiB"
     )
+    cond.add_argument("--slow-loss-rank", type=int, metavar="R")
+    cond.add_argument("--slow-loss-seconds", type=float, default=0.5, metavar="S")
+    cond.add_argument("--slow-preprocess-rank", type=int, metavar="R")
+    cond.add_argument("--slow-preprocess-seconds", type=float, default=0.5, metavar="S")
+    cond.add_argument("--checkpoint-every", type=int, default=0, metavar="N")
+    cond.add_argument("--checkpoint-seconds", type=float, default=1.0, metavar="S")
+    cond.add_argument("--checkpoint-rank", type=int, metavar="R")
+    cond.add_argument("--eval-every", type=int, default=0, metavar="N")
+    cond.add_argument("--eval-seconds", type=float, default=1.0, metavar="S")
     cond.add_argument("--hang-rank", type=int, metavar="R")
     cond.add_argument("--hang-after", type=int, default=10, metavar="N")
+    cond.add_argument("--startup-seconds", type=float, default=0.0, metavar="S")
     run = p.add_argument_group("run")
     run.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     run.add_argument("--threads", type=int, help="torch threads per rank (CPU default: 1)")
@@ -84,6 +113,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.slow_factor < 1:
         p.error("--slow-factor must be >= 1")
+    for name in ("slow_loss_seconds", "slow_preprocess_seconds", "checkpoint_seconds"):
+        if getattr(args, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0")
+    if args.eval_seconds < 0 or args.checkpoint_every < 0 or args.eval_every < 0:
+        p.error("--eval-seconds, --checkpoint-every and --eval-every must be >= 0")
     return args
 
 
@@ -138,6 +172,49 @@ class SyntheticData(Dataset[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]):
         return self.x[j], self.y[j], self.ids[j]
 
 
+def busy(seconds: float, x: torch.Tensor) -> torch.Tensor:
+    """Real tensor work on x's device for about `seconds` of wall time (no device sync).
+
+    Stands in for work a loop does outside the wrapped model: a large-vocabulary loss head,
+    augmentation on the GPU, metrics. On CUDA the host queues kernels until the deadline.
+    """
+    deadline = time.perf_counter() + seconds
+    y = x.detach()
+    while time.perf_counter() < deadline:
+        y = torch.tanh(y * 0.5 + 0.1)
+    return y
+
+
+def save_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, seconds: float) -> int:
+    """Serialise the state to memory, then wait out `seconds` as slow storage would."""
+    t0 = time.perf_counter()
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, buf)
+    time.sleep(max(0.0, seconds - (time.perf_counter() - t0)))
+    return buf.tell()
+
+
+def evaluate(model: nn.Module, batch: tuple[torch.Tensor, ...], seconds: float) -> float:
+    """Forward passes under no_grad for about `seconds`, then the loss averaged over ranks.
+
+    The all-reduce of the metrics ends the evaluation together on every rank, as real loops
+    do, so a rank that evaluates longer is waited for inside eval, not in the next step.
+    """
+    x, y, ids = batch
+    deadline = time.perf_counter() + seconds
+    sums = torch.zeros(2, device=x.device)  # loss sum, batches
+    model.eval()
+    with torch.no_grad():
+        while True:
+            sums[0] += F.cross_entropy(model(x, ids), y)
+            sums[1] += 1
+            if time.perf_counter() >= deadline:
+                break
+        dist.all_reduce(sums)
+    model.train()
+    return float(sums[0] / sums[1])  # eval's own sync, once per evaluation
+
+
 class SlowInput:
     """Stands in for an expensive decode/augment: each batch takes `seconds` to assemble."""
 
@@ -177,15 +254,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     rank = trainer_env.RankInfo.from_env()
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    backend = "gloo"
     if use_cuda:
-        torch.cuda.set_device(rank.local_rank)
-        device = torch.device("cuda", rank.local_rank)
+        gpus = torch.cuda.device_count()
+        # More local ranks than GPUs (a check on a one-GPU machine): ranks share GPUs, which
+        # NCCL refuses, so every rank uses gloo (the choice must agree across ranks).
+        shared = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > gpus
+        backend = "gloo" if shared else "nccl"
+        torch.cuda.set_device(rank.local_rank % gpus)
+        device = torch.device("cuda", rank.local_rank % gpus)
     else:
         device = torch.device("cpu")
         torch.set_num_threads(args.threads or 1)
     if args.threads and use_cuda:
         torch.set_num_threads(args.threads)
-    dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    dist.init_process_group(backend=backend)
     torch.manual_seed(args.seed)
 
     steps = target_steps(args)
@@ -218,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
 
     tracker = gpujob_trainer.init(total_steps=steps, port=_port(args, rank))
-    model = tracker.wrap_model(DDP(net, device_ids=[rank.local_rank] if use_cuda else None))
+    model = tracker.wrap_model(DDP(net, device_ids=[device.index] if use_cuda else None))
     batches = tracker.wrap_loader(loader)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     repeat = args.slow_factor if args.slow_rank == rank.rank else 1.0
@@ -232,16 +315,33 @@ def main(argv: Sequence[str] | None = None) -> int:
                 log.warning("rank %d hangs after %d steps (--hang-rank)", rank.rank, step)
                 threading.Event().wait()  # forever; peers block in their next all-reduce
             x, y, ids = (t.to(device, non_blocking=True) for t in (x, y, ids))
+            if step == 0 and args.startup_seconds > 0:  # stands in for torch.compile & co.
+                log.info("first step %.0fs longer (--startup-seconds)", args.startup_seconds)
+                time.sleep(args.startup_seconds)
+            if args.slow_preprocess_rank == rank.rank:  # augmentation on the device
+                x = x + 0 * busy(args.slow_preprocess_seconds, x)
             if repeat > 1:  # a straggler: the same step, `repeat` times the work
                 rows = max(1, round(len(x) * repeat))
                 k = math.ceil(repeat)
                 x, y, ids = (t.repeat(k, *([1] * (t.dim() - 1)))[:rows] for t in (x, y, ids))
-            loss = F.cross_entropy(model(x, ids), y)
+            out = model(x, ids)
+            loss = F.cross_entropy(out, y)  # the loss head, outside the wrapped model
+            if args.slow_loss_rank == rank.rank:
+                loss = loss + 0 * busy(args.slow_loss_seconds, out).mean()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             tracker.log(loss=loss)
             step += 1
+            saves = args.checkpoint_rank is None or args.checkpoint_rank == rank.rank
+            if args.checkpoint_every and step % args.checkpoint_every == 0 and saves:
+                with tracker.checkpointing():
+                    save_checkpoint(net, optimizer, args.checkpoint_seconds)
+            if args.eval_every and step % args.eval_every == 0:
+                with tracker.evaluating():  # every rank evaluates its shard
+                    eval_loss = evaluate(model, (x, y, ids), args.eval_seconds)
+                if rank.rank == 0:
+                    log.info("step %d eval loss %.4f", step, eval_loss)
             if rank.rank == 0 and args.log_every and step % args.log_every == 0:
                 now = time.perf_counter()
                 last_loss = tracker.snapshot().loss  # the lazily read value: no device sync

@@ -76,6 +76,13 @@ def render_snapshot(snap: Snapshot) -> list[Metric]:
     out.append(phases)
     single(contract.COMPUTE_SECONDS, snap.compute_seconds)
     single(contract.LAST_STEP_TIMESTAMP, snap.last_step_timestamp)
+    single(contract.HEARTBEAT_TIMESTAMP, snap.heartbeat_timestamp)
+    current = family(contract.CURRENT_PHASE)
+    for name in contract.PHASES:
+        current.add_metric(  # type: ignore[attr-defined]
+            [*rank, name], 1.0 if name == snap.current_phase else 0.0
+        )
+    out.append(current)
     return out
 
 

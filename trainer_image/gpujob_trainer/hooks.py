@@ -1,7 +1,8 @@
 """Hooks that move a tracker between phases without changes to the training loop.
 
 - DataLoader: a wrapper times each `next()` (data_wait) and counts the batch's samples.
-- Model: forward pre/post hooks time the forward. A pre-hook on the autograd node that made
+- Model: forward pre/post hooks time the forward (inside `tracker.phase("eval")` or
+  "checkpoint" a forward belongs to that phase instead). A pre-hook on the autograd node that made
   the output fires when backward reaches the model; from there two autograd final callbacks
   are queued. The first runs when the backward graph is done (the rank's own backward
   compute is over), before DDP's own finalizer, which DDP queues only once its last gradient
@@ -60,7 +61,8 @@ class InstrumentedLoader(Generic[T]):
         self._samples_fn = samples_fn or batch_size
 
     def __iter__(self) -> Iterator[T]:
-        self._tracker._loader_epoch_started()
+        if not self._tracker._held:
+            self._tracker._loader_epoch_started()
         return _InstrumentedIterator(self, iter(self._loader))
 
     def __len__(self) -> int:
@@ -79,6 +81,8 @@ class _InstrumentedIterator(Iterator[T]):
     def __next__(self) -> T:
         owner = self._owner
         tracker = owner._tracker
+        if tracker._held:  # an evaluation's batches: its time is eval, no training samples
+            return next(self._it)
         tracker._enter(contract.PHASE_DATA_WAIT)
         try:
             batch = next(self._it)
@@ -130,9 +134,12 @@ def attach_model(tracker: Tracker, model: Any) -> list[Any]:
         queue_callback(backward_compute_done)
 
     def forward_pre(module: Any, args: Any) -> None:
-        tracker._enter(contract.PHASE_FORWARD)
+        if not tracker._held:  # inside eval/checkpoint the forward is that phase's time
+            tracker._enter(contract.PHASE_FORWARD)
 
     def forward_post(module: Any, args: Any, output: Any) -> None:
+        if tracker._held:
+            return
         tracker._exit(contract.PHASE_FORWARD)
         nodes = _grad_nodes(output, _MAX_OUTPUT_HOOKS)
         if nodes:

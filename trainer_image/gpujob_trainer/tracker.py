@@ -54,6 +54,10 @@ class Snapshot:
     step_buckets: tuple[int, ...]
     """Cumulative counts per bound of `contract.STEP_DURATION_BUCKETS`, then +Inf."""
     last_step_timestamp: float | None
+    heartbeat_timestamp: float | None = None
+    """Unix time the training thread last changed phase (or made the tracker)."""
+    current_phase: str = contract.PHASE_OTHER
+    """The phase the rank is in now (the innermost one)."""
 
 
 @dataclass
@@ -103,6 +107,13 @@ class Tracker:
         self._c = _Counters()
         self._marks: list[Mark] = []
         self._stack: list[str] = [contract.PHASE_OTHER]
+        self._anchor = (wall_clock(), host_clock())
+        """(wall, host) seconds read together, re-read at each step's end: heartbeats are
+        mark host times moved onto the wall clock through it, so they only change when a
+        mark does (a value that moved between scrapes means the rank changed phase)."""
+        self._held = 0
+        """Open busy phases (eval, checkpoint): inside one, the hooks neither switch phases
+        nor count samples, so the whole block is that phase's time."""
         self._pending: deque[list[Mark]] = deque()
         self._pending_loss: deque[tuple[Any, Any]] = deque()
         self._epoch_explicit = False
@@ -153,23 +164,54 @@ class Tracker:
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        """Count the block's time as phase `name` (one of `contract.PHASES`)."""
+        """Count the block's time as phase `name` (one of `contract.PHASES`).
+
+        `eval` and `checkpoint` are busy phases (`contract.BUSY_PHASES`): the model and loader
+        hooks stay quiet inside them (an evaluation's forwards count as eval, its batches as
+        no training samples), and the operator reads a rank in one as busy, not hung.
+        """
         if name not in contract.PHASES:
             raise ValueError(f"unknown phase {name!r}; expected one of {contract.PHASES}")
+        busy = name in contract.BUSY_PHASES
         self._enter(name)
+        if busy:
+            self._held += 1
         try:
             yield
         finally:
+            if busy:
+                self._held -= 1
             self._exit(name)
+
+    def evaluating(self) -> contextlib.AbstractContextManager[None]:
+        """`phase("eval")`: wrap an evaluation loop between training steps."""
+        return self.phase(contract.PHASE_EVAL)
+
+    def checkpointing(self) -> contextlib.AbstractContextManager[None]:
+        """`phase("checkpoint")`: wrap saving (or loading) a checkpoint."""
+        return self.phase(contract.PHASE_CHECKPOINT)
+
+    def _liveness(self) -> tuple[float, str]:
+        """(heartbeat as Unix time, current phase), read at scrape time.
+
+        The heartbeat is the host time of the last mark (every phase change takes one), so the
+        training thread pays nothing extra; it is put on the wall clock at scrape time.
+        """
+        marks = self._marks
+        wall0, host0 = self._anchor
+        last = marks[-1][0] if marks else host0
+        return wall0 + (last - host0), self._stack[-1]
 
     def end_step(self) -> None:
         """End the current step. Called by the optimizer hook; call it yourself without one."""
         end = self._mark(self._stack[-1])
         marks, self._marks = self._marks, [end]
+        wall = self._wall()
+        self._anchor = (wall, end[0])
         with self._lock:
             c = self._c
             c.steps += 1
-            c.last_step_timestamp = self._wall()
+            c.last_step_timestamp = wall
             if len(marks) < 2:
                 return
             if end[2] is None and not self._pending:  # host timing: attribute at once
@@ -284,6 +326,7 @@ class Tracker:
 
     def snapshot(self) -> Snapshot:
         """Attribute what is ready, then copy the counters."""
+        heartbeat, current = self._liveness()
         with self._lock:
             self._resolve_locked()
             c = self._c
@@ -306,6 +349,8 @@ class Tracker:
                 step_sum=c.step_sum,
                 step_buckets=tuple(cumulative),
                 last_step_timestamp=c.last_step_timestamp,
+                heartbeat_timestamp=heartbeat,
+                current_phase=current,
             )
 
     # ----------------------------------------------------------------- wrapping
