@@ -18,16 +18,16 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tests.integration.conftest import install_crd
 from tests.support.kube import Kube
 from tests.support.operator import OperatorProcess
 from tests.support.waiting import wait_until
 
 from gpujob_localcluster.cluster import LocalCluster, NodeConfig
 
-CRD = Path(__file__).resolve().parents[1] / "crds" / "gputrainingjobs.gpujob.dev.yaml"
 
-
-def job(name: str) -> dict:
+def job(name: str, gpus: int = 0) -> dict:
+    """A job whose pods sleep (its image is never pulled: the node agent runs the command)."""
     return {
         "apiVersion": "gpujob.dev/v1alpha1",
         "kind": "GPUTrainingJob",
@@ -35,11 +35,20 @@ def job(name: str) -> dict:
         "spec": {
             "image": "x",
             "nodes": 2,
-            "gpusPerNode": 0,
+            "gpusPerNode": gpus,
             "command": ["sleep", "600"],
             "training": {"launcher": "none"},
         },
     }
+
+
+def bench_namespace(cluster: LocalCluster) -> Kube:
+    """The CRD installed and an empty namespace `bench`, kubectl as admin in it."""
+    install_crd(cluster)
+    kube = Kube(cluster, "bench", cluster.kubeconfig)
+    kube.run("create", "namespace", "bench", ns=False, check=True)
+    wait_until(lambda: kube.get("serviceaccount", "default"), 30, "default SA")
+    return kube
 
 
 def cpu_seconds(pid: int) -> float:
@@ -68,11 +77,7 @@ def main() -> None:
         nodes = max(2, -(-args.jobs * 2 // 100))
         cluster = LocalCluster(Path(tmp) / "cluster", NodeConfig(count=nodes, gpus=8)).start()
         try:
-            assert cluster.kubectl("apply", "-f", str(CRD)).returncode == 0
-            cluster.kubectl("wait", "--for=condition=Established", "crd/gputrainingjobs.gpujob.dev")
-            kube = Kube(cluster, "bench", cluster.kubeconfig)
-            kube.run("create", "namespace", "bench", ns=False, check=True)
-            wait_until(lambda: kube.get("serviceaccount", "default"), 30, "default SA")
+            kube = bench_namespace(cluster)
             op = OperatorProcess(cluster.kubeconfig, ["bench"], Path(tmp) / "operator.log").start()
             assert op.proc is not None
             pid = op.proc.pid

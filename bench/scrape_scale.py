@@ -48,6 +48,11 @@ def rank_payload(local_rank: int) -> bytes:
     text = (PAYLOADS / f"healthy-scrape2-rank{min(local_rank, 1)}.prom").read_text()
     text = re.sub(r'local_rank="\d+"', f'local_rank="{local_rank}"', text)
     text = re.sub(r'(?<![a-z_])rank="\d+"', f'rank="{local_rank}"', text)
+    labels = f'local_rank="{local_rank}",node_rank="0",rank="{local_rank}"'
+    text += f"{contract.HEARTBEAT_TIMESTAMP.name}{{{labels}}} 1.8e+09\n"
+    for phase in contract.PHASES:  # the liveness series (not in the recorded payloads)
+        on = 1.0 if phase == contract.PHASE_FORWARD else 0.0
+        text += f'{contract.CURRENT_PHASE.name}{{{labels},phase="{phase}"}} {on}\n'
     if local_rank == 0:
         text = text.replace('reason="nvml_init_failed"} 0.0', 'reason="ok"} 1.0')
         text += gpu_series(8)
@@ -124,7 +129,7 @@ def serve(port_queue: mp.Queue, ranks: int) -> None:
 
 
 async def operator_rounds(
-    port: int, jobs: int, ranks: int, rounds: int, interval: float
+    port: int, jobs: int, ranks: int, rounds: int, interval: float, timeout: float
 ) -> dict[str, float]:
     settings = Settings(window_seconds=120, scrape_interval_seconds=15, warmup_steps=0)
     monitors = [JobMonitor(settings) for _ in range(jobs)]
@@ -137,7 +142,7 @@ async def operator_rounds(
         ]
         for j in range(jobs)
     ]
-    async with Scraper(concurrency=256, timeout=10) as scraper:
+    async with Scraper(concurrency=256, timeout=timeout) as scraper:
 
         async def one(j: int, now: float) -> int:
             results = await scraper.scrape_all(targets[j])
@@ -241,6 +246,12 @@ def main() -> int:
     p.add_argument("--prom-seconds", type=float, default=30.0)
     p.add_argument("--prom-interval", type=int, default=5)
     p.add_argument("--no-prometheus", action="store_true")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        help="scrape timeout; it covers the wait for a slot, and every job scrapes at once here",
+    )
     args = p.parse_args()
 
     sizes = [len(rank_payload(r)) for r in range(2)]
@@ -251,7 +262,7 @@ def main() -> int:
     lines0 = rank_payload(0).count(b"\n")
     print(f"payloads: local rank 0 {sizes[0]} B ({lines0} lines), other ranks {sizes[1]} B")
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    op = asyncio.run(operator_rounds(port, args.jobs, args.ranks, args.rounds, 15.0))
+    op = asyncio.run(operator_rounds(port, args.jobs, args.ranks, args.rounds, 15.0, args.timeout))
     per_1000 = op["cpu_s"] / op["scrapes"] * 1000
     print(
         f"operator: {op['scrapes']:.0f} scrapes ({op['ok']:.0f} ok) of {args.jobs} jobs x "

@@ -259,8 +259,8 @@ def build_pod(
         container["resources"] = resources
     if tpl.image_pull_policy:
         container["imagePullPolicy"] = tpl.image_pull_policy
-    mounts = [dict(m) for m in tpl.volume_mounts or ()]
-    volumes = [dict(v) for v in tpl.volumes or ()]
+    mounts = [api.dump(m) for m in tpl.volume_mounts or ()]
+    volumes = [api.dump(v) for v in tpl.volumes or ()]
     if tpl.shm_size is not None:
         volumes.append(
             {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": tpl.shm_size}}
@@ -269,7 +269,7 @@ def build_pod(
     if mounts:
         container["volumeMounts"] = mounts
     if tpl.container_security_context:
-        container["securityContext"] = dict(tpl.container_security_context)
+        container["securityContext"] = api.dump(tpl.container_security_context)
     container["terminationMessagePolicy"] = "FallbackToLogsOnError"
 
     pod_spec: dict[str, Any] = {
@@ -287,9 +287,9 @@ def build_pod(
         ]
         if tpl.tolerations
         else None,
-        "affinity": dict(tpl.affinity) if tpl.affinity else None,
+        "affinity": api.dump(tpl.affinity) if tpl.affinity else None,
         "volumes": volumes or None,
-        "securityContext": dict(tpl.security_context) if tpl.security_context else None,
+        "securityContext": api.dump(tpl.security_context) if tpl.security_context else None,
         "serviceAccountName": tpl.service_account_name,
         "priorityClassName": tpl.priority_class_name,
         "schedulerName": tpl.scheduler_name,

@@ -50,6 +50,16 @@ RANK_FAILED: Final = "RankFailed"
 POD_LOST: Final = "PodLost"
 GANG_RESTART: Final = "GangRestart"
 WAITING_FOR_OLD_PODS: Final = "WaitingForOldPods"
+# Gang admission (gang.py): the whole gang waits, no pod holds a GPU.
+WAITING_FOR_GANG: Final = "WaitingForGang"
+GANG_SCHEDULING_UNAVAILABLE: Final = "GangSchedulingUnavailable"
+QUEUED: Final = "Queued"
+QUEUE_NAME_MISSING: Final = "QueueNameMissing"
+PRIORITY_CLASS_NOT_FOUND: Final = "PriorityClassNotFound"
+PREEMPTED: Final = "Preempted"
+EVICTED: Final = "Evicted"
+POD_NAME_TAKEN: Final = "PodNameTaken"
+"""A pod this job did not create holds one of its pod names (an old job's, an orphan)."""
 BACKOFF_LIMIT_EXCEEDED: Final = "BackoffLimitExceeded"
 NON_RETRYABLE_EXIT_CODE: Final = "NonRetryableExitCode"
 DEADLINE_EXCEEDED: Final = "DeadlineExceeded"
@@ -60,6 +70,10 @@ JOB_SUCCEEDED: Final = "JobSucceeded"
 JOB_FAILED: Final = "JobFailed"
 NOT_STARTED: Final = "NotStarted"
 STALL_DETECTED: Final = "StallDetected"
+STALL_CONFIRMED: Final = "StallConfirmed"
+"""Stalled held for two consecutive scrapes: only now may restartOnStall act."""
+STARTING_UP: Final = "StartingUp"
+RANKS_BUSY: Final = "RanksBusy"
 TTL_EXPIRED: Final = "TTLExpired"
 # Observability reasons (monitor.py). BottleneckDetected=True uses the verdict name itself
 # (InputBound, Straggler, ...) as its reason.
@@ -72,6 +86,54 @@ NO_BOTTLENECK: Final = "NoBottleneck"
 METRICS_RECOVERED: Final = "MetricsRecovered"
 STALL_CLEARED: Final = "StallCleared"
 BOTTLENECK_CHANGED: Final = "BottleneckChanged"
+
+METRICS_REJECTED: Final = "MetricsRejected"
+"""Event: a payload carried series or values the operator refused (guard.py)."""
+# Refusals by the API server (apierrors.py): the reason of Created/Running=False while a
+# transient one is retried, of Failed=True for a permanent one.
+QUOTA_EXCEEDED: Final = "QuotaExceeded"
+POD_SECURITY_VIOLATION: Final = "PodSecurityViolation"
+INVALID_POD_TEMPLATE: Final = "InvalidPodTemplate"
+INVALID_SPEC: Final = "InvalidSpec"
+"""A stored job no longer passes the model (created before a rule existed, or under an older
+CRD): the operator cannot plan it and says so instead of retrying."""
+INVALID_OBJECT: Final = "InvalidObject"
+LIMIT_RANGE_VIOLATION: Final = "LimitRangeViolation"
+ADMISSION_WEBHOOK_DENIED: Final = "AdmissionWebhookDenied"
+ADMISSION_POLICY_DENIED: Final = "AdmissionPolicyDenied"
+ADMISSION_WEBHOOK_UNAVAILABLE: Final = "AdmissionWebhookUnavailable"
+API_THROTTLED: Final = "APIThrottled"
+API_SERVER_ERROR: Final = "APIServerError"
+API_UNREACHABLE: Final = "APIUnreachable"
+API_CONFLICT: Final = "APIConflict"
+API_UNAUTHORIZED: Final = "APIUnauthorized"
+OPERATOR_FORBIDDEN: Final = "OperatorForbidden"
+CREATE_REFUSED: Final = "PodCreateRefused"
+API_ERROR: Final = "APIError"
+PERMANENT_REFUSALS: Final = (
+    INVALID_POD_TEMPLATE,
+    INVALID_OBJECT,
+    POD_SECURITY_VIOLATION,
+    LIMIT_RANGE_VIOLATION,
+    ADMISSION_WEBHOOK_DENIED,
+    ADMISSION_POLICY_DENIED,
+)
+TRANSIENT_REFUSALS: Final = (
+    QUOTA_EXCEEDED,
+    ADMISSION_WEBHOOK_UNAVAILABLE,
+    API_THROTTLED,
+    API_SERVER_ERROR,
+    API_UNREACHABLE,
+    API_CONFLICT,
+    API_UNAUTHORIZED,
+    OPERATOR_FORBIDDEN,
+    CREATE_REFUSED,
+    API_ERROR,
+)
+REFUSAL_REASONS: Final = (*PERMANENT_REFUSALS, *TRANSIENT_REFUSALS)
+"""PodCreateRefused is permanent for a 400 Bad Request, transient for an unknown 403."""
+GANG_RELEASED: Final = "GangReleased"
+"""Event: the pods of a gang that could not be completed were deleted, so it holds nothing."""
 
 WAITING_FOR_RANKS: Final = "WaitingForRanks"
 RANKS_FINISHED: Final = "RanksFinished"

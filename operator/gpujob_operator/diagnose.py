@@ -13,7 +13,12 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
 from typing import Any, TextIO
+
+import yaml
+from pydantic import ValidationError
 
 from gpujob_operator import api
 from gpujob_operator.analysis import Settings
@@ -24,24 +29,45 @@ from gpujob_trainer import contract
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The `diagnose` subcommand's options."""
+    """The `diagnose` subcommand's options.
+
+    The analysis settings start from the API's defaults, or from a job manifest's
+    `spec.monitoring` with `--job`, so a diagnosis judges by the job's own thresholds; a
+    flag given on the command line overrides either.
+    """
     p.add_argument("urls", nargs="+", metavar="URL", help="rank endpoints (host:port or URL)")
     p.add_argument("--window", type=float, default=30.0, metavar="SECONDS", help="scrape this long")
     p.add_argument("--interval", type=float, default=2.0, metavar="SECONDS", help="between scrapes")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--total-steps", type=int, metavar="N", help="target when not exported")
-    p.add_argument("--warmup-steps", type=int, default=api.Monitoring().warmup_steps, metavar="N")
-    p.add_argument("--min-scrapes", type=int, default=api.Window().min_scrapes, metavar="N")
     p.add_argument(
-        "--hysteresis", type=int, default=api.Monitoring().hysteresis_windows, metavar="N"
+        "--job",
+        type=Path,
+        metavar="FILE",
+        help="a GPUTrainingJob manifest (YAML or JSON): use its spec.monitoring settings, "
+        "thresholds and spec.training.totalSteps",
     )
+    p.add_argument("--total-steps", type=int, metavar="N", help="target when not exported")
+    p.add_argument("--warmup-steps", type=int, metavar="N", help="steps ignored at the start")
+    p.add_argument("--min-scrapes", type=int, metavar="N", help="scrapes before a verdict")
+    p.add_argument("--hysteresis", type=int, metavar="N", help="windows a new verdict must hold")
+    for name, what in (
+        ("stall", "no step on any rank for this long: Stalled"),
+        ("startup", "allowed before the first step"),
+        ("busy", "allowed in one checkpoint or evaluation"),
+    ):
+        p.add_argument(f"--{name}-timeout", type=float, metavar="SECONDS", help=what)
     p.add_argument(
-        "--stall-timeout",
-        type=float,
-        default=float(api.Monitoring().stall_timeout_seconds),
-        metavar="SECONDS",
+        "--threshold",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a spec.monitoring.thresholds field, e.g. commBoundRatio=0.1 (repeatable)",
     )
     p.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS", help="per request")
+
+
+class SettingsError(ValueError):
+    """A diagnose option or job manifest the API would refuse; the message names it."""
 
 
 def targets_from_urls(urls: Sequence[str]) -> list[ScrapeTarget]:
@@ -56,15 +82,72 @@ def targets_from_urls(urls: Sequence[str]) -> list[ScrapeTarget]:
     return out
 
 
+def _job_spec(path: Path) -> api.GPUTrainingJobSpec:
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise SettingsError(f"--job {path}: {e}") from e
+    spec = doc.get("spec") if isinstance(doc, dict) else None
+    if not isinstance(spec, dict):
+        raise SettingsError(f"--job {path}: not a GPUTrainingJob manifest (no spec)")
+    try:
+        return api.parse_spec(spec)
+    except ValidationError as e:
+        raise SettingsError(f"--job {path}: {api.spec_problems(e)}") from e
+
+
+def _thresholds(base: api.Thresholds, pairs: Sequence[str]) -> api.Thresholds:
+    given: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip():
+            raise SettingsError(f"--threshold {pair!r}: expected NAME=VALUE")
+        given[name.strip()] = value.strip()
+    if not given:
+        return base
+    known = {f.alias or n for n, f in api.Thresholds.model_fields.items()}
+    unknown = sorted(set(given) - known)
+    if unknown:  # the model ignores unknown fields; a typo must not pass silently
+        raise SettingsError(
+            f"--threshold {', '.join(unknown)}: unknown; one of {', '.join(sorted(known))}"
+        )
+    try:
+        return api.Thresholds.model_validate({**base.model_dump(by_alias=True), **given})
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'thresholds'}: {err['msg']}"
+            for err in e.errors()
+        )
+        raise SettingsError(f"--threshold: {problems}") from e
+
+
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    return Settings(
-        total_steps=args.total_steps,
-        warmup_steps=args.warmup_steps,
-        min_scrapes=args.min_scrapes,
+    """The analysis settings: the job's (`--job`) or the API's defaults, then the flags."""
+    job = _job_spec(args.job) if args.job else None
+    if job is not None:
+        base = Settings.from_monitoring(
+            job.monitoring, job.training.total_steps, job.total_gpus or None
+        )
+    else:
+        base = Settings.from_monitoring(api.Monitoring())
+    flags = {  # Settings field: (flag, value)
+        "total_steps": ("total-steps", args.total_steps),
+        "warmup_steps": ("warmup-steps", args.warmup_steps),
+        "min_scrapes": ("min-scrapes", args.min_scrapes),
+        "hysteresis_windows": ("hysteresis", args.hysteresis),
+        "stall_timeout_seconds": ("stall-timeout", args.stall_timeout),
+        "startup_timeout_seconds": ("startup-timeout", args.startup_timeout),
+        "busy_timeout_seconds": ("busy-timeout", args.busy_timeout),
+    }
+    for flag, value in flags.values():
+        if value is not None and value < 0:
+            raise SettingsError(f"--{flag}: must be >= 0, got {value}")
+    return replace(
+        base,
+        **{k: v for k, (_, v) in flags.items() if v is not None},
         window_seconds=max(args.window, args.interval),
         scrape_interval_seconds=args.interval,
-        stall_timeout_seconds=args.stall_timeout,
-        hysteresis_windows=args.hysteresis,
+        thresholds=_thresholds(base.thresholds, args.threshold),
     )
 
 
@@ -123,6 +206,30 @@ def _bar(percent: float, width: int = 30) -> str:
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
+def _breakdown_line(r: dict[str, Any]) -> str:
+    """One rank's step split, e.g. `rank 1 slowest: step 0.655s = own 0.646 (...) + comm 0.008`."""
+
+    def g(key: str) -> float:
+        return float(r.get(key) or 0.0)
+
+    parts = [
+        f"own {g('ownSeconds'):.3g} (compute {g('computeSeconds'):.3g}, other {g('otherSeconds'):.3g})"
+    ]
+    for key, label in (
+        ("dataWaitSeconds", "data"),
+        ("commWaitSeconds", "comm"),
+        ("checkpointSeconds", "checkpoint"),
+        ("evalSeconds", "eval"),
+    ):
+        if g(key) > 0:
+            parts.append(f"{label} {g(key):.3g}")
+    where = f" ({r['pod']})" if r.get("pod") else ""
+    return (
+        f"rank {r.get('rank')} {r.get('role', '')}{where}: step {g('stepSeconds'):.3g}s = "
+        + " + ".join(parts)
+    )
+
+
 def render_text(update: MonitorUpdate, out: TextIO) -> None:
     """A readable table of what the operator would write."""
     p, b, g = update.progress, update.bottleneck or {}, update.gpus
@@ -156,6 +263,8 @@ def render_text(update: MonitorUpdate, out: TextIO) -> None:
         ev = b.get("evidence") or {}
         if ev:
             rows.append(("evidence", ", ".join(f"{k}={v}" for k, v in ev.items())))
+        for i, r in enumerate(b.get("breakdown") or []):
+            rows.append(("breakdown" if i == 0 else "", _breakdown_line(r)))
         if b.get("advice"):
             rows.append(("advice", str(b["advice"])))
     else:
@@ -180,9 +289,14 @@ def render_text(update: MonitorUpdate, out: TextIO) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Entry point of `gpujob diagnose`: 0, or 2 when no endpoint could be scraped."""
+    """Entry point of `gpujob diagnose`: 0; 2 when no endpoint could be scraped; 64 for a
+    bad option or job manifest."""
     targets = targets_from_urls(args.urls)
-    settings = settings_from_args(args)
+    try:
+        settings = settings_from_args(args)
+    except SettingsError as e:
+        sys.stderr.write(f"gpujob diagnose: {e}\n")
+        return 64  # EX_USAGE: nothing was scraped
     update = asyncio.run(
         diagnose(
             targets, settings, window=args.window, interval=args.interval, timeout=args.timeout

@@ -153,6 +153,11 @@ def _check_skipped(lineno: int, line: str) -> None:
 
 _LABEL_CACHE: dict[str, dict[str, str] | None] = {}
 _LABEL_CACHE_MAX: Final = 65536
+_LABEL_CACHE_MAX_BYTES: Final = 8 * 2**20
+"""Label bodies are cached up to this many characters in all (keys and values, ~3x)."""
+_LABEL_CACHE_MAX_KEY: Final = 512
+"""Longer label bodies are decoded every time, never kept (they are not a trainer's)."""
+_label_cache_bytes = 0
 
 
 def _fast_labels(body: str) -> dict[str, str] | None:
@@ -176,10 +181,19 @@ def _fast_labels(body: str) -> dict[str, str] | None:
         end = pair.end()
     if labels is not None and end != len(body) and body[end:].strip(" \t"):
         labels = None
-    if len(_LABEL_CACHE) >= _LABEL_CACHE_MAX:
-        _LABEL_CACHE.clear()
-    _LABEL_CACHE[body] = labels
+    if len(body) <= _LABEL_CACHE_MAX_KEY:
+        global _label_cache_bytes
+        if len(_LABEL_CACHE) >= _LABEL_CACHE_MAX or _label_cache_bytes > _LABEL_CACHE_MAX_BYTES:
+            _LABEL_CACHE.clear()
+            _label_cache_bytes = 0
+        _LABEL_CACHE[body] = labels
+        _label_cache_bytes += 3 * len(body)
     return labels
+
+
+def label_cache_size() -> tuple[int, int]:
+    """(entries, approximate characters) the label cache holds (for tests and benches)."""
+    return len(_LABEL_CACHE), _label_cache_bytes
 
 
 def _fast_sample(lineno: int, line: str, m: re.Match[str]) -> Sample | None:

@@ -8,14 +8,18 @@ its pods only wake that daemon early.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
-from collections.abc import Mapping
+import signal
+import socket
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
 
-from gpujob_operator import api, builders
+from gpujob_operator import api, builders, gang, peers, standby
 from gpujob_operator.kube import Kube
 from gpujob_operator.reconciler import JobLoop
 from gpujob_operator.scrape import Scraper
@@ -24,6 +28,17 @@ log = logging.getLogger("gpujob.handlers")
 
 PREFIX = "gpujob.dev"
 LOOPS: dict[tuple[str, str], JobLoop] = {}
+DEFAULT_GANG = os.environ.get("GPUJOB_DEFAULT_GANG", api.GANG_NONE)
+"""The gang mechanism of jobs that choose none (spec.scheduling.gang unset, no queue label)."""
+if DEFAULT_GANG not in (api.GANG_NONE, api.GANG_NATIVE, api.GANG_KUEUE):
+    raise SystemExit(f"GPUJOB_DEFAULT_GANG must be None, Native or Kueue, not {DEFAULT_GANG!r}")
+IDENTITY = peers.identity(os.environ.get("POD_ID"), socket.gethostname(), os.getpid())
+"""This replica's kopf peering identity (``main`` hands it to kopf)."""
+NAMESPACES: list[str] = []
+"""The watched namespaces (empty: the whole cluster); set by ``main`` before kopf starts."""
+_GUARD: asyncio.Task[None] | None = None
+SERVED = False
+"""Whether kopf has handed this replica any pod or job (its indexes hold something)."""
 _KUBE: Kube | None = None
 _SCRAPER: Scraper | None = None
 
@@ -67,21 +82,29 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.peering.name = os.environ["GPUJOB_PEERING"]
         settings.peering.mandatory = True
         settings.peering.clusterwide = os.environ.get("GPUJOB_PEERING_CLUSTERWIDE", "") == "1"
+        settings.peering.priority = peers.priority(time.time())
+        settings.peering.lifetime = peers.lifetime(os.environ.get(peers.ENV_LIFETIME))
 
 
 @kopf.index("pods", labels={builders.LABEL_JOB_NAME: kopf.PRESENT})  # type: ignore[arg-type]
 def job_pods(
     namespace: str, labels: Mapping[str, str], body: kopf.Body, **_: Any
 ) -> dict[Any, Any]:
-    """Pods by (namespace, job name): the observed children the planner reads."""
+    """Pods by (namespace, job name label): every pod that claims the name. Which of them are
+    the job's is decided by their controller ownerReference (ownership.py), in the planner
+    (which also waits for foreign pods holding its pod names) and the monitor."""
+    global SERVED
+    SERVED = True
     return {(namespace, labels[builders.LABEL_JOB_NAME]): dict(body)}
 
 
 @kopf.on.event("pods", labels={builders.LABEL_JOB_NAME: kopf.PRESENT})  # type: ignore[arg-type]
-def pod_changed(namespace: str, labels: Mapping[str, str], **_: Any) -> None:
-    """Wake the job's loop; it re-reads the index."""
+def pod_changed(namespace: str, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> None:
+    """Wake the job's loop; it re-reads the index. A pod marked for disruption is noted
+    first: it may be gone from the index before the loop's next pass."""
     loop = LOOPS.get((namespace, labels[builders.LABEL_JOB_NAME]))
     if loop is not None:
+        loop.saw_pod(body)
         loop.wake.set()
 
 
@@ -100,29 +123,139 @@ async def job_event(
     finalizer on every job, and then deleting a job hangs whenever the operator is down.
     Owner references already clean the children up, so no finalizer is needed.
     """
+    global SERVED
+    SERVED = True
     key = (namespace, name)
     loop = LOOPS.get(key)
+    uid = body.get("metadata", {}).get("uid")
+    other = loop is not None and bool(uid) and loop.uid != uid
     if event.get("type") == "DELETED" or body.get("metadata", {}).get("deletionTimestamp"):
-        if loop is not None:
+        if loop is not None and not other:  # a late event of an older object ends nothing
             loop.stop()
             del LOOPS[key]
         return
+    if loop is not None and (loop.ended or other):
+        # Another object under the same name (deleted and re-created, DELETED missed or
+        # batched away): its loop starts afresh, with none of the old one's memory.
+        loop.stop()
+        del LOOPS[key]
+        loop = None
     if loop is None:
-        loop = LOOPS[key] = JobLoop(kube(), _post_event, scraper())
+        await _index_caught_up(namespace, name, lambda: list(job_pods.get(key, [])))
+        loop = LOOPS[key] = JobLoop(
+            kube(), _post_event, scraper(), default_gang=DEFAULT_GANG, on_exit=_forget
+        )
         loop.start(dict(body), lambda: list(job_pods.get(key, [])))
     else:
         loop.update(dict(body))
+
+
+def kueue_workload_changed(namespace: str, labels: Mapping[str, str], **_: Any) -> None:
+    """Kueue admitted, evicted or requeued a job's Workload: wake the job's loop."""
+    loop = LOOPS.get((namespace, labels[builders.LABEL_JOB_NAME]))
+    if loop is not None:
+        loop.wake.set()
+
+
+if os.environ.get("GPUJOB_KUEUE", "") == "1":
+    # Only where Kueue is installed (chart: kueue.enabled): watching an API that is not
+    # served, or without RBAC for it, would only fill the log with errors.
+    kopf.on.event(
+        gang.KUEUE_GROUP,
+        gang.KUEUE_VERSION,
+        "workloads",
+        labels={builders.LABEL_JOB_NAME: kopf.PRESENT},
+    )(kueue_workload_changed)  # type: ignore[arg-type]
+
+
+def _forget(loop: JobLoop) -> None:
+    """A loop found its job gone by itself (a missed DELETED): drop it from LOOPS."""
+    meta = loop.body.get("metadata", {})
+    key = (meta.get("namespace", ""), meta.get("name", ""))
+    if LOOPS.get(key) is loop:
+        del LOOPS[key]
+
+
+INDEX_SYNC_SECONDS = 15.0
+
+
+async def _index_caught_up(
+    namespace: str, name: str, indexed: Callable[[], list[Mapping[str, Any]]]
+) -> None:
+    """Wait until the pod index holds what the API server holds for this job.
+
+    A loop that starts when kopf resumes this replica (peering handed it the work) can see
+    the job's fresh status before the pods' re-list has reached the index; the planner would
+    then take the gang's pods for lost and restart it a second time. Compared by pod uid; a
+    new job (no pods) passes at once. After the deadline the loop starts anyway (logged).
+    """
+    selector = f"{builders.LABEL_JOB_NAME}={name}"
+    deadline = asyncio.get_running_loop().time() + INDEX_SYNC_SECONDS
+    while True:
+        listed: Any = await asyncio.to_thread(
+            kube().core.list_namespaced_pod, namespace, label_selector=selector
+        )
+        want = {p.metadata.uid for p in listed.items}
+        have = {p.get("metadata", {}).get("uid") for p in indexed()}
+        if want == have:
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            log.warning(
+                "job %s/%s: the pod index still differs from the API after %.0fs; starting anyway",
+                namespace,
+                name,
+                INDEX_SYNC_SECONDS,
+            )
+            return
+        await asyncio.sleep(0.2)
 
 
 def _post_event(job: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
     kopf.event(dict(job), type=type_, reason=reason, message=message)  # type: ignore[arg-type]
 
 
-@kopf.on.cleanup()
-async def stop_loops(**_: Any) -> None:
-    """Let every job loop finish its current pass before the operator exits."""
+@kopf.on.startup()
+async def start_standby_guard(settings: kopf.OperatorSettings, **_: Any) -> None:
+    """With peering, stop this replica's job loops whenever another replica is active."""
+    global _GUARD
+    if settings.peering.standalone:
+        return
+    _GUARD = asyncio.get_running_loop().create_task(
+        standby.guard(
+            kube().custom,
+            settings.peering.name,
+            [] if settings.peering.clusterwide else NAMESPACES,
+            IDENTITY,
+            settings.peering.priority,
+            _stop_all_loops,
+            _demote,
+        ),
+        name="standby guard",
+    )
+
+
+def _demote() -> None:
+    """Paused after serving: exit cleanly so the pod restarts this replica as a fresh standby
+    (kopf's indexes would keep ghosts of pods deleted during the pause)."""
+    if not SERVED:
+        return
+    log.warning("peering: another replica is active now; restarting to drop this one's caches")
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _stop_all_loops() -> int:
+    count = len(LOOPS)
     for loop in list(LOOPS.values()):
         loop.stop()
     LOOPS.clear()
+    return count
+
+
+@kopf.on.cleanup()
+async def stop_loops(**_: Any) -> None:
+    """Let every job loop finish its current pass before the operator exits."""
+    if _GUARD is not None:
+        _GUARD.cancel()
+    _stop_all_loops()
     if _SCRAPER is not None:
         await _SCRAPER.close()

@@ -9,13 +9,14 @@ because a level-based reconciler re-applies the same plan after any crash.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any, cast
 
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from gpujob_operator import api
+from gpujob_operator import api, gang
 
 log = logging.getLogger("gpujob.kube")
 
@@ -30,10 +31,18 @@ class Kube:
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
 
-    async def create_pod(self, namespace: str, body: dict[str, Any]) -> bool:
-        """Create a pod; False when a pod of that name already exists."""
+    async def create_pod(self, namespace: str, body: dict[str, Any], dry_run: bool = False) -> bool:
+        """Create a pod; False when a pod of that name already exists.
+
+        ``dry_run`` asks the server to admit and validate it without persisting
+        (``dryRun=All``): the same refusals (quota, PodSecurity, webhooks, invalid fields),
+        nothing created. RBAC-wise it is the same ``create`` verb.
+        """
+        extra: dict[str, Any] = {"dry_run": "All"} if dry_run else {}
         try:
-            await asyncio.to_thread(self.core.create_namespaced_pod, namespace, cast(Any, body))
+            await asyncio.to_thread(
+                self.core.create_namespaced_pod, namespace, cast(Any, body), **extra
+            )
             return True
         except ApiException as e:
             if e.status == 409 or namespace_terminating(e):
@@ -65,6 +74,19 @@ class Kube:
             if e.status == 404:
                 return False
             raise
+
+    async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The job as the API server has it now; None when it does not exist."""
+        try:
+            got: Any = await asyncio.to_thread(
+                cast(Any, self.custom.get_namespaced_custom_object),
+                api.GROUP, api.VERSION, namespace, api.PLURAL, name,
+            )  # fmt: skip
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return cast(dict[str, Any], got)
 
     async def patch_status(
         self, namespace: str, name: str, patch: dict[str, Any]
@@ -98,6 +120,94 @@ class Kube:
         except ApiException as e:
             if e.status != 404:
                 raise
+
+    # -- gang admission objects (gang.py): Workload/PodGroup, Kueue Workload, ResourceFlavor
+    async def create_object(self, namespace: str, body: dict[str, Any]) -> bool:
+        """Create a namespaced custom object; False when it already exists."""
+        ref = gang.ref_of(body)
+        try:
+            await asyncio.to_thread(
+                self.custom.create_namespaced_custom_object,
+                ref.group, ref.version, namespace, ref.plural, body,
+            )  # fmt: skip
+            return True
+        except ApiException as e:
+            if e.status == 409 or namespace_terminating(e):
+                return False
+            raise
+
+    async def delete_object(self, namespace: str, ref: gang.ObjectRef) -> None:
+        try:
+            await asyncio.to_thread(
+                self.custom.delete_namespaced_custom_object,
+                ref.group, ref.version, namespace, ref.plural, ref.name,
+                propagation_policy="Background",
+            )  # fmt: skip
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    async def get_object(self, namespace: str, ref: gang.ObjectRef) -> dict[str, Any] | None:
+        """A namespaced custom object, or None when it does not exist."""
+        try:
+            obj: Any = await asyncio.to_thread(
+                self.custom.get_namespaced_custom_object,
+                ref.group, ref.version, namespace, ref.plural, ref.name,
+            )  # fmt: skip
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return cast(dict[str, Any], obj)
+
+    async def get_cluster_object(self, ref: gang.ObjectRef) -> dict[str, Any] | None:
+        """A cluster-scoped custom object (a ResourceFlavor), or None."""
+        try:
+            obj: Any = await asyncio.to_thread(
+                self.custom.get_cluster_custom_object, ref.group, ref.version, ref.plural, ref.name
+            )
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return cast(dict[str, Any], obj)
+
+    async def patch_object_status(
+        self, namespace: str, ref: gang.ObjectRef, patch: dict[str, Any]
+    ) -> bool:
+        """Merge-patch another object's status subresource.
+
+        False when the object is gone or changed since it was read (409 on the patch's
+        resourceVersion precondition): the caller's next pass re-reads it.
+        """
+        try:
+            await asyncio.to_thread(
+                cast(Any, self.custom.patch_namespaced_custom_object_status),
+                ref.group, ref.version, namespace, ref.plural, ref.name, patch,
+            )  # fmt: skip
+            return True
+        except ApiException as e:
+            if e.status in (404, 409):
+                return False
+            raise
+
+    async def serves(self, group: str, version: str, plural: str) -> bool:
+        """Whether the API server serves ``plural`` in ``group/version`` (discovery)."""
+        try:
+            res: Any = await asyncio.to_thread(self.custom.get_api_resources, group, version)
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        return any(r.name == plural for r in (res.resources or []))
+
+
+def api_reason(e: ApiException) -> str:
+    """The API server's message of a refusal (the Status body's message), else its reason."""
+    try:
+        return str(json.loads(e.body or "{}").get("message") or e.reason)
+    except (ValueError, AttributeError):
+        return str(e.reason)
 
 
 def namespace_terminating(e: ApiException) -> bool:

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+from typing import Any, cast
 
 import kopf
 
@@ -20,7 +21,7 @@ def run(
     metrics_addr: str = "0.0.0.0",
 ) -> None:
     """Start kopf with the gpujob handlers, watching ``namespaces`` or the whole cluster."""
-    from gpujob_operator import handlers  # noqa: F401 - registers the handlers
+    from gpujob_operator import handlers  # registers the handlers
 
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
@@ -32,12 +33,14 @@ def run(
         # kopf logs every handler success per event at INFO; the reconciler logs what matters.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     serve_metrics(metrics_port, metrics_addr)
+    handlers.NAMESPACES[:] = namespaces
     asyncio.run(
         kopf.operator(
             clusterwide=not namespaces,
             namespaces=namespaces,
             standalone=os.environ.get("GPUJOB_PEERING", "") == "",
             liveness_endpoint=liveness,
+            identity=cast(Any, handlers.IDENTITY),
         )
     )
 

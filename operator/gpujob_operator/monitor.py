@@ -24,12 +24,13 @@ from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
 from gpujob_operator import analysis as an
-from gpujob_operator import api, verdicts
+from gpujob_operator import api, guard, verdicts
 from gpujob_operator import conditions as c
 from gpujob_operator.builders import LABEL_NODE_RANK
 from gpujob_operator.display import render_display
+from gpujob_operator.ownership import controller_uid
 from gpujob_operator.scrape import ErrorKind, ScrapeResult, ScrapeTarget
-from gpujob_operator.window import Window, frame
+from gpujob_operator.window import MAX_SERIES, Window, frame
 from gpujob_trainer import contract
 
 REFRESH_SECONDS: Final = 60.0
@@ -40,19 +41,26 @@ ETA_ABSOLUTE: Final = 30.0
 RATE_RELATIVE: Final = 0.05
 UTIL_ABSOLUTE: Final = 0.05
 MAX_FAILURES_LISTED: Final = 5
+MAX_NOTES_LISTED: Final = 3
 STARTUP_GRACE: Final = 180.0
 NEARLY_DONE_SECONDS: Final = 30.0
 """Seconds after the first scrape of an attempt during which refused endpoints mean "starting"."""
+STALL_CONFIRM_SCRAPES: Final = 2
+"""Consecutive scrapes that must find the job Stalled before the condition's reason becomes
+StallConfirmed, the only one runPolicy.restartOnStall acts on (one odd scrape kills no gang)."""
 _DOWN: Final = frozenset({ErrorKind.REFUSED, ErrorKind.CONNECTION})
 
 
 def scrape_targets(
-    spec: api.GPUTrainingJobSpec | Mapping[str, Any], pods: Iterable[Mapping[str, Any]]
+    spec: api.GPUTrainingJobSpec | Mapping[str, Any],
+    pods: Iterable[Mapping[str, Any]],
+    uid: str | None = None,
 ) -> list[ScrapeTarget]:
     """One target per rank of every running pod with an IP (camelCase pod dicts).
 
     Rank r of node n listens on metricsPort + local rank; its global rank is
-    n * procsPerNode + local rank (torchrun's static rendezvous).
+    n * procsPerNode + local rank (torchrun's static rendezvous). With `uid`, only pods
+    whose controller is that job are scraped (an old job's pods under the same name are not).
     """
     s = api.parse_spec(spec)
     procs = s.procs_per_node
@@ -63,6 +71,8 @@ def scrape_targets(
         status = pod.get("status") or {}
         ip = status.get("podIP")
         if status.get("phase") != "Running" or not ip or meta.get("deletionTimestamp"):
+            continue
+        if uid is not None and controller_uid(pod) != uid:
             continue
         try:
             node_rank = int((meta.get("labels") or {}).get(LABEL_NODE_RANK, ""))
@@ -112,6 +122,10 @@ class MonitorUpdate:
     events: list[Event]
     analysis: an.Analysis
     failures: list[ScrapeResult] = field(default_factory=list)
+    dropped_series: int = 0
+    """Series refused this round (a rank not the target's, over a cap)."""
+    dropped_values: int = 0
+    """Non-finite or implausible values refused this round."""
     refresh_seconds: float = REFRESH_SECONDS
     _clock: _PatchClock = field(default_factory=_PatchClock, repr=False)
 
@@ -144,7 +158,7 @@ class MonitorUpdate:
                 patch[key] = _merge_patch(old.get(key), new[key])
         if new["conditions"] != old.get("conditions"):
             patch["conditions"] = new["conditions"]
-        return patch or None
+        return json_safe(patch) or None
 
 
 class JobMonitor:
@@ -160,12 +174,17 @@ class JobMonitor:
         self.settings = spec if isinstance(spec, an.Settings) else an.Settings.from_spec(spec)
         self.generation = generation
         self.refresh_seconds = refresh_seconds
-        self.window = Window(self.settings.max_points(), self.settings.window_seconds)
+        self.window = Window(
+            self.settings.max_points(), self.settings.window_seconds, _max_series(spec)
+        )
+        self._rejected: set[str] = set()
+        """Kinds of rejected input already reported by an Event (once per kind and attempt)."""
         self.verdict = verdicts.VerdictState()
         self._metrics_ok: bool | None = None
         self._first_seen: float | None = None
         self._finished = False
         self._last_step: float | None = None
+        self._stall_streak = 0
         self._clock = _PatchClock()
 
     def reset(self) -> None:
@@ -176,23 +195,43 @@ class JobMonitor:
         self._first_seen = None
         self._finished = False
         self._last_step = None
+        self._stall_streak = 0
+        self._rejected = set()
 
     def scrape_targets(
-        self, spec: api.GPUTrainingJobSpec | Mapping[str, Any], pods: Iterable[Mapping[str, Any]]
+        self,
+        spec: api.GPUTrainingJobSpec | Mapping[str, Any],
+        pods: Iterable[Mapping[str, Any]],
+        uid: str | None = None,
     ) -> list[ScrapeTarget]:
         """Same as the module function (kept here for a one-object API)."""
-        return scrape_targets(spec, pods)
+        return scrape_targets(spec, pods, uid)
 
     def observe(self, results: Sequence[ScrapeResult], now: float) -> MonitorUpdate:
         """Fold one round of scrapes into the window and evaluate it."""
+        dropped_series = dropped_values = 0
+        notes: dict[str, list[str]] = {}
+        capped = self.window.dropped_series
         for r in results:
+            dropped_series += r.dropped_series
+            dropped_values += r.dropped_values
+            for kind, text in r.notes:
+                notes.setdefault(kind, []).append(text)
             if r.ok:
-                self.window.add(
-                    r.t,
-                    r.target.pod,
-                    r.target.node,
-                    r.frame if r.frame is not None else frame(r.samples, r.t),
-                )
+                fr = r.frame
+                if fr is None:  # samples handed in directly (tests, other callers): admit them
+                    adm = guard.admit(frame(r.samples, r.t), r.target.rank, r.t)
+                    fr = adm.frame
+                    dropped_series += adm.dropped_series
+                    dropped_values += adm.dropped_values
+                    for kind, text in adm.notes:
+                        notes.setdefault(kind, []).append(text)
+                self.window.add(r.t, r.target.pod, r.target.node, fr)
+        if self.window.dropped_series > capped:
+            dropped_series += self.window.dropped_series - capped
+            notes.setdefault(guard.KIND_GPUS, []).append(
+                f"the job's series exceed the cap of {self.window.max_series}"
+            )
         self.window.end_round(now, {r.target.pod for r in results})
         result = an.analyze(self.window, self.settings, now)
         step, total = result.progress.get("step"), result.progress.get("totalSteps")
@@ -214,8 +253,23 @@ class JobMonitor:
         self._last_step = step if step is not None else self._last_step
         failures = [r for r in results if not r.ok]
         events: list[Event] = []
-        conds = [self._metrics_condition(results, failures, now, events)]
+        metrics = self._metrics_condition(results, failures, now, events)
+        rejected = _rejected_text(dropped_series, dropped_values, notes)
+        missing = _missing_text(result.missing_ranks, len(self.window.ranks), self.settings)
+        if rejected or missing:
+            metrics = {
+                **metrics,
+                "message": "; ".join(x for x in (metrics["message"], missing, rejected) if x),
+            }
+        new_kinds = sorted(set(notes) - self._rejected)
+        if new_kinds:
+            self._rejected |= set(new_kinds)
+            events.append(Event("Warning", c.METRICS_REJECTED, rejected))
+        conds = [metrics]
         if any(r.ok for r in results) and result.stalled_for is not None:
+            # Only rounds that reached a rank count; one without any leaves the streak alone.
+            stalled = any(v.verdict == an.STALLED for v in result.candidates)
+            self._stall_streak = self._stall_streak + 1 if stalled else 0
             conds.append(self._stalled_condition(result, now))
         conds.append(self._bottleneck_condition(result, now))
         if change is not None:
@@ -230,6 +284,8 @@ class JobMonitor:
             events=events,
             analysis=result,
             failures=failures,
+            dropped_series=dropped_series,
+            dropped_values=dropped_values,
             refresh_seconds=self.refresh_seconds,
             _clock=self._clock,
         )
@@ -294,15 +350,14 @@ class JobMonitor:
     def _stalled_condition(self, result: an.Analysis, now: float) -> dict[str, Any]:
         stall = next((v for v in result.candidates if v.verdict == an.STALLED), None)
         if stall is not None:
+            n = self._stall_streak
+            if n >= STALL_CONFIRM_SCRAPES:
+                msg = f"{stall.summary} (confirmed by {n} consecutive scrapes)"
+                return self._make(c.STALLED, True, c.STALL_CONFIRMED, msg, now)
             return self._make(c.STALLED, True, c.STALL_DETECTED, stall.summary, now)
         limit = result.stall_threshold or 0.0
-        return self._make(
-            c.STALLED,
-            False,
-            c.PROGRESSING,
-            f"steps advance (stall after {limit:.0f}s without one)",
-            now,
-        )
+        note = result.stall_note or f"steps advance (stall after {limit:.0f}s without one)"
+        return self._make(c.STALLED, False, result.stall_reason, note, now)
 
     def _bottleneck_condition(self, result: an.Analysis, now: float) -> dict[str, Any]:
         pub = self.verdict.published
@@ -312,6 +367,57 @@ class JobMonitor:
         if pub.verdict == an.HEALTHY:
             return self._make(c.BOTTLENECK_DETECTED, False, c.NO_BOTTLENECK, pub.summary, now)
         return self._make(c.BOTTLENECK_DETECTED, True, pub.verdict, pub.summary, now)
+
+
+def _max_series(spec: api.GPUTrainingJobSpec | Mapping[str, Any] | an.Settings) -> int:
+    """Series a job's window may hold: its ranks, and a generous GPU allowance per node."""
+    if isinstance(spec, an.Settings):
+        return MAX_SERIES
+    s = api.parse_spec(spec)
+    return s.nodes * s.procs_per_node + s.nodes * max(2 * s.gpus_per_node, 16)
+
+
+def _rejected_text(series: int, values: int, notes: Mapping[str, Sequence[str]]) -> str:
+    if not series and not values:
+        return ""
+    counts = " and ".join(
+        f"{n} {what}" for n, what in ((series, "series"), (values, "value(s)")) if n
+    )
+    texts = list(dict.fromkeys(t for kind in sorted(notes) for t in notes[kind]))
+    more = f"; and {len(texts) - MAX_NOTES_LISTED} more" if len(texts) > MAX_NOTES_LISTED else ""
+    if not texts:
+        return f"rejected {counts} from the payloads"
+    return f"rejected {counts} from the payloads: " + "; ".join(texts[:MAX_NOTES_LISTED]) + more
+
+
+def _missing_text(missing: Sequence[tuple[int, str]], seen: int, settings: an.Settings) -> str:
+    if not missing:
+        return ""
+    shown = ", ".join(f"{rank} ({pod})" for rank, pod in missing[:MAX_FAILURES_LISTED])
+    more = (
+        f" and {len(missing) - MAX_FAILURES_LISTED} more"
+        if len(missing) > MAX_FAILURES_LISTED
+        else ""
+    )
+    return (
+        f"rank(s) {shown}{more} sent nothing for over {settings.window_seconds:.0f}s: progress "
+        f"and throughput come from the {seen - len(missing)} rank(s) that did"
+    )
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with every NaN or infinity replaced by None (in a merge patch: "unknown now").
+
+    The API server refuses them in a status patch; nothing upstream should produce one,
+    and this is the last guard that makes sure.
+    """
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def _verdict_event(change: verdicts.Change) -> Event:

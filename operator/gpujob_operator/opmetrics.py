@@ -51,6 +51,8 @@ PHASES: Final = ("Pending", "Running", "Restarting", "Suspended", "Succeeded", "
 VERDICTS: Final = (
     "Healthy",
     "InputBound",
+    "CheckpointBound",
+    "EvalBound",
     "CommunicationBound",
     "Straggler",
     "MemoryPressure",
@@ -69,6 +71,11 @@ MAX_ERROR_REASONS: Final = 32
 """Distinct error reasons kept; later new ones count as ``other`` (bounded cardinality)."""
 REASON_OTHER: Final = "other"
 _REASON_RE = re.compile(r"[^A-Za-z0-9_]+")
+
+
+def _label(text: str) -> str:
+    """A label value from a fixed vocabulary (no cardinality cap needed), made safe."""
+    return _REASON_RE.sub("_", text).strip("_")[:64] or "unknown"
 
 
 @dataclass(frozen=True)
@@ -124,6 +131,24 @@ SCRAPE_DURATION = Family(
     "gpujob_operator_scrape_duration_seconds", "Time one scrape of a rank took.", "seconds"
 )
 ERRORS = Family("gpujob_operator_errors_total", "Failed reconciles and scrapes, by source/reason.")
+DROPPED_SERIES = Family(
+    "gpujob_operator_scrape_dropped_series_total",
+    "Series refused from rank payloads: a rank label not the target's rank, over a cap.",
+)
+DROPPED_VALUES = Family(
+    "gpujob_operator_scrape_dropped_values_total",
+    "Values refused from rank payloads: NaN, infinities, implausible numbers.",
+)
+DROPPED_BYTES = Family(
+    "gpujob_operator_scrape_dropped_bytes_total",
+    "Bytes of rank responses thrown away for exceeding a size, line or sample cap.",
+    "bytes",
+)
+API_ERRORS = Family(
+    "gpujob_operator_api_errors_total",
+    "API calls the server refused or that failed, by call and classified reason "
+    "(QuotaExceeded, APIThrottled, ...; see the README's Troubleshooting).",
+)
 JOBS = Family("gpujob_operator_jobs", "Jobs the operator currently exports series for.")
 BUILD_INFO = Family("gpujob_operator_build_info", "Always 1; the version label says which build.")
 
@@ -152,6 +177,10 @@ HEALTH_FAMILIES: Final = (
     SCRAPES,
     SCRAPE_DURATION,
     ERRORS,
+    DROPPED_SERIES,
+    DROPPED_VALUES,
+    DROPPED_BYTES,
+    API_ERRORS,
     JOBS,
     BUILD_INFO,
 )
@@ -347,6 +376,8 @@ class _HealthCollector(Collector):
             reconciles = dict(o._reconciles)
             scrapes = dict(o._scrapes)
             errors = dict(o._errors)
+            dropped = dict(o._dropped)
+            api_errors = dict(o._api_errors)
             rec_h = (o._reconcile_hist.buckets(), o._reconcile_hist.sum)
             scr_h = (o._scrape_hist.buckets(), o._scrape_hist.sum)
             jobs = len(o._jobs)
@@ -363,6 +394,13 @@ class _HealthCollector(Collector):
         for (source, reason), value in sorted(errors.items()):
             err.add_metric([source, reason], value)
         yield err
+        for m in (DROPPED_SERIES, DROPPED_VALUES, DROPPED_BYTES):
+            # CounterMetricFamily appends _total itself; the unit (bytes) is in the name.
+            yield CounterMetricFamily(m.name, m.help, value=dropped.get(m.name, 0.0))
+        api = CounterMetricFamily(API_ERRORS.name, API_ERRORS.help, labels=["call", "reason"])
+        for (call, reason), value in sorted(api_errors.items()):
+            api.add_metric([call, reason], value)
+        yield api
         yield GaugeMetricFamily(JOBS.name, JOBS.help, value=jobs)
         info = GaugeMetricFamily(BUILD_INFO.name, BUILD_INFO.help, labels=["version"])
         info.add_metric([o.version], 1.0)
@@ -389,6 +427,8 @@ class JobMetrics:
         self._reconciles: dict[str, float] = {}
         self._scrapes: dict[str, float] = {}
         self._errors: dict[tuple[str, str], float] = {}
+        self._dropped: dict[str, float] = {}
+        self._api_errors: dict[tuple[str, str], float] = {}
         self._reasons: set[str] = set()
         self._reconcile_hist = _Histogram(RECONCILE_BUCKETS)
         self._scrape_hist = _Histogram(SCRAPE_BUCKETS)
@@ -443,6 +483,26 @@ class JobMetrics:
             if not ok:
                 key = ("scrape", self._reason(reason))
                 self._errors[key] = self._errors.get(key, 0.0) + 1
+
+    def observe_dropped(self, series: int, values: int, bytes_: int) -> None:
+        """Count what a scrape refused from an endpoint (see guard.py and scrape.py)."""
+        if not (series or values or bytes_):
+            return
+        with self._lock:
+            for m, n in (
+                (DROPPED_SERIES, series),
+                (DROPPED_VALUES, values),
+                (DROPPED_BYTES, bytes_),
+            ):
+                if n:
+                    self._dropped[m.name] = self._dropped.get(m.name, 0.0) + n
+
+    def observe_api_error(self, call: str, reason: str) -> None:
+        """Count one failed API call: ``call`` (create_pod, patch_status, ...) and the
+        classified reason (:mod:`apierrors`); both come from small fixed sets."""
+        with self._lock:
+            key = (_label(call), _label(reason))
+            self._api_errors[key] = self._api_errors.get(key, 0.0) + 1
 
     # -- HTTP
     def serve(self, port: int = DEFAULT_PORT, addr: str = "0.0.0.0") -> int:

@@ -1,10 +1,25 @@
 """The I/O shell around the pure planner: observe, plan, apply, one job at a time.
 
-One :class:`JobLoop` runs per job (a kopf daemon). It wakes on any event of the job
-or its pods and on the plan's own deadline, then applies the plan in the order the
-planner demands: status, deletes, creates, Events. The last status this loop wrote is
-remembered so that a reconcile that runs before the watch delivers our own write
-never counts a gang restart twice.
+One :class:`JobLoop` runs per job (two asyncio tasks). The lifecycle task wakes on any
+event of the job or its pods and on the plan's own deadline, then applies the plan in the
+order the planner demands: status, deletes, creates, Events. The last status this loop wrote
+is remembered so that a reconcile that runs before the watch delivers our own write never
+counts a gang restart twice.
+
+The metrics task scrapes the ranks on its own clock, so a restart or a failure is never
+handled late because scrapes (this job's or another's dead endpoints) are slow. Both tasks
+write status; a per-job lock serialises their read-modify-write of it, never the network
+wait of a scrape.
+
+A loop ends when its job is gone: on the DELETED event, or, since watches can miss one,
+when the API server answers 404 for the job (a status write, or the GET a quiet loop makes
+every `RECHECK_SECONDS`).
+
+Every API error is classified (:mod:`apierrors`): a refused create of the gang or its
+Service is remembered (:class:`apierrors.Refused`) and handed to the planner, which shows it
+in the status and decides when to retry; any other failed call backs the whole pass off
+exponentially with jitter. Both log one line per error (no traceback for an expected
+refusal) and count it in ``gpujob_operator_api_errors_total{call, reason}``.
 """
 
 from __future__ import annotations
@@ -13,18 +28,30 @@ import asyncio
 import contextlib
 import copy
 import logging
+import os
+import random
 import time
+import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
 
+from kubernetes.client.rest import ApiException
+
+from gpujob_operator import api, apierrors, backoff, gang, gangprobe, opmetrics, planner
 from gpujob_operator import conditions as c
-from gpujob_operator import planner
-from gpujob_operator.kube import Kube
-from gpujob_operator.monitor import JobMonitor
+from gpujob_operator.faults import (
+    AFTER_STATUS_WRITE,
+    BETWEEN_POD_CREATES,
+    BETWEEN_POD_DELETES,
+    fault_point,
+)
+from gpujob_operator.kube import Kube, api_reason
+from gpujob_operator.monitor import JobMonitor, json_safe
 from gpujob_operator.opmetrics import METRICS
-from gpujob_operator.scrape import Scraper
+from gpujob_operator.ownership import job_uid
+from gpujob_operator.scrape import ErrorKind, Scraper
 
 log = logging.getLogger("gpujob.reconciler")
 
@@ -34,6 +61,10 @@ IDLE_RESYNC_SECONDS = 300.0
 SERVICE_RECHECK_SECONDS = 300.0
 """How long a seen Service is trusted without a GET (a thousand jobs, one GET each per pass)."""
 DEBOUNCE_SECONDS = 0.05
+DISCOVERY_RECHECK_SECONDS = 60.0
+"""How long "this API is not served" is trusted before discovery is asked again."""
+RECHECK_SECONDS = 120.0
+"""A loop that wrote nothing for this long GETs its job: a missed DELETED must end it."""
 
 EventPoster = Callable[[Mapping[str, Any], str, str, str], None]
 
@@ -44,6 +75,21 @@ def _rv(obj: Mapping[str, Any] | None) -> int:
         return int((obj or {}).get("metadata", {}).get("resourceVersion", "0"))
     except ValueError:
         return 0
+
+
+def _env_seconds(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+GONE_MAX: Final = 1024
+"""Disrupted pods a loop remembers at most (a gang has one per node; this only bounds it)."""
+
+
+class JobGone(Exception):
+    """The job no longer exists (404), or another object now has its name."""
 
 
 @dataclass
@@ -62,9 +108,49 @@ class JobLoop:
     service_seen_at: float = -1e9
     last_written: dict[str, Any] | None = None
     reconciles: int = 0
+    refused: apierrors.Refused | None = None
+    """The latest refused create of this job's gang or Service (None after a success)."""
+    failures: int = 0
+    """Passes in a row that failed with an API error (the loop's own backoff)."""
+    call: str = ""
+    """The API call in flight, for the error's log line and metric."""
+    retry: backoff.Policy = field(default_factory=backoff.retry_policy)
+    restart_backoff: backoff.Policy = field(default_factory=backoff.restart_policy)
+    gang_grace_seconds: float = field(default_factory=lambda: _env_seconds(
+        "GPUJOB_GANG_GRACE_SECONDS", planner.GANG_GRACE_SECONDS))  # fmt: skip
     body: dict[str, Any] = field(default_factory=dict)
+    default_gang: str = api.GANG_NONE
+    on_exit: Callable[[JobLoop], None] | None = None
+    """Called once when the loop ends by itself (its job is gone): forget it."""
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+    """Held while status is read, computed and written (lifecycle or metrics)."""
+    scrape_wake: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    checked_at: float = field(default_factory=time.monotonic)
+    """When the API server last confirmed the job exists (a write or a GET)."""
+    ended: bool = False
+    gone: dict[str, planner.ObservedPod] = field(default_factory=dict, repr=False)
+    """Pods seen marked for disruption (DisruptionTarget), by name, kept for the planner in
+    case they vanish before a pass sees them; pruned once their attempt is over."""
+    scrape_failures: int = 0
+    """Failed scrape-and-status passes in a row (their backoff)."""
+    resync_seconds: float = RESYNC_SECONDS
+    recheck_seconds: float = RECHECK_SECONDS
     _pods: Callable[[], list[Mapping[str, Any]]] = field(default=lambda: [], repr=False)
     _task: asyncio.Task[None] | None = field(default=None, repr=False)
+    _scrape_task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def uid(self) -> str:
+        return job_uid(self.body)
+
+    def saw_pod(self, pod: Mapping[str, Any]) -> None:
+        """A pod event: remember a pod Kubernetes is taking away (see `gone`)."""
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        if not any(cond.get("type") == planner.DISRUPTION_TARGET for cond in conditions):
+            return  # the common case, without summarizing the whole pod
+        observed = planner.observe_pod(pod)
+        if observed.disruption and len(self.gone) < GONE_MAX:
+            self.gone[observed.name] = observed
 
     def freshest(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """The live body, or our own last write when the watch has not delivered it yet."""
@@ -79,34 +165,79 @@ class JobLoop:
         pods: Iterable[Mapping[str, Any]],
         now: datetime | None = None,
     ) -> planner.Plan:
-        """Plan from what is observed and apply it; returns the plan for the caller's timing."""
+        """Plan from what is observed and apply it; returns the plan for the caller's timing.
+
+        Raises JobGone when the API server says the job no longer exists.
+        """
+        async with self.lock:
+            return await self._reconcile(body, pods, now)
+
+    async def _reconcile(
+        self,
+        body: Mapping[str, Any],
+        pods: Iterable[Mapping[str, Any]],
+        now: datetime | None,
+    ) -> planner.Plan:
         job = self.freshest(body)
         meta = job["metadata"]
         ns, name = meta["namespace"], meta["name"]
         observed = [planner.observe_pod(p) for p in pods]
+        attempt = int((job.get("status") or {}).get("attempt") or 0)
+        for seen in observed:
+            if seen.disruption:
+                self.gone[seen.name] = seen
+        self.gone = {k: p for k, p in self.gone.items() if p.attempt >= attempt}
         started = time.monotonic()
         stale = time.monotonic() - self.service_seen_at > SERVICE_RECHECK_SECONDS
+        self.call = "get_service"
         if stale and await self.kube.service_exists(ns, name):
             self.service_seen_at = time.monotonic()
         service = time.monotonic() - self.service_seen_at <= SERVICE_RECHECK_SECONDS
-        plan = planner.plan(job, observed, now or datetime.now(UTC), service_exists=service)
+        self.call = "get_gang"
+        gang_obs = await self.observe_gang(job)
+        plan = planner.plan(
+            job,
+            observed,
+            now or datetime.now(UTC),
+            service_exists=service,
+            refused=self.refused,
+            restart_backoff=self.restart_backoff,
+            gang_grace_seconds=self.gang_grace_seconds,
+            gang_obs=gang_obs,
+            gone=list(self.gone.values()),
+        )
         self.reconciles += 1
+        if plan.phase in (c.PHASE_SUCCEEDED, c.PHASE_FAILED, c.PHASE_SUSPENDED):
+            self.refused = None  # nothing is created any more; a resume starts afresh
         old_status = {k: v for k, v in (job.get("status") or {}).items() if k != "kopf"}
         patch = planner.merge_patch(old_status, plan.status)
-        if patch and not await self._write_status(ns, name, patch):
-            log.info("job %s/%s is gone; nothing to apply", ns, name)
-            return plan
-        for pod in plan.delete_pods:
+        self.call = "patch_status"
+        if patch:
+            await self._write_status(ns, name, patch)
+            if plan.delete_pods or plan.create_pods:
+                fault_point(AFTER_STATUS_WRITE)
+        self.call = "delete_pod"
+        for i, pod in enumerate(plan.delete_pods):
+            if i:
+                fault_point(BETWEEN_POD_DELETES)
             await self.kube.delete_pod(ns, pod)
-        if plan.create_service is not None:
-            await self.kube.create_service(ns, plan.create_service)
-            self.service_seen_at = time.monotonic()
-        for pod_body in plan.create_pods:
-            await self.kube.create_pod(ns, pod_body)
+        self.call = "delete_gang_object"
+        for ref in plan.delete_objects:
+            await self.kube.delete_object(ns, ref)
+        self.call = "patch_gang_status"
+        for ref, obj_patch in plan.status_patches:
+            if not await self.kube.patch_object_status(ns, ref, obj_patch):
+                log.info("%s %s changed meanwhile; re-reading it", ref.plural, ref.name)
+                self.wake.set()
+        refused = await self._create(ns, name, plan)
+        if refused:
+            self.wake.set()  # plan again at once, so that the status shows the refusal
         for ev in plan.events:
-            self.post_event(job, ev.type, ev.reason, ev.message)
+            if not (refused and ev.reason == c.PODS_CREATING):  # nothing was created
+                self.post_event(job, ev.type, ev.reason, ev.message)
         if plan.delete_job:
             log.info("deleting finished job %s/%s (ttlSecondsAfterFinished)", ns, name)
+            self.call = "delete_job"
             await self.kube.delete_job(ns, name)
         METRICS.observe_reconcile(time.monotonic() - started)
         METRICS.update(ns, name, plan.status)
@@ -116,25 +247,205 @@ class JobLoop:
                 ns,
                 name,
                 plan.phase,
-                [p["metadata"]["name"] for p in plan.create_pods],
+                [] if refused else [p["metadata"]["name"] for p in plan.create_pods],
                 plan.delete_pods,
                 [e.reason for e in plan.events],
             )
         return plan
 
-    async def _write_status(self, ns: str, name: str, patch: dict[str, Any]) -> bool:
-        """Patch status; False when the job no longer exists."""
-        written = await self.kube.patch_status(ns, name, patch)
-        if written is None:
+    async def observe_gang(self, job: Mapping[str, Any]) -> planner.GangObservation:
+        """Read what the planner needs of the job's gang admission objects.
+
+        Native: the served scheduling.k8s.io version (discovery, cached) and, while the gang
+        is not running, its PodGroup (the scheduler's reason). Kueue: the job's Workload
+        and the ResourceFlavors its admission names.
+        """
+        try:
+            spec = api.parse_spec(job["spec"])
+        except ValueError:
+            return planner.GangObservation(default=self.default_gang)
+        mech = gang.mechanism(job, spec, self.default_gang)
+        try:
+            return await self._observe_gang(job, mech)
+        except ApiException as e:
+            if e.status not in (403, 404):
+                raise
+            return planner.GangObservation(self.default_gang, error=f"{e.status} {api_reason(e)}")
+
+    async def _observe_gang(self, job: Mapping[str, Any], mech: str) -> planner.GangObservation:
+        meta, status = job["metadata"], job.get("status") or {}
+        ns, name = meta["namespace"], meta["name"]
+        if mech == api.GANG_NATIVE:
+            version = await served_version(self.kube)
+            pod_group = None
+            if version and status.get("phase") in (None, c.PHASE_PENDING, c.PHASE_RESTARTING):
+                attempt = int(status.get("attempt") or 0)
+                ref = gang.ObjectRef(
+                    gang.SCHEDULING_GROUP, version, "podgroups", gang.pod_group_name(name, attempt)
+                )
+                pod_group = await self.kube.get_object(ns, ref)
+            return planner.GangObservation(self.default_gang, version, pod_group)
+        if mech == api.GANG_KUEUE:
+            ref = gang.ObjectRef(
+                gang.KUEUE_GROUP, gang.KUEUE_VERSION, "workloads", gang.kueue_workload_name(job)
+            )
+            workload = await self.kube.get_object(ns, ref)
+            flavors: dict[str, Mapping[str, Any]] = {}
+            for flavor in sorted(set(gang.kueue_state(workload).flavors.values())):
+                fref = gang.ObjectRef(
+                    gang.KUEUE_GROUP, gang.KUEUE_VERSION, "resourceflavors", flavor
+                )
+                found = await self.kube.get_cluster_object(fref)
+                if found is not None:
+                    flavors[flavor] = found
+            priority = None
+            pclass = gang.priority_class(job)
+            if workload is None and pclass:
+                pref = gang.ObjectRef(
+                    gang.KUEUE_GROUP, gang.KUEUE_VERSION, "workloadpriorityclasses", pclass
+                )
+                wpc = await self.kube.get_cluster_object(pref)
+                priority = int(wpc["value"]) if wpc and "value" in wpc else None
+            return planner.GangObservation(
+                self.default_gang, kueue_workload=workload, flavors=flavors, kueue_priority=priority
+            )
+        return planner.GangObservation(self.default_gang)
+
+    async def _create(self, ns: str, name: str, plan: planner.Plan) -> bool:
+        """Create the Service and the gang, all or nothing; True when the server refused.
+
+        Every pod is first created with ``dryRun=All``: admission (quota, PodSecurity,
+        LimitRange, webhooks) and validation run without persisting anything, so a gang that
+        cannot be admitted creates no pod at all. Dry runs do not add up against a quota, so
+        the gang's total is dry-run too, as one probe pod (:mod:`gangprobe`). Should a later
+        pod still be refused (the quota was taken meanwhile), the planner deletes the ones
+        already created after its grace.
+        """
+        target = f"service {name}"
+        kind = "service"
+        try:
+            if plan.create_service is not None:
+                self.call = "create_service"
+                await self.kube.create_service(ns, plan.create_service)
+                self.service_seen_at = time.monotonic()
+            kind = "gang object"
+            self.call = "create_gang_object"
+            for obj in plan.ensure_objects:
+                # The gang's admission object first: pods that bypassed it would defeat it.
+                target = f"{obj['kind']} {obj['apiVersion']} {obj['metadata']['name']}"
+                await self.kube.create_object(ns, obj)
+            kind = "pod"
+            if await self._probe_gang(ns, plan.create_pods):
+                return True
+            for call, dry_run in (("dry_run_pod", True), ("create_pod", False)):
+                self.call = call
+                for i, pod in enumerate(plan.create_pods):
+                    if i and not dry_run:
+                        fault_point(BETWEEN_POD_CREATES)
+                    target = f"pod {pod['metadata']['name']}"
+                    await self.kube.create_pod(ns, pod, dry_run=dry_run)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            refusal = apierrors.classify_exception(e, kind=kind)
+            if not refusal.expected:
+                raise
+            self._refuse(target, refusal)
+            return True
+        if plan.create_pods or plan.ensure_objects:
+            self.refused = None
+        return False
+
+    async def _probe_gang(self, ns: str, pods: list[dict[str, Any]]) -> bool:
+        """Dry-run the gang's summed resources as one pod; True when that was refused.
+
+        A permanent refusal of the probe (a LimitRange's per-pod maximum, say) says nothing
+        about the real pods, whose own dry runs follow: it is ignored.
+        """
+        probe = gangprobe.probe_pod(pods)
+        if probe is None:
             return False
+        self.call = "dry_run_gang"
+        try:
+            await self.kube.create_pod(ns, probe, dry_run=True)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            refusal = apierrors.classify_exception(e)
+            if not refusal.expected:
+                raise
+            if refusal.permanent:
+                log.debug("gang probe of %s refused (%s), ignored", self.key, refusal.message)
+                return False
+            self._refuse(f"the gang's {len(pods)} pods", refusal)
+            return True
+        return False
+
+    def _refuse(self, target: str, refusal: apierrors.Refusal) -> None:
+        """Remember a refused create for the planner, with the retry time of its backoff."""
+        now = datetime.now(UTC)
+        prev = self.refused
+        tries = (prev.tries if prev is not None else 0) + 1
+        same = prev is not None and prev.refusal.reason == refusal.reason
+        delay = self.retry.delay(tries, random.random(), refusal.retry_after)
+        self.refused = apierrors.Refused(
+            refusal,
+            target,
+            since=prev.since if same and prev is not None else now,
+            retry_at=now + timedelta(seconds=delay),
+            tries=tries,
+        )
+        self._log_refusal(self.call, refusal, delay, target)
+
+    def _log_refusal(
+        self, call: str, refusal: apierrors.Refusal, delay: float, target: str = ""
+    ) -> None:
+        """One line per API error (no traceback for an expected one) and one count."""
+        METRICS.observe_api_error(call, refusal.reason)
+        what = "fails the job" if refusal.permanent else f"retry in {delay:.1f}s"
+        log.warning(
+            "API error: job=%s call=%s%s reason=%s code=%s %s: %s",
+            self.key,
+            call,
+            f" object={target!r}" if target else "",
+            refusal.reason,
+            refusal.code,
+            what,
+            refusal.message,
+        )
+
+    async def _write_status(self, ns: str, name: str, patch: dict[str, Any]) -> None:
+        """Patch status (never with NaN or an infinity); JobGone when the job is gone."""
+        written = await self.kube.patch_status(ns, name, json_safe(patch))
+        if written is None:
+            raise JobGone(f"job {ns}/{name} is gone (404 on its status)")
+        if job_uid(written) != self.uid:
+            raise JobGone(f"job {ns}/{name} is now another object (uid {job_uid(written)})")
         self.last_written = written
-        return True
+        self.checked_at = time.monotonic()
+
+    async def check_exists(self) -> None:
+        """GET the job when nothing confirmed it for a while; JobGone when it is gone."""
+        if time.monotonic() - self.checked_at < self.recheck_seconds:
+            return
+        meta = self.body.get("metadata", {})
+        ns, name = meta.get("namespace", ""), meta.get("name", "")
+        live = await self.kube.get_job(ns, name)
+        if live is None:
+            raise JobGone(f"job {ns}/{name} is gone (404)")
+        if job_uid(live) != self.uid:
+            raise JobGone(f"job {ns}/{name} is now another object (uid {job_uid(live)})")
+        self.checked_at = time.monotonic()
+        if _rv(live) > _rv(self.body):
+            self.body = live  # the watch missed a change too: take the fresher copy
 
     async def observe_metrics(self, pods: list[Mapping[str, Any]]) -> float | None:
         """Scrape the ranks when due and fold the result into status; seconds until the next.
 
         Only a Running job is scraped. The window is dropped when the gang restarts or the
-        spec changes, so rates never mix two attempts.
+        spec changes, so rates never mix two attempts; a round that straddles such a change
+        is discarded. The scrape itself runs without the lock: the lifecycle never waits
+        for an endpoint.
         """
         if self.scraper is None:
             return None
@@ -149,41 +460,74 @@ class JobLoop:
         if self.monitor is None or self.monitored != identity:
             self.monitor = JobMonitor(spec, generation=identity[0])
             self.monitored = identity
+        monitor = self.monitor
         interval = float((spec.get("monitoring") or {}).get("scrapeIntervalSeconds") or 15)
         now = time.time()
         if now < self.next_scrape:
             return self.next_scrape - now
-        self.next_scrape = now + interval
-        targets = self.monitor.scrape_targets(spec, pods)
+        self.next_scrape = next_tick(now, interval, job_uid(job))
+        targets = monitor.scrape_targets(spec, pods, job_uid(job))
         results = await self.scraper.scrape_all(targets)
         for r in results:
             METRICS.observe_scrape(r.seconds, r.ok, None if r.error is None else str(r.error))
-        update = self.monitor.observe(results, time.time())
-        for ev in update.events:
-            self.post_event(job, ev.type, ev.reason, ev.message)
-        patch = update.status_patch(status)
-        if patch:
-            await self._write_status(meta["namespace"], meta["name"], patch)
-            METRICS.update(meta["namespace"], meta["name"], self.freshest(self.body).get("status"))
+            dropped_bytes = r.size if r.error == ErrorKind.TOO_LARGE else 0
+            METRICS.observe_dropped(r.dropped_series, r.dropped_values, dropped_bytes)
+        async with self.lock:
+            job = self.freshest(self.body)
+            status = job.get("status") or {}
+            meta = job["metadata"]
+            now_identity = (int(meta.get("generation") or 0), int(status.get("attempt") or 0))
+            if monitor is not self.monitor or now_identity != identity:
+                return interval  # the gang restarted (or the spec changed) meanwhile
+            if status.get("phase") != c.PHASE_RUNNING:
+                return None
+            update = monitor.observe(results, time.time())
+            capped = update.dropped_series - sum(r.dropped_series for r in results)
+            if capped > 0:  # refused by the job's own series cap (not counted per result)
+                METRICS.observe_dropped(capped, 0, 0)
+            for ev in update.events:
+                self.post_event(job, ev.type, ev.reason, ev.message)
+            patch = update.status_patch(status)
+            if patch:
+                await self._write_status(meta["namespace"], meta["name"], patch)
+                METRICS.update(
+                    meta["namespace"], meta["name"], self.freshest(self.body).get("status")
+                )
+                self.wake.set()  # the lifecycle acts on what was observed (restartOnStall)
         return interval
 
-    # -- the task that runs the loop -------------------------------------------------------
+    # -- the tasks that run the loop -------------------------------------------------------
     def start(self, body: dict[str, Any], pods: Callable[[], list[Mapping[str, Any]]]) -> None:
-        """Run the loop as a task; ``pods`` returns the job's pods from the operator's index."""
+        """Run the loop's tasks; ``pods`` returns the job's pods from the operator's index."""
         self.body = body
         self._pods = pods
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"job {self.key}")
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._run(), name=f"job {self.key}")
+        self._scrape_task = loop.create_task(self._scrape_run(), name=f"metrics {self.key}")
 
     def update(self, body: dict[str, Any]) -> None:
         """A newer copy of the job arrived from the watch: keep it and reconcile soon."""
         self.body = body
+        self.checked_at = time.monotonic()
         self.wake.set()
 
     def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        """Stop both tasks and drop the job's series (its DELETED event, or shutdown)."""
+        self.ended = True
+        current = asyncio.current_task() if _in_loop() else None
+        for task in (self._task, self._scrape_task):
+            if task is not None and task is not current:
+                task.cancel()
         meta = self.body.get("metadata", {})
         METRICS.forget(meta.get("namespace", ""), meta.get("name", ""))
+
+    def _gone(self, why: JobGone) -> None:
+        if self.ended:
+            return
+        log.info("stopping the loop of %s: %s", self.key, why)
+        self.stop()
+        if self.on_exit is not None:
+            self.on_exit(self)
 
     @property
     def key(self) -> str:
@@ -191,33 +535,129 @@ class JobLoop:
         return f"{meta.get('namespace')}/{meta.get('name')}"
 
     async def _run(self) -> None:
-        while True:
+        while not self.ended:
             try:
                 plan = await self.reconcile(self.body, self._pods())
-                resync = (
-                    IDLE_RESYNC_SECONDS if plan.phase in ("Succeeded", "Failed") else RESYNC_SECONDS
-                )
+                idle = plan.phase in ("Succeeded", "Failed")
+                resync = max(self.resync_seconds, IDLE_RESYNC_SECONDS if idle else 0.0)
                 timeout = min(plan.requeue_after or resync, resync)
+                self.scrape_wake.set()
+                self.failures = 0
             except asyncio.CancelledError:
                 raise
+            except JobGone as gone:
+                self._gone(gone)
+                return
             except Exception as e:
-                log.exception("reconcile of %s failed; retrying in 5s", self.key)
-                METRICS.observe_reconcile(0.0, type(e).__name__)
-                timeout = 5.0
+                # Wake-ups (pod events, job updates) must not cut an API backoff short.
+                await asyncio.sleep(self._failed(e))
+                continue
+            woken = await self.sleep(max(timeout, 0.0))
+            if not woken:
+                try:
+                    await self.check_exists()
+                except asyncio.CancelledError:
+                    raise
+                except JobGone as gone:
+                    self._gone(gone)
+                    return
+                except Exception as e:
+                    self._side_failure("get_job", e, 1)
+
+    async def _scrape_run(self) -> None:
+        while not self.ended:
             try:
                 due = await self.observe_metrics(self._pods())
-                if due is not None:
-                    timeout = min(timeout, due)
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                # A monitoring failure must never stop the lifecycle: log and go on.
-                log.exception("metrics of %s failed", self.key)
-            await self.sleep(max(timeout, 0.0))
+            except JobGone as gone:
+                self._gone(gone)
+                return
+            except Exception as e:
+                # A monitoring failure must never stop the lifecycle: classify, back off, go on.
+                self.scrape_failures += 1
+                due = self._side_failure("metrics", e, self.scrape_failures)
+            else:
+                self.scrape_failures = 0
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self.scrape_wake.wait(), self.resync_seconds if due is None else max(due, 0.0)
+                )
+            self.scrape_wake.clear()
 
-    async def sleep(self, timeout: float) -> None:
-        """Wait for a wake-up or the timeout, then coalesce a burst of events."""
-        with contextlib.suppress(TimeoutError):
+    def _side_failure(self, call: str, e: Exception, failures: int) -> float:
+        """A failure off the lifecycle path (scrape-and-status, the existence check): an
+        expected API error is one line and a count, a bug a traceback; the delay backs off."""
+        refusal = apierrors.classify_exception(e)
+        delay = self.retry.delay(failures, random.random(), refusal.retry_after)
+        if refusal.expected:
+            self._log_refusal(call, refusal, delay)
+        else:
+            METRICS.observe_api_error(call, refusal.reason)
+            log.exception("%s of %s failed; retry in %.1fs", call, self.key, delay)
+        return delay
+
+    def _failed(self, e: Exception) -> float:
+        """A pass failed: classify, log, count, and back off (exponential, jittered, capped)."""
+        self.failures += 1
+        refusal = apierrors.classify_exception(e)
+        delay = self.retry.delay(self.failures, random.random(), refusal.retry_after)
+        METRICS.observe_reconcile(0.0, opmetrics.error_reason(e))
+        if refusal.expected:
+            self._log_refusal(self.call or "reconcile", refusal, delay)
+        else:
+            METRICS.observe_api_error(self.call or "reconcile", refusal.reason)
+            log.exception(
+                "reconcile of %s failed (call=%s); retry in %.1fs", self.key, self.call, delay
+            )
+        return delay
+
+    async def sleep(self, timeout: float) -> bool:
+        """Wait for a wake-up or the timeout, then coalesce a burst of events; True if woken."""
+        woken = True
+        try:
             await asyncio.wait_for(self.wake.wait(), timeout)
+        except TimeoutError:
+            woken = False
         self.wake.clear()
         await asyncio.sleep(DEBOUNCE_SECONDS)
+        return woken
+
+
+_SERVED: dict[str, tuple[str | None, float]] = {}
+
+
+async def served_version(kube: Kube) -> str | None:
+    """The scheduling.k8s.io version serving PodGroups, preferred first; None if none.
+
+    Cached for the process: a served API stays served; "not served" is asked again after
+    :data:`DISCOVERY_RECHECK_SECONDS` so that enabling the API needs no operator restart.
+    """
+    cached = _SERVED.get(gang.SCHEDULING_GROUP)
+    if cached is not None and (
+        cached[0] is not None or time.monotonic() - cached[1] < DISCOVERY_RECHECK_SECONDS
+    ):
+        return cached[0]
+    found = None
+    for version in gang.SCHEDULING_VERSIONS:
+        if await kube.serves(gang.SCHEDULING_GROUP, version, "podgroups"):
+            found = version
+            break
+    _SERVED[gang.SCHEDULING_GROUP] = (found, time.monotonic())
+    return found
+
+
+def next_tick(now: float, interval: float, uid: str) -> float:
+    """The job's next scrape time: its own phase within the interval (from its UID), so a
+    thousand jobs started together do not scrape in lockstep and queue for the slots."""
+    offset = (zlib.crc32(uid.encode()) % 997) / 997 * interval
+    wait = interval - ((now - offset) % interval)
+    return now + (wait if wait > 1e-3 else wait + interval)  # never twice in a row
+
+
+def _in_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

@@ -20,24 +20,35 @@ import resource
 import time
 import zlib
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import TracebackType
 from typing import Final
 from urllib.parse import urlsplit
 
-from gpujob_operator import expfmt
+from gpujob_operator import expfmt, guard
+from gpujob_operator.expfmt import common_prefix
 from gpujob_operator.window import NEEDED, Frame, frame, frame_payload
 from gpujob_trainer import contract
 
 DEFAULT_CONCURRENCY: Final = 256
 DEFAULT_TIMEOUT: Final = 5.0
 DEFAULT_MAX_BYTES: Final = 4 * 2**20
+DEFAULT_MAX_LINES: Final = 100_000
+"""Lines per payload (a rank's is ~100-300, a node's local rank 0 with 16 GPUs ~600)."""
+DEFAULT_MAX_SAMPLES: Final = 10_000
+"""Lines of the metrics contract per payload."""
+INLINE_PARSE_BYTES: Final = 256 * 1024
+"""Larger payloads are parsed off the event loop."""
 ACCEPT: Final = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 USER_AGENT: Final = "gpujob-operator"
 IDLE_SECONDS: Final = 60.0
 """Kept-alive connections unused this long are closed (longer than a scrape interval)."""
 _MAX_HEAD: Final = 65536
+_MAX_CHUNK_LINE: Final = 4096
+# States of the chunked-body decoder.
+_SIZE, _DATA, _DATA_END, _TRAILER = 0, 1, 2, 3
 
 
 class ErrorKind(StrEnum):
@@ -50,6 +61,8 @@ class ErrorKind(StrEnum):
     TOO_LARGE = "too_large"
     MISSING_RANK = "missing_rank"
     CONNECTION = "connection"
+    NO_SLOT = "no_slot"
+    """The operator's scrape slots stayed busy (with other slow endpoints) past the timeout."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +92,15 @@ class ScrapeResult:
     seconds: float = 0.0
     """How long the request took (after waiting for a slot)."""
     size: int = 0
+    """Bytes of the body (on a failure: the bytes received and thrown away)."""
     frame: Frame | None = None
     """The payload boiled down to window rows (set on every successful scrape)."""
+    dropped_series: int = 0
+    """Series the payload carried that this target may not speak for (see `guard`)."""
+    dropped_values: int = 0
+    """Non-finite or implausible values turned into "absent"."""
+    notes: tuple[tuple[str, str], ...] = ()
+    """(kind, words) of what was dropped (`guard.Admitted.notes`)."""
 
     @property
     def ok(self) -> bool:
@@ -88,10 +108,12 @@ class ScrapeResult:
 
 
 class _Failure(Exception):
-    def __init__(self, kind: ErrorKind, message: str) -> None:
+    def __init__(self, kind: ErrorKind, message: str, size: int = 0) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
+        self.size = size
+        """Bytes received and thrown away."""
 
 
 class _Response:
@@ -114,8 +136,17 @@ class _Conn(asyncio.Protocol):
         self.closed = False
         self.waiter: asyncio.Future[_Response] | None = None
         self.buf = bytearray()
+        self.body = bytearray()
+        """The decoded body of a chunked response so far."""
         self.max_bytes = 0
         self.head_end = -1
+        self.scanned = 0
+        """Where to resume the search for the end of the head."""
+        self.chunk_state = _SIZE
+        self.chunk_left = 0
+        self.trailer_bytes = 0
+        self.received = 0
+        """Bytes received for the current request (for the dropped-bytes count)."""
         self.status = 0
         self.reason = ""
         self.length: int | None = None
@@ -136,6 +167,7 @@ class _Conn(asyncio.Protocol):
             self.abort()
             return
         self.buf += data
+        self.received += len(data)
         try:
             self._progress(eof=False)
         except _Failure as exc:
@@ -161,8 +193,14 @@ class _Conn(asyncio.Protocol):
         assert self.transport is not None
         self.waiter = fut = self.loop.create_future()
         self.buf.clear()
+        self.body = bytearray()
         self.max_bytes = max_bytes
         self.head_end = -1
+        self.scanned = 0
+        self.chunk_state = _SIZE
+        self.chunk_left = 0
+        self.trailer_bytes = 0
+        self.received = 0
         self.uses += 1
         self.transport.write(head)
         return fut
@@ -173,6 +211,8 @@ class _Conn(asyncio.Protocol):
             self.transport.abort()
 
     def _fail(self, exc: BaseException) -> None:
+        if isinstance(exc, _Failure):
+            exc.size = max(exc.size, self.received)
         waiter, self.waiter = self.waiter, None
         self.abort()
         if waiter is not None and not waiter.done():
@@ -186,12 +226,15 @@ class _Conn(asyncio.Protocol):
             waiter.set_result(_Response(self.status, self.reason, body, self.encoding))
 
     def _progress(self, *, eof: bool) -> None:
+        # Linear in the bytes received, however they are split: the head is searched only in
+        # what arrived since the last look, and a chunked body is decoded as it arrives.
         buf = self.buf
         if self.head_end < 0:
-            end = buf.find(b"\r\n\r\n")
+            end = buf.find(b"\r\n\r\n", self.scanned)
             if end < 0:
                 if len(buf) > _MAX_HEAD or eof:
                     raise _Failure(ErrorKind.CONNECTION, "malformed or incomplete HTTP response")
+                self.scanned = max(0, len(buf) - 3)
                 return
             self._head(bytes(buf[:end]))
             self.head_end = end + 4
@@ -204,6 +247,9 @@ class _Conn(asyncio.Protocol):
                     ErrorKind.TOO_LARGE,
                     f"{self.length} bytes exceed the {self.max_bytes}-byte cap",
                 )
+            if self.chunked:
+                del buf[: self.head_end]
+                self.head_end = 0
         start = self.head_end
         if self.length is not None:
             if len(buf) - start >= self.length:
@@ -213,24 +259,82 @@ class _Conn(asyncio.Protocol):
             elif eof:
                 raise _Failure(ErrorKind.CONNECTION, "connection closed before the body ended")
             return
-        if len(buf) - start > self.max_bytes + (self.max_bytes >> 4) + 4096:
-            raise _Failure(ErrorKind.TOO_LARGE, f"body exceeds the {self.max_bytes}-byte cap")
         if self.chunked:
-            body = _dechunk(buf, start)
-            if body is not None:
+            if self._dechunk():
+                self._done(bytes(self.body))
+            elif eof:
+                raise _Failure(ErrorKind.CONNECTION, "connection closed before the body ended")
+            return
+        if len(buf) - start > self.max_bytes:
+            raise _Failure(ErrorKind.TOO_LARGE, f"body exceeds the {self.max_bytes}-byte cap")
+        if eof:  # no length and not chunked: the body runs until the server closes
+            self.keep = False
+            self._done(bytes(buf[start:]))
+
+    def _dechunk(self) -> bool:
+        """Decode the chunked body received so far into `body`, consuming `buf`; True at its end.
+
+        Only an incomplete chunk-size line, chunk end or trailer line stays in `buf`, so
+        every byte is looked at once (a body trickled in tiny chunks costs what one costs).
+        """
+        buf, body = self.buf, self.body
+        pos, n = 0, len(buf)
+        done = False
+        while pos < n:
+            state = self.chunk_state
+            if state == _DATA:
+                take = min(self.chunk_left, n - pos)
+                body += buf[pos : pos + take]
+                pos += take
+                self.chunk_left -= take
                 if len(body) > self.max_bytes:
                     raise _Failure(
                         ErrorKind.TOO_LARGE, f"body exceeds the {self.max_bytes}-byte cap"
                     )
-                self._done(body)
-            elif eof:
-                raise _Failure(ErrorKind.CONNECTION, "connection closed before the body ended")
-            return
-        if eof:  # no length and not chunked: the body runs until the server closes
-            if len(buf) - start > self.max_bytes:
+                if self.chunk_left == 0:
+                    self.chunk_state = _DATA_END
+                continue
+            if state == _DATA_END:
+                if n - pos < 2:
+                    break
+                if buf[pos : pos + 2] != b"\r\n":
+                    raise _Failure(ErrorKind.CONNECTION, "chunk data not followed by CRLF")
+                pos += 2
+                self.chunk_state = _SIZE
+                continue
+            eol = buf.find(b"\r\n", pos)
+            if eol < 0:
+                if n - pos > _MAX_CHUNK_LINE:
+                    raise _Failure(ErrorKind.CONNECTION, "chunk-size or trailer line too long")
+                break
+            line = bytes(buf[pos:eol])
+            pos = eol + 2
+            if state == _TRAILER:
+                self.trailer_bytes += len(line) + 2
+                if self.trailer_bytes > _MAX_HEAD:
+                    raise _Failure(ErrorKind.CONNECTION, "chunked trailers too long")
+                if not line:
+                    done = True
+                    break
+                continue
+            size_text = line.split(b";", 1)[0].strip()
+            if not size_text or len(size_text) > 16:
+                raise _Failure(ErrorKind.CONNECTION, f"bad chunk size {size_text[:20]!r}")
+            try:
+                size = int(size_text, 16)
+            except ValueError:
+                raise _Failure(ErrorKind.CONNECTION, f"bad chunk size {size_text[:20]!r}") from None
+            if size == 0:
+                self.chunk_state = _TRAILER
+            elif len(body) + size > self.max_bytes:
                 raise _Failure(ErrorKind.TOO_LARGE, f"body exceeds the {self.max_bytes}-byte cap")
-            self.keep = False
-            self._done(bytes(buf[start:]))
+            else:
+                self.chunk_state = _DATA
+                self.chunk_left = size
+        if done and pos < n:
+            self.keep = False  # bytes after the message: do not trust the connection
+        del buf[:pos]
+        return done
 
     def _head(self, head: bytes) -> None:
         lines = head.split(b"\r\n")
@@ -264,30 +368,6 @@ class _Conn(asyncio.Protocol):
         self.keep = keep and (self.length is not None or self.chunked)
 
 
-def _dechunk(buf: bytearray, pos: int) -> bytes | None:
-    """The body of a complete chunked message starting at pos (None: not complete yet)."""
-    out = bytearray()
-    n = len(buf)
-    while True:
-        eol = buf.find(b"\r\n", pos)
-        if eol < 0:
-            return None
-        size_text = bytes(buf[pos:eol]).split(b";", 1)[0].strip()
-        try:
-            size = int(size_text, 16)
-        except ValueError:
-            raise _Failure(ErrorKind.CONNECTION, f"bad chunk size {size_text[:20]!r}") from None
-        pos = eol + 2
-        if size == 0:
-            # Trailers (if any) end with an empty line.
-            end = buf.find(b"\r\n\r\n", eol) if buf[pos : pos + 2] != b"\r\n" else pos
-            return bytes(out) if end >= 0 else None
-        if pos + size + 2 > n:
-            return None
-        out += buf[pos : pos + size]
-        pos += size + 2
-
-
 def _decode_body(body: bytes, encoding: bytes, max_bytes: int) -> bytes:
     if not encoding or encoding == b"identity":
         return body
@@ -301,7 +381,11 @@ def _decode_body(body: bytes, encoding: bytes, max_bytes: int) -> bytes:
         except zlib.error:
             continue
         if len(out) > max_bytes:
-            raise _Failure(ErrorKind.TOO_LARGE, f"body exceeds the {max_bytes}-byte cap")
+            raise _Failure(
+                ErrorKind.TOO_LARGE,
+                f"the {encoding.decode()} body decodes to more than the {max_bytes}-byte cap",
+                len(body),
+            )
         return out
     raise _Failure(ErrorKind.CONNECTION, "the compressed body does not decode")
 
@@ -347,6 +431,9 @@ class Scraper:
         concurrency: int = DEFAULT_CONCURRENCY,
         timeout: float = DEFAULT_TIMEOUT,
         max_bytes: int = DEFAULT_MAX_BYTES,
+        max_lines: int = DEFAULT_MAX_LINES,
+        max_samples: int = DEFAULT_MAX_SAMPLES,
+        per_call: int | None = None,
         wanted: frozenset[str] | None = NEEDED,
         clock: Callable[[], float] = time.time,
         idle_limit: int | None = None,
@@ -354,6 +441,12 @@ class Scraper:
         self.concurrency = concurrency
         self.timeout = timeout
         self.max_bytes = max_bytes
+        self.max_lines = max_lines
+        self.max_samples = max_samples
+        if per_call is None:
+            per_call = max(1, min(concurrency // 2, max(4, concurrency // 4)))
+        self.per_call = per_call
+        """Slots one `scrape_all` call (one job) may hold at once."""
         self.wanted = wanted
         """NEEDED (the default): results carry frames only; any other set: samples too."""
         self.idle_limit = _default_idle_limit(concurrency) if idle_limit is None else idle_limit
@@ -397,17 +490,57 @@ class Scraper:
         self._idle_count = 0
 
     async def scrape_all(self, targets: Sequence[ScrapeTarget]) -> list[ScrapeResult]:
-        """Scrape every target concurrently; results in the targets' order."""
-        return list(await asyncio.gather(*(self.scrape(t) for t in targets)))
+        """Scrape every target concurrently; results in the targets' order.
+
+        The whole call ends within `timeout` (waiting for slots included), and one call holds
+        at most `per_call` of the shared slots: a job whose endpoints never answer neither
+        waits longer than that nor takes every slot from the other jobs.
+        """
+        deadline = time.monotonic() + self.timeout
+        share = asyncio.Semaphore(self.per_call) if len(targets) > self.per_call else None
+        return list(await asyncio.gather(*(self._scrape(t, deadline, share) for t in targets)))
 
     async def scrape(self, target: ScrapeTarget) -> ScrapeResult:
-        """Scrape one endpoint; never raises (except cancellation)."""
+        """Scrape one endpoint within `timeout`; never raises (except cancellation)."""
+        return await self._scrape(target, time.monotonic() + self.timeout, None)
+
+    async def _scrape(
+        self, target: ScrapeTarget, deadline: float, share: asyncio.Semaphore | None
+    ) -> ScrapeResult:
         sem = self._ensure()
-        async with sem:
-            start = time.monotonic()
-            result = await self._fetch(target, start)
-            result.seconds = time.monotonic() - start
+        loop = asyncio.get_running_loop()
+        start = time.monotonic()
+        held: list[asyncio.Semaphore] = []
+        try:
+            try:
+                if (share is None or not share.locked()) and not sem.locked():
+                    for s in (share, sem):  # free slots: taken at once, no timer needed
+                        if s is not None:
+                            await s.acquire()
+                            held.append(s)
+                else:
+                    async with asyncio.timeout_at(loop.time() + (deadline - start)):
+                        for s in (share, sem):
+                            if s is not None:
+                                await s.acquire()
+                                held.append(s)
+            except TimeoutError:
+                waited = time.monotonic() - start
+                return ScrapeResult(
+                    target,
+                    self._clock(),
+                    error=ErrorKind.NO_SLOT,
+                    message=f"no free scrape slot within {waited:.3g}s: all "
+                    f"{self.concurrency} slots are busy with slow endpoints",
+                    seconds=waited,
+                )
+            begun = time.monotonic()
+            result = await self._fetch(target, deadline)
+            result.seconds = time.monotonic() - begun
             return result
+        finally:
+            for s in held:
+                s.release()
 
     # ---- the connection pool -----------------------------------------------------------------
 
@@ -484,7 +617,7 @@ class Scraper:
                 raise
             except (ConnectionError, OSError) as exc:
                 # A kept-alive connection the server closed meanwhile: once more, afresh.
-                if reused and not conn.buf:
+                if reused and not conn.received:
                     continue
                 raise _Failure(ErrorKind.CONNECTION, f"{type(exc).__name__}: {exc}") from None
             except BaseException:
@@ -496,7 +629,7 @@ class Scraper:
             return resp
         raise AssertionError("unreachable")
 
-    async def _fetch(self, target: ScrapeTarget, start: float) -> ScrapeResult:
+    async def _fetch(self, target: ScrapeTarget, deadline: float) -> ScrapeResult:
         def fail(kind: ErrorKind, message: str, size: int = 0) -> ScrapeResult:
             return ScrapeResult(target, self._clock(), error=kind, message=message, size=size)
 
@@ -507,22 +640,25 @@ class Scraper:
                 if len(self._endpoints) > 65536:
                     self._endpoints.clear()
                 self._endpoints[target.url] = ep
-            resp = await self._exchange(ep, start + self.timeout)
+            resp = await self._exchange(ep, deadline)
             if resp.status != 200:
                 return fail(ErrorKind.HTTP_STATUS, f"HTTP {resp.status} {resp.reason}")
             body = _decode_body(resp.body, resp.encoding, self.max_bytes)
+            _check_shape(body, self.max_lines, self.max_samples)
         except TimeoutError:
             return fail(ErrorKind.TIMEOUT, f"no complete response within {self.timeout:g}s")
         except _Failure as exc:
-            return fail(exc.kind, exc.message)
+            return fail(exc.kind, exc.message, exc.size)
         t = self._clock()
         samples: list[expfmt.Sample] = []
         try:
-            if self.wanted is NEEDED:
-                fr = frame_payload(body, t)
+            if len(body) > INLINE_PARSE_BYTES:
+                # Parsed on one thread of its own: the event loop (other jobs, watches, the
+                # health probe) keeps running; the caps above bound the work.
+                loop = asyncio.get_running_loop()
+                samples, fr = await loop.run_in_executor(_parser(), self._parse, body, t)
             else:
-                samples = expfmt.parse(body, self.wanted)
-                fr = frame(samples, t)
+                samples, fr = self._parse(body, t)
         except expfmt.ParseError as exc:
             return ScrapeResult(target, t, error=ErrorKind.PARSE, message=str(exc), size=len(body))
         missing = _missing_rank(target, fr)
@@ -530,7 +666,33 @@ class Scraper:
             return ScrapeResult(
                 target, t, error=ErrorKind.MISSING_RANK, message=missing, size=len(body)
             )
-        return ScrapeResult(target, t, samples=samples, size=len(body), frame=fr)
+        adm = guard.admit(fr, target.rank, t)
+        if target.rank is not None and target.rank not in adm.frame.ranks:
+            found = ",".join(str(r) for r in sorted(fr.ranks)[:5]) or "none"
+            return ScrapeResult(
+                target,
+                t,
+                error=ErrorKind.MISSING_RANK,
+                message=f"expected rank {target.rank}, the endpoint exports rank(s) {found}",
+                size=len(body),
+                dropped_series=adm.dropped_series,
+            )
+        return ScrapeResult(
+            target,
+            t,
+            samples=samples,
+            size=len(body),
+            frame=adm.frame,
+            dropped_series=adm.dropped_series,
+            dropped_values=adm.dropped_values,
+            notes=adm.notes,
+        )
+
+    def _parse(self, body: bytes, t: float) -> tuple[list[expfmt.Sample], Frame]:
+        if self.wanted is NEEDED:
+            return [], frame_payload(body, t)
+        samples = expfmt.parse(body, self.wanted)
+        return samples, frame(samples, t)
 
 
 def _expire(conn: _Conn, fut: asyncio.Future[_Response]) -> None:
@@ -538,6 +700,40 @@ def _expire(conn: _Conn, fut: asyncio.Future[_Response]) -> None:
         conn.waiter = None
         conn.abort()
         fut.set_exception(TimeoutError())
+
+
+_PARSER: ThreadPoolExecutor | None = None
+
+
+def _parser() -> ThreadPoolExecutor:
+    """One thread for large payloads (shared by every scraper; API calls use others)."""
+    global _PARSER
+    if _PARSER is None:
+        _PARSER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpujob-parse")
+    return _PARSER
+
+
+_OURS_AT_LINE: Final = b"\n" + common_prefix(NEEDED).encode()
+
+
+def _check_shape(body: bytes, max_lines: int, max_samples: int) -> None:
+    """Refuse a payload with more lines, or more lines of the contract, than any trainer's.
+
+    Counted at C speed before anything is parsed: parsing costs per line, so these caps
+    (with the byte cap) bound the CPU one scrape can take.
+    """
+    lines = body.count(b"\n")
+    if lines > max_lines:
+        raise _Failure(
+            ErrorKind.TOO_LARGE, f"{lines} lines exceed the cap of {max_lines}", len(body)
+        )
+    ours = body.count(_OURS_AT_LINE) + body.startswith(_OURS_AT_LINE[1:])
+    if ours > max_samples:
+        raise _Failure(
+            ErrorKind.TOO_LARGE,
+            f"{ours} gpujob samples exceed the cap of {max_samples} per endpoint",
+            len(body),
+        )
 
 
 def _missing_rank(target: ScrapeTarget, fr: Frame) -> str:

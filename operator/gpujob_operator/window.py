@@ -29,7 +29,12 @@ R_STEP_COUNT, R_STEP_SUM, R_COMPUTE, R_LAST_STEP = 7, 8, 9, 10
 R_CUDA_RESERVED, R_CUDA_RETRIES, R_CUDA_OOMS = 11, 12, 13
 R_PHASE0: Final = 14
 R_PHASE: Final = {name: R_PHASE0 + i for i, name in enumerate(contract.PHASES)}
-R_WIDTH: Final = R_PHASE0 + len(contract.PHASES)
+R_HEARTBEAT: Final = R_PHASE0 + len(contract.PHASES)
+"""Unix time the rank last changed phase (its liveness between steps)."""
+R_CURRENT_PHASE: Final = R_HEARTBEAT + 1
+"""Index in `contract.PHASES` of the phase the rank is in (NaN: not exported)."""
+R_WIDTH: Final = R_CURRENT_PHASE + 1
+_PHASE_INDEX: Final = {name: float(i) for i, name in enumerate(contract.PHASES)}
 
 _RANK_FIELDS: Final = {
     contract.STEPS.name: R_STEPS,
@@ -42,6 +47,7 @@ _RANK_FIELDS: Final = {
     contract.STEP_DURATION.name + "_sum": R_STEP_SUM,
     contract.COMPUTE_SECONDS.name: R_COMPUTE,
     contract.LAST_STEP_TIMESTAMP.name: R_LAST_STEP,
+    contract.HEARTBEAT_TIMESTAMP.name: R_HEARTBEAT,
     contract.CUDA_MEMORY_RESERVED.name: R_CUDA_RESERVED,
     contract.CUDA_ALLOC_RETRIES.name: R_CUDA_RETRIES,
     contract.CUDA_OOMS.name: R_CUDA_OOMS,
@@ -160,6 +166,10 @@ def frame(samples: Iterable[Sample], t: float) -> Frame:
             pi = R_PHASE.get(labels.get(contract.LABEL_PHASE, ""))
             if pi is not None:
                 rrow[pi] = value
+        elif name == contract.CURRENT_PHASE.name:
+            ci = _PHASE_INDEX.get(labels.get(contract.LABEL_PHASE, ""))
+            if ci is not None and value > 0:
+                rrow[R_CURRENT_PHASE] = ci
         elif name == _BUCKETS:
             le = labels.get("le", "")
             idx = nb - 1 if le == "+Inf" else _BUCKET_INDEX.get(_float(le), -1)
@@ -231,15 +241,21 @@ _OURS: Final = re.compile(rf"\n({_PREFIX}[^ \n]*) ([^ \n]+)")
 _PAIR: Final = re.compile(r'([a-zA-Z_]\w*)="([^"]*)"', re.ASCII)
 
 # What one series (name and label set) contributes to a frame, decoded once and cached.
-_IGNORE, _RANK_ROW, _RANK_BUCKET, _GPU, _TELEMETRY, _STEPS_ONLY = 0, 1, 2, 3, 4, 5
+_IGNORE, _RANK_ROW, _RANK_BUCKET, _GPU, _TELEMETRY, _STEPS_ONLY, _RANK_CURRENT = range(7)
 _Action = tuple[int, int, int | None, int | None, int, str | None, str | None]
 """(kind, key, a, node, index, label, steps' local_rank label). Rank kinds: key is the rank,
 a its local rank, index the row or bucket position (-1: none), label the CUDA UUID. _GPU: key
 is the GPU, a its row position (None for a clock event), index the throttle bit (0: none),
-label its UUID. _TELEMETRY: label is the reason."""
+label its UUID. _TELEMETRY: label is the reason. _RANK_CURRENT: index is the phase's position in
+`contract.PHASES` (-1: unknown), written to R_CURRENT_PHASE when the value is 1."""
 _NO_ACTION: Final[_Action] = (_IGNORE, -1, None, None, -1, None, None)
 _ACTIONS: dict[str, _Action] = {}
 _ACTIONS_MAX: Final = 65536
+_ACTIONS_MAX_CHARS: Final = 8 * 2**20
+"""The cache's keys hold at most this many characters in all."""
+_ACTIONS_MAX_KEY: Final = 512
+"""Longer series (unusual label values) are decoded every time, never kept."""
+_actions_chars = 0
 _RANK_TEMPLATE: Final = array("d", [NAN]) * R_WIDTH
 _GPU_TEMPLATE: Final = array("d", [NAN]) * G_WIDTH
 _BUCKET_TEMPLATE: Final = array("d", [NAN]) * (len(contract.STEP_DURATION_BUCKETS) + 1)
@@ -285,6 +301,9 @@ def _action(series: str) -> _Action:
     if name == contract.PHASE_SECONDS.name:
         pi = R_PHASE.get(labels.get(contract.LABEL_PHASE, ""), -1)
         return (_RANK_ROW, rank, local, node, pi, None, None)
+    if name == contract.CURRENT_PHASE.name:
+        ci = int(_PHASE_INDEX.get(labels.get(contract.LABEL_PHASE, ""), -1))
+        return (_RANK_CURRENT, rank, local, node, ci, None, None)
     if name == _BUCKETS:
         le = labels.get("le", "")
         nb = len(_BUCKET_TEMPLATE)
@@ -292,6 +311,22 @@ def _action(series: str) -> _Action:
         if idx >= 0:
             return (_RANK_BUCKET, rank, local, node, idx, None, None)
     return (_RANK_ROW, rank, local, node, -1, None, None)
+
+
+def _remember(series: str, a: _Action) -> None:
+    global _actions_chars
+    if len(series) > _ACTIONS_MAX_KEY:
+        return
+    if len(_ACTIONS) >= _ACTIONS_MAX or _actions_chars > _ACTIONS_MAX_CHARS:
+        _ACTIONS.clear()
+        _actions_chars = 0
+    _ACTIONS[series] = a
+    _actions_chars += len(series)
+
+
+def series_cache_size() -> tuple[int, int]:
+    """(entries, characters of keys) the series cache holds (for tests and benches)."""
+    return len(_ACTIONS), _actions_chars
 
 
 def frame_payload(payload: str | bytes | bytearray | memoryview, t: float) -> Frame:
@@ -308,12 +343,29 @@ def frame_payload(payload: str | bytes | bytearray | memoryview, t: float) -> Fr
             text = str(payload, "utf-8")
         except UnicodeDecodeError:
             return frame(parse(bytes(payload), NEEDED), t)
-    if "\r" in text or _DOC.fullmatch(text) is None:
+    if "\r" in text or not _canonical(text):
         return frame(parse(text, NEEDED), t)
     try:
         return _scan(text, t)
     except _Fallback:
         return frame(parse(text, NEEDED), t)
+
+
+_BLOCK: Final = 32768
+"""Characters checked per regex call (split at a line end), so no call holds the GIL long."""
+
+
+def _canonical(text: str) -> bool:
+    """`_DOC.fullmatch(text)`, done block by block (lines never straddle two blocks)."""
+    n = len(text)
+    pos = 0
+    while True:
+        end = text.find("\n", pos + _BLOCK) if pos + _BLOCK < n else -1
+        if end < 0:
+            return _DOC.fullmatch(text, pos, n) is not None
+        if _DOC.fullmatch(text, pos, end) is None:
+            return False
+        pos = end + 1
 
 
 def _scan(text: str, t: float) -> Frame:
@@ -326,15 +378,20 @@ def _scan(text: str, t: float) -> Frame:
     telemetry: str | None = None
     steps: list[str] = []
     actions = _ACTIONS
-    for series, value_text in _OURS.findall("\n" + text):
+    # A large payload (parsed on a worker thread) is searched with finditer, which hands the
+    # GIL back between lines instead of holding it for one long C call; findall is faster.
+    found: Iterable[tuple[str, str]] = (
+        _OURS.findall("\n" + text)
+        if len(text) <= _BLOCK
+        else ((m[1], m[2]) for m in _OURS.finditer("\n" + text))
+    )
+    for series, value_text in found:
         a = actions.get(series)
         if a is None:
             a = _action(series)
-            if len(actions) >= _ACTIONS_MAX:
-                actions.clear()
-            actions[series] = a
+            _remember(series, a)
         kind, key, lr, nr, idx, text_label, steps_label = a
-        if kind in (_RANK_ROW, _RANK_BUCKET):
+        if kind in (_RANK_ROW, _RANK_BUCKET, _RANK_CURRENT):
             row = ranks.get(key)
             if row is None:
                 row = ranks[key] = _RANK_TEMPLATE[:]
@@ -350,6 +407,9 @@ def _scan(text: str, t: float) -> Frame:
                     cuda_uuid[key] = text_label
                 if steps_label is not None:
                     steps.append(steps_label)
+            elif kind == _RANK_CURRENT:
+                if idx >= 0 and float(value_text) > 0:
+                    row[R_CURRENT_PHASE] = float(idx)
             else:
                 b = buckets.get(key)
                 if b is None:
@@ -390,6 +450,11 @@ class RankSeries:
     rows: list[array[float]] = field(default_factory=list)
     buckets: array[float] | None = None
     """The latest cumulative step time histogram (the run's distribution so far)."""
+    beat: float = NAN
+    """The rank's latest heartbeat (R_HEARTBEAT) as exported."""
+    beat_since: float = NAN
+    """When that heartbeat was first seen, in operator time (a changed heartbeat is the rank
+    changing phase; the first one seen counts from its own value when that is older)."""
 
 
 @dataclass(slots=True)
@@ -404,12 +469,20 @@ class GPUSeries:
     rows: list[array[float]] = field(default_factory=list)
 
 
+MAX_SERIES: Final = 4096
+"""The default cap on a window's rank and GPU series."""
+
+
 @dataclass(slots=True)
 class Window:
     """The last scrapes of one job: bounded by count and by age, per series."""
 
     max_points: int = 10
     max_age: float = 120.0
+    max_series: int = MAX_SERIES
+    """Rank and GPU series kept in all; new ones beyond are dropped (and counted)."""
+    dropped_series: int = 0
+    """Series refused for the cap since the window was made (a running count)."""
     ranks: dict[tuple[str, int], RankSeries] = field(default_factory=dict)
     gpus: dict[tuple[str, int], GPUSeries] = field(default_factory=dict)
     telemetry: dict[str, str] = field(default_factory=dict)
@@ -427,6 +500,9 @@ class Window:
             key = (pod, rank)
             s = self.ranks.get(key)
             if s is None:
+                if len(self.ranks) + len(self.gpus) >= self.max_series:
+                    self.dropped_series += 1
+                    continue
                 s = self.ranks[key] = RankSeries(
                     pod, node, rank, fr.local_rank.get(rank, -1), fr.node_rank.get(rank, -1)
                 )
@@ -436,10 +512,17 @@ class Window:
             if rank in fr.buckets:
                 s.buckets = fr.buckets[rank]
             _append(s.rows, row, self.max_points, t - self.max_age)
+            beat = row[R_HEARTBEAT]
+            if beat == beat and beat != s.beat:  # a phase change since the last scrape
+                s.beat_since = min(t, beat) if math.isnan(s.beat) else t
+                s.beat = beat
         for gpu, (uuid, row) in fr.gpus.items():
             gkey = (pod, gpu)
             g = self.gpus.get(gkey)
             if g is None:
+                if len(self.ranks) + len(self.gpus) >= self.max_series:
+                    self.dropped_series += 1
+                    continue
                 nr = next(iter(fr.node_rank.values()), -1)
                 g = self.gpus[gkey] = GPUSeries(pod, node, nr, gpu, uuid)
             g.uuid = uuid or g.uuid

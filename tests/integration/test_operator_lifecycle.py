@@ -3,36 +3,17 @@
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from gpujob_operator import faults
 from tests.integration.conftest import job_status, wait_job_phase
+from tests.support.jobs import python_job as job
 from tests.support.kube import Kube
 from tests.support.operator import OperatorProcess
 from tests.support.waiting import wait_until
-
-
-def job(name: str, script: str, nodes: int = 2, gpus: int = 1, **spec: Any) -> dict[str, Any]:
-    """A job whose every rank runs a Python snippet itself (launcher none: no torchrun)."""
-    body: dict[str, Any] = {
-        "image": "python:3.11-slim",
-        "nodes": nodes,
-        "gpusPerNode": gpus,
-        "command": ["python", "-c", textwrap.dedent(script)],
-        "training": {"launcher": "none"},
-    }
-    for key, value in spec.items():
-        if isinstance(value, dict) and isinstance(body.get(key), dict):
-            body[key] = {**body[key], **value}
-        else:
-            body[key] = value
-    return {
-        "apiVersion": "gpujob.dev/v1alpha1",
-        "kind": "GPUTrainingJob",
-        "metadata": {"name": name},
-        "spec": body,
-    }
 
 
 def events(kube: Kube, name: str) -> list[str]:
@@ -136,6 +117,57 @@ def test_failed_rank_restarts_the_whole_gang(
     pods = job_pods(kube, "retry")
     assert {p["metadata"]["labels"]["gpujob.dev/attempt"] for p in pods} == {"1"}
     assert "GangRestart" in events(kube, "retry")
+
+
+def test_an_evicted_pod_restarts_the_gang_as_a_disruption_not_a_failure(
+    kube: Kube, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    # Each rank trains until it is stopped once; SIGTERM gets a short save, as real trainers
+    # do. backoffLimit 0: an eviction counted as a failure would fail the job.
+    script = f"""
+        import os, pathlib, signal, sys, time
+        m = pathlib.Path({str(tmp_path)!r}) / ("ran-" + os.environ["RANK"])
+        if m.exists():
+            sys.exit(0)
+        def save_and_exit(*_):
+            time.sleep(3)
+            sys.exit(143)
+        signal.signal(signal.SIGTERM, save_and_exit)
+        m.write_text("x")
+        time.sleep(300)
+    """
+    kube.apply(
+        job(
+            "evicted",
+            script,
+            runPolicy={"backoffLimit": 0},
+            template={"terminationGracePeriodSeconds": 30},
+        )
+    )
+    wait_job_phase(kube, "evicted", ("Running",), timeout=60)
+    # evict only once both ranks run the script (marker written, SIGTERM handler set)
+    wait_until(lambda: len(list(tmp_path.glob("ran-*"))) == 2, 60, "both ranks started")
+    pod = "evicted-node-1"
+    eviction = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": pod, "namespace": kube.namespace},
+    }
+    kube.run(
+        "create",
+        "--raw",
+        f"/api/v1/namespaces/{kube.namespace}/pods/{pod}/eviction",
+        "-f",
+        "-",
+        input=json.dumps(eviction),
+        ns=False,
+        check=True,
+    )
+    status = wait_job_phase(kube, "evicted", ("Succeeded", "Failed"), timeout=120)
+    assert status["phase"] == "Succeeded", status
+    assert status["restarts"] == 0 and status["gang"]["preemptions"] == 1, status
+    reasons = events(kube, "evicted")
+    assert "Evicted" in reasons and "GangRestart" not in reasons, reasons
 
 
 def test_backoff_limit_fails_with_the_root_cause(kube: Kube, operator: OperatorProcess) -> None:
@@ -271,40 +303,58 @@ def test_deleting_a_job_removes_its_children(kube: Kube, operator: OperatorProce
     )
 
 
-def test_operator_restart_mid_job_keeps_counts_and_creates_no_duplicates(
-    kube: Kube, operator: OperatorProcess, tmp_path: Path
+@pytest.mark.parametrize("boundary", faults.BOUNDARIES)
+def test_operator_killed_at_a_write_boundary_of_a_gang_restart_counts_it_once(
+    kube: Kube, operator: OperatorProcess, tmp_path: Path, boundary: str
 ) -> None:
-    marker, release = tmp_path / "failed-once", tmp_path / "release"
+    fail, once, release = tmp_path / "fail", tmp_path / "failed-once", tmp_path / "release"
     script = f"""
         import os, pathlib, sys, time
-        m = pathlib.Path({str(marker)!r})
-        if os.environ["RANK"] == "1" and not m.exists():
-            m.write_text("x"); sys.exit(3)
+        fail, once = pathlib.Path({str(fail)!r}), pathlib.Path({str(once)!r})
         while not pathlib.Path({str(release)!r}).exists():
+            if os.environ["RANK"] == "1" and fail.exists() and not once.exists():
+                once.write_text("x"); sys.exit(3)
             time.sleep(0.1)
     """
     kube.apply(job("survivor", script, runPolicy={"backoffLimit": 3}))
-    wait_until(
-        lambda: (
-            job_status(kube, "survivor").get("restarts") == 1
-            and job_status(kube, "survivor").get("phase") == "Running"
-        ),
-        90,
-        "restart 1 and Running",
-    )
-    uids = {p["metadata"]["uid"] for p in job_pods(kube, "survivor")}
-    operator.kill()
-    fresh = OperatorProcess(
-        operator.kubeconfig, operator.namespaces, operator.log_path.with_name("op2.log")
+    wait_job_phase(kube, "survivor", ("Running",), timeout=90)
+    operator.stop()
+    # An operator that dies the first time it reaches `boundary` (only a gang restart has
+    # a status write followed by pod writes once the gang runs, or two deletes, or two creates).
+    faulty = OperatorProcess(
+        operator.kubeconfig,
+        operator.namespaces,
+        tmp_path / "faulty.log",
+        extra_env={faults.ENV: boundary},
     ).start()
+    wait_until(lambda: faulty.reconciled(kube.namespace, "survivor"), 60, "faulty operator up")
+    fail.write_text("go")
+    code = faulty.wait_exit(120)
+    assert code == faults.EXIT_CODE, f"{boundary}: exited {code}: {faulty.log_tail()}"
+    assert f"exiting at {boundary}" in faulty.log_path.read_text()
+    assert job_status(kube, "survivor")["restarts"] == 1, "the restart was written first"
+
+    fresh = OperatorProcess(operator.kubeconfig, operator.namespaces, tmp_path / "fresh.log")
+    fresh.start()
     try:
-        # The new operator sees the same pods and adopts them: no new pods, same restarts.
+        wait_until(lambda: fresh.reconciled(kube.namespace, "survivor"), 60, "fresh operator up")
         wait_until(
-            lambda: "reconciled" in fresh.log_path.read_text() or fresh.healthy(), 30, "operator up"
+            lambda: (
+                {p["metadata"]["labels"]["gpujob.dev/attempt"] for p in job_pods(kube, "survivor")}
+                == {"1"}
+                and len(job_pods(kube, "survivor")) == 2
+                and job_status(kube, "survivor").get("phase") == "Running"
+            ),
+            120,
+            "the new gang (attempt 1) running",
         )
         release.write_text("go")
         status = wait_job_phase(kube, "survivor", ("Succeeded", "Failed"), timeout=90)
-        assert status["phase"] == "Succeeded" and status["restarts"] == 1
-        assert {p["metadata"]["uid"] for p in job_pods(kube, "survivor")} == uids
+        assert status["phase"] == "Succeeded", status
+        assert status["restarts"] == 1 and status["attempt"] == 1
+        pods = job_pods(kube, "survivor")
+        names = [p["metadata"]["name"] for p in pods]
+        assert sorted(names) == ["survivor-node-0", "survivor-node-1"], names
+        assert {p["metadata"]["labels"]["gpujob.dev/attempt"] for p in pods} == {"1"}
     finally:
         fresh.stop()

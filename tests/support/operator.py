@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpujob_localcluster.controlplane import free_port
+from tests.support.incluster import rbac_denials
 from tests.support.waiting import wait_until
 
 
@@ -62,25 +63,39 @@ class OperatorProcess:
         except OSError:
             return False
 
+    def reconciled(self, namespace: str, name: str) -> bool:
+        """This process has reconciled the job: its own /metrics export the job's phase.
+
+        A real "up" signal for one job (liveness only says the process serves HTTP): the
+        series appears only after a reconcile pass of that job finished.
+        """
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"operator exited with {self.proc.returncode}: {self.log_tail()}")
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2
+            ) as r:
+                text = r.read().decode()
+        except OSError:
+            return False
+        want = (f'namespace="{namespace}"', f'job_name="{name}"')
+        return any(
+            line.startswith("gpujob_job_phase{") and all(w in line for w in want)
+            for line in text.splitlines()
+        )
+
+    def wait_exit(self, timeout: float) -> int:
+        """Wait for the process to end by itself (an injected fault); its exit code."""
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
     def rbac_denials(self) -> list[str]:
-        """Log lines where the API server refused the operator for lack of permission.
-
-        A 403 shows as "Forbidden" in the client's and kopf's errors (a bare "403" also matches
-        audit IDs, ports and tokens). Namespaces of earlier tests that are still terminating
-        refuse new content with a Forbidden too, and kopf's namespace scan may be refused in
-        namespaced mode: neither is a missing permission of the operator's own work.
-        """
-        log = self.log_path.read_text().replace("Not enough permissions to list namespaces", "")
-        return [
-            line
-            for line in log.splitlines()
-            if "Forbidden" in line
-            and "being terminated" not in line
-            and "NamespaceTerminating" not in line
-        ]
+        """Log lines where the API server refused the operator for lack of permission."""
+        return rbac_denials(self.log_path.read_text())
 
     def kill(self) -> None:
         """SIGKILL, as a node failure or OOM would: no graceful shutdown."""

@@ -46,6 +46,10 @@ class RankSim:
     reserved: float | None = None
     retries: int = 0
     uuid: str = "GPU-r"
+    heartbeat: float | None = None
+    """Exported when set; moves with every step (the trainer's liveness series)."""
+    current: str | None = None
+    """The phase exported as current, when set."""
 
     def advance(self, n: int, now: float) -> None:
         for _ in range(n):
@@ -54,6 +58,8 @@ class RankSim:
                 self.total[p] += s
         if n:
             self.last_step = now
+            if self.heartbeat is not None:
+                self.heartbeat = now
 
     def text(self) -> str:
         lab = f'local_rank="{self.local_rank}",node_rank="{self.node_rank}",rank="{self.rank}"'
@@ -82,6 +88,12 @@ class RankSim:
             lines.append(f'{contract.PHASE_SECONDS.name}{{{lab},phase="{p}"}} {self.total[p]}')
         if self.last_step:
             lines.append(f"{contract.LAST_STEP_TIMESTAMP.name}{{{lab}}} {self.last_step}")
+        if self.heartbeat is not None:
+            lines.append(f"{contract.HEARTBEAT_TIMESTAMP.name}{{{lab}}} {self.heartbeat}")
+        if self.current is not None:
+            for p in contract.PHASES:
+                on = int(p == self.current)
+                lines.append(f'{contract.CURRENT_PHASE.name}{{{lab},phase="{p}"}} {on}')
         if self.reserved is not None:
             cl = f'{lab},UUID="{self.uuid}"'
             lines.append(f"{contract.CUDA_MEMORY_RESERVED.name}{{{cl}}} {self.reserved}")
@@ -374,21 +386,111 @@ def test_ecc_counter_already_nonzero_is_no_fault() -> None:
     assert verdict(run(job)) == an.HEALTHY
 
 
-def test_stalled_after_timeout_even_in_warmup() -> None:
-    job = two_ranks()
+def live_ranks(**kw: float) -> Job:
+    """Two ranks exporting the liveness series (heartbeat moving with steps, phase other)."""
+    ranks = [RankSim(r, r, heartbeat=T0, current="other") for r in (0, 1)]
+    return Job(ranks, **kw)  # type: ignore[arg-type]
 
-    def hang(j: Job, i: int) -> None:
-        if i >= 1:
-            j.steps_per_scrape = 0
 
-    job.hooks.append(hang)
+def hang_at(round_: int) -> Callable[[Job, int], None]:
+    def hook(j: Job, i: int) -> None:
+        j.steps_per_scrape = 0 if i >= round_ else 10
+
+    return hook
+
+
+def test_a_hang_after_the_first_step_is_stalled_even_in_warmup() -> None:
+    # Ten steps (inside warmupSteps 20), then nothing moves: the first step is done, so the
+    # stall timeout applies (warm-up only delays the ratio verdicts), not the start-up one.
     st = an.Settings(stall_timeout_seconds=60)
-    a = run(job, rounds=5, settings=st)  # no step for 4 x 15 s = 60 s: not yet
-    assert verdict(a) != an.STALLED
-    a = run(two_ranks(hooks=[hang]), rounds=6, settings=st)  # type: ignore[arg-type]
-    assert verdict(a) == an.STALLED
+    a = run(live_ranks(hooks=[hang_at(1)]), rounds=5, settings=st)  # 60 s: not yet
+    assert verdict(a) != an.STALLED and a.stall_reason == "Progressing"
+    a = run(live_ranks(hooks=[hang_at(1)]), rounds=6, settings=st)
+    assert verdict(a) == an.STALLED and a.stall_reason == "StallDetected"
     assert a.verdict is not None and a.verdict.severity == an.CRITICAL
     assert a.stalled_for == pytest.approx(75) and a.verdict.evidence["step"] == 10
+    assert a.verdict.evidence["currentPhases"] == "other"
+
+
+def test_no_stall_before_the_first_step_until_the_startup_timeout() -> None:
+    # compilation, FSDP init, a data download: no step at all for minutes
+    st = an.Settings(stall_timeout_seconds=60, startup_timeout_seconds=300)
+    a = run(live_ranks(steps_per_scrape=0), rounds=20, settings=st)  # 285 s after first sight
+    assert verdict(a) != an.STALLED
+    assert a.stall_reason == "StartingUp" and "no step yet" in a.stall_note
+    assert a.stall_threshold == 300
+    a = run(live_ranks(steps_per_scrape=0), rounds=22, settings=st)  # 315 s
+    assert verdict(a) == an.STALLED
+    assert a.verdict is not None and "first step" in a.verdict.summary
+    # the start-up timeout never shortens the stall timeout
+    long = an.Settings(stall_timeout_seconds=600, startup_timeout_seconds=300)
+    assert verdict(run(live_ranks(steps_per_scrape=0), rounds=22, settings=long)) != an.STALLED
+
+
+def test_no_stall_after_the_last_step() -> None:
+    # the README's example saves its final checkpoint after the last step, unwrapped
+    job = live_ranks(hooks=[hang_at(10)])
+    for r in job.ranks:
+        r.target = 100
+    a = run(job, rounds=40, settings=an.Settings(stall_timeout_seconds=60))
+    assert a.progress["step"] == 100 and verdict(a) != an.STALLED
+    assert a.stall_reason == "RanksFinished"
+    # one rank short of the target is not finished: that one can hang
+    job = live_ranks(hooks=[hang_at(10)])
+    for r in job.ranks:
+        r.target = 101
+    assert (
+        verdict(run(job, rounds=40, settings=an.Settings(stall_timeout_seconds=60))) == an.STALLED
+    )
+
+
+@pytest.mark.parametrize("phase", ["checkpoint", "eval"])
+def test_a_rank_in_a_checkpoint_or_an_evaluation_is_busy_until_the_busy_timeout(
+    phase: str,
+) -> None:
+    def enter(j: Job, i: int) -> None:
+        if i == 2:  # rank 0 starts saving; rank 1 waits for it in its next all-reduce
+            j.steps_per_scrape = 0
+            j.ranks[0].current, j.ranks[0].heartbeat = phase, j.now
+            j.ranks[1].current, j.ranks[1].heartbeat = "comm_wait", j.now
+
+    st = an.Settings(stall_timeout_seconds=60, busy_timeout_seconds=600)
+    a = run(live_ranks(hooks=[enter]), rounds=30, settings=st)  # 7 min without a step
+    assert verdict(a) != an.STALLED and a.stall_reason == "RanksBusy"
+    assert f"rank 0 is in {phase} for" in a.stall_note
+    a = run(live_ranks(hooks=[enter]), rounds=45, settings=st)  # 10.75 min: past the bound
+    assert verdict(a) == an.STALLED
+    assert a.verdict is not None
+    assert a.verdict.evidence["currentPhases"] == ",".join(sorted(["comm_wait", phase]))
+
+
+def test_a_rank_whose_heartbeat_moves_is_not_hung() -> None:
+    # an evaluation without phase("eval"): no step, but the forward hooks keep marking
+    def busy(j: Job, i: int) -> None:
+        if i >= 2:
+            j.steps_per_scrape = 0
+            j.ranks[0].heartbeat = j.now
+            j.ranks[0].current = "forward" if i % 2 else "other"
+
+    st = an.Settings(stall_timeout_seconds=60)
+    a = run(live_ranks(hooks=[busy]), rounds=20, settings=st)
+    assert verdict(a) != an.STALLED and a.stall_reason == "RanksBusy"
+    assert "rank 0 changed phase 0s ago" in a.stall_note
+
+
+def test_heartbeat_age_is_timed_by_the_operator_clock() -> None:
+    # a trainer whose clock runs an hour behind: its heartbeat still counts as fresh when it
+    # changes, and a frozen one goes stale after the threshold as the operator sees it
+    def skewed(j: Job, i: int) -> None:
+        j.steps_per_scrape = 0 if i >= 2 else 10
+        if i < 8:
+            j.ranks[0].heartbeat = j.now - 3600 + i
+
+    st = an.Settings(stall_timeout_seconds=60)
+    a = run(live_ranks(hooks=[skewed]), rounds=10, settings=st)
+    assert verdict(a) != an.STALLED and a.stall_reason == "RanksBusy"
+    a = run(live_ranks(hooks=[skewed]), rounds=14, settings=st)
+    assert verdict(a) == an.STALLED
 
 
 def test_stall_threshold_scales_with_step_time() -> None:

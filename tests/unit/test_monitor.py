@@ -9,7 +9,7 @@ from gpujob_operator import api, expfmt
 from gpujob_operator import conditions as c
 from gpujob_operator.monitor import JobMonitor, MonitorUpdate, scrape_targets
 from gpujob_operator.scrape import ErrorKind, ScrapeResult, ScrapeTarget
-from tests.unit.test_analysis import Job, RankSim
+from tests.unit.test_analysis import T0, Job, RankSim
 
 SPEC = {
     "image": "trainer:1",
@@ -140,17 +140,47 @@ def test_ranks_exiting_after_the_last_step_are_not_a_fault() -> None:
     assert gone.events == []
 
 
-def test_stall_sets_the_condition_and_posts_an_event_at_once() -> None:
-    job = Job([RankSim(0, 0), RankSim(1, 1)])
+def test_stall_sets_the_condition_at_once_and_confirms_it_on_the_next_scrape() -> None:
+    job = Job([RankSim(0, 0, heartbeat=T0), RankSim(1, 1, heartbeat=T0)])
     mon = JobMonitor(SPEC)
+    updates = [mon.observe(results_of(job, 0), job.now)]
     job.steps_per_scrape = 0
-    updates = [mon.observe(results_of(job, i), job.now) for i in range(6)]
+    updates += [mon.observe(results_of(job, i), job.now) for i in range(1, 8)]
     stalled = [u for u in updates if cond(u, c.STALLED)["status"] == c.TRUE]
     assert stalled, [cond(u, c.STALLED) for u in updates]
-    first = stalled[0]
+    first, second = stalled[0], stalled[1]
     assert cond(first, c.STALLED)["reason"] == c.STALL_DETECTED
     assert [e.reason for e in first.events] == [c.STALL_DETECTED]
     assert first.bottleneck is not None and first.bottleneck["verdict"] == an.STALLED
+    assert cond(second, c.STALLED)["reason"] == c.STALL_CONFIRMED
+    assert "2 consecutive scrapes" in cond(second, c.STALLED)["message"]
+    # a round that reached no rank neither confirms nor clears; a step clears at once
+    mon = JobMonitor(SPEC)
+    job = Job([RankSim(0, 0, heartbeat=T0), RankSim(1, 1, heartbeat=T0)])
+    mon.observe(results_of(job, 0), job.now)
+    job.steps_per_scrape = 0
+    reasons = []
+    for i in range(1, 12):
+        u = mon.observe(results_of(job, i, fail={0, 1} if i == 6 else set()), job.now)
+        reasons.append(next((x["reason"] for x in u.conditions if x["type"] == c.STALLED), None))
+    assert reasons[4:7] == [c.STALL_DETECTED, None, c.STALL_CONFIRMED], reasons
+    job.steps_per_scrape = 10
+    u = mon.observe(results_of(job, 12), job.now)
+    assert cond(u, c.STALLED)["status"] == c.FALSE
+    job.steps_per_scrape = 0
+    later = [mon.observe(results_of(job, i), job.now) for i in range(13, 19)]
+    got = [cond(u, c.STALLED)["reason"] for u in later]
+    assert (
+        c.STALL_DETECTED in got and got.index(c.STALL_CONFIRMED) == got.index(c.STALL_DETECTED) + 1
+    )
+
+
+def test_no_step_yet_is_starting_up_not_stalled() -> None:
+    job = Job([RankSim(0, 0, heartbeat=T0), RankSim(1, 1, heartbeat=T0)], steps_per_scrape=0)
+    mon = JobMonitor(SPEC)  # stallTimeoutSeconds 60, startupTimeoutSeconds 1800 by default
+    updates = [mon.observe(results_of(job, i), job.now) for i in range(20)]
+    assert {cond(u, c.STALLED)["reason"] for u in updates} == {c.STARTING_UP}
+    assert all(u.bottleneck is None for u in updates)
 
 
 def test_status_patch_only_on_meaningful_change_or_refresh() -> None:
@@ -205,3 +235,102 @@ def merge(old: Any, patch: Any) -> Any:
         else:
             out[k] = merge(out.get(k), v)
     return out
+
+
+# ---- untrusted payloads: absurd values, lying ranks, silent ranks ----------------------------
+
+
+def hostile(job: Job, i: int, edits: dict[int, dict[str, str]]) -> list[ScrapeResult]:
+    """Round i with some ranks' series set to other values; the targets know their ranks."""
+    import re
+
+    out = []
+    for (pod_name, text), r in zip(job.round(i), job.ranks, strict=True):
+        for metric, value in edits.get(r.rank, {}).items():
+            text = re.sub(rf"(?m)^({metric}{{[^}}]*}}) .*$", rf"\g<1> {value}", text)
+        target = ScrapeTarget(
+            f"http://127.0.0.1:{9400 + r.rank}/metrics", pod_name, "node-a", 0, r.rank, r.rank
+        )
+        out.append(ScrapeResult(target, job.now, samples=expfmt.parse(text)))
+    return out
+
+
+def test_absurd_values_are_dropped_reported_once_and_analysis_goes_on() -> None:
+    import json
+
+    job = Job([RankSim(0, 0), RankSim(1, 1)])
+    mon = JobMonitor(SPEC)
+    status: dict[str, Any] = {}
+    updates = []
+    for i in range(8):
+        edits = {}
+        if i >= 2:  # the ranks turn hostile after two good rounds
+            edits[0] = {
+                "gpujob_train_target_steps": "9223372036854775808",  # 2^63
+                "gpujob_train_loss": "NaN",
+                "gpujob_train_last_step_timestamp_seconds": f"{(job.now + 15) * 1000:.0f}",  # ms
+            }
+            edits[1] = {"gpujob_train_target_steps": "+Inf", "gpujob_train_epoch": "+Inf"}
+        u = mon.observe(hostile(job, i, edits), job.now)
+        updates.append(u)
+        patch = u.status_patch(status)
+        if patch:
+            json.dumps(patch, allow_nan=False)  # the API server refuses NaN and Infinity
+            status = merge(status, patch)
+    last = updates[-1]
+    # Progress and ETA keep coming from the sane values (the spec's totalSteps: 1000).
+    assert last.progress["totalSteps"] == 1000 and last.progress["step"] >= 60
+    assert "etaSeconds" in last.progress and last.progress["epoch"] < 1e6
+    assert last.bottleneck is not None and last.bottleneck["verdict"] == an.HEALTHY
+    m = cond(last, c.METRICS_AVAILABLE)
+    assert m["status"] == c.TRUE and "rejected 4 value(s)" in m["message"]
+    assert "gpujob_train_target_steps=+Inf" in m["message"]
+    assert "gpujob_train_last_step_timestamp_seconds=1.8" in m["message"]
+    rejected = [e for u in updates for e in u.events if e.reason == c.METRICS_REJECTED]
+    assert len(rejected) == 1 and rejected[0].type == "Warning"
+    assert updates[2].dropped_values == 4 and updates[1].dropped_values == 0
+    # Then every rank's step counter turns absurd: nothing to go on, but nothing raises.
+    edits = {r: {"gpujob_train_steps_total": "+Inf"} for r in (0, 1)}
+    later = [mon.observe(hostile(job, i, edits), job.now) for i in range(8, 22)]
+    assert all(u.dropped_values == 2 for u in later)
+    assert "gpujob_train_steps_total=+Inf" in cond(later[-1], c.METRICS_AVAILABLE)["message"]
+
+
+def test_a_series_claiming_another_rank_is_not_counted_for_it() -> None:
+    job = Job([RankSim(0, 0), RankSim(1, 1)])
+    mon = JobMonitor(SPEC)
+    # rank 1's endpoint also claims rank 0 is at step 0 (it would drag progress to 0).
+    lie = expfmt.parse('gpujob_train_steps_total{local_rank="0",node_rank="0",rank="0"} 0\n')
+    for i in range(5):
+        results = hostile(job, i, {})
+        results[1].samples.extend(lie)
+        u = mon.observe(results, job.now)
+    assert u.progress["step"] == 50 and u.dropped_series == 1
+    assert "not this endpoint's rank 1" in cond(u, c.METRICS_AVAILABLE)["message"]
+    assert set(mon.window.ranks) == {("pod-0", 0), ("pod-1", 1)}
+
+
+def test_a_silent_rank_stops_speaking_for_progress_and_throughput_after_the_window() -> None:
+    job = Job([RankSim(0, 0), RankSim(1, 1)])
+    mon = JobMonitor(SPEC)  # window 120 s, scrapes every 15 s
+    for i in range(4):
+        both = mon.observe(results_of(job, i), job.now)
+    assert both.progress["step"] == 40
+    sps = both.progress["samplesPerSecond"]
+    for i in range(4, 16):  # rank 1 stops answering (its pod still runs), rank 0 trains on
+        u = mon.observe(results_of(job, i, fail={1}), job.now)
+    assert u.progress["step"] == 160, "the silent rank's old step must not freeze progress"
+    assert u.progress["samplesPerSecond"] < 0.6 * sps, "nor its old rate add to throughput"
+    m = cond(u, c.METRICS_AVAILABLE)
+    assert m["status"] == c.FALSE and "rank(s) 1 (pod-1) sent nothing for over 120s" in m["message"]
+
+
+def test_a_huge_but_finite_target_gives_an_eta_without_a_date() -> None:
+    job = Job([RankSim(0, 0), RankSim(1, 1)])
+    mon = JobMonitor(SPEC)
+    for i in range(4):
+        u = mon.observe(hostile(job, i, {1: {"gpujob_train_target_steps": "1e15"}}), job.now)
+    assert u.progress["totalSteps"] == 10**15 and u.progress["etaSeconds"] > 1e14
+    assert "estimatedCompletionTime" not in u.progress
+    patch = u.status_patch({})
+    assert patch is not None and patch["display"]["eta"]

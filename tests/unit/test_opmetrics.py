@@ -198,3 +198,16 @@ def test_exported_names_cover_what_is_rendered() -> None:
     m.observe_reconcile(0.1, "x")
     rendered = {name for name, _ in samples(m)}
     assert rendered <= om.exported_names()
+
+
+def test_what_scrapes_refused_is_counted() -> None:
+    m = fresh()
+    before = samples(m)
+    assert get(before, "gpujob_operator_scrape_dropped_series_total") == 0
+    m.observe_dropped(3, 0, 0)
+    m.observe_dropped(1, 2, 0)
+    m.observe_dropped(0, 0, 4_194_305)
+    s = samples(m)
+    assert get(s, "gpujob_operator_scrape_dropped_series_total") == 4
+    assert get(s, "gpujob_operator_scrape_dropped_values_total") == 2
+    assert get(s, "gpujob_operator_scrape_dropped_bytes_total") == 4_194_305

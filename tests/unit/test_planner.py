@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from gpujob_operator import api, planner
+from gpujob_operator import api, backoff, planner
 from gpujob_operator import conditions as c
+from gpujob_operator.apierrors import Refused
 from gpujob_operator.planner import ObservedPod, Plan, observe_pod
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -49,6 +50,10 @@ class Sim:
         self.now = T0
         self.events: list[planner.Event] = []
         self.deleted_job = False
+        self.refused: Refused | None = None
+        # No restart backoff unless a test asks for one: the others step time themselves.
+        self.restart_backoff = backoff.Policy(0.0, 0.0)
+        self.gone: list[ObservedPod] = []  # what the shell remembers of disrupted pods
 
     # -- the operator's side
     def observed(self) -> list[ObservedPod]:
@@ -56,7 +61,14 @@ class Sim:
 
     def plan(self, log_tails: dict[str, str] | None = None) -> Plan:
         return planner.plan(
-            self.job, self.observed(), self.now, service_exists=self.service, log_tails=log_tails
+            self.job,
+            self.observed(),
+            self.now,
+            service_exists=self.service,
+            log_tails=log_tails,
+            refused=self.refused,
+            restart_backoff=self.restart_backoff,
+            gone=self.gone,
         )
 
     def reconcile(self, log_tails: dict[str, str] | None = None) -> Plan:
@@ -426,6 +438,85 @@ def test_externally_deleted_pod_counts_as_lost() -> None:
     assert sim.status["restarts"] == 1
 
 
+def disrupt(sim: Sim, name: str, reason: str, message: str = "") -> None:
+    """What Kubernetes does before taking a pod away: the condition, then the deletion."""
+    pod = sim.pods[name]
+    pod["status"].setdefault("conditions", []).append(
+        {"type": "DisruptionTarget", "status": "True", "reason": reason, "message": message}
+    )
+    pod["metadata"]["deletionTimestamp"] = c.format_time(sim.now)
+
+
+@pytest.mark.parametrize(
+    ("k8s_reason", "shown"),
+    [
+        ("PreemptionByScheduler", c.PREEMPTED),
+        ("EvictionByEvictionAPI", c.EVICTED),
+        ("DeletionByTaintManager", c.EVICTED),
+        ("TerminationByKubelet", c.EVICTED),
+    ],
+)
+def test_a_disrupted_pod_restarts_the_gang_without_using_the_backoff_limit(
+    k8s_reason: str, shown: str
+) -> None:
+    sim = running_sim(runPolicy={"backoffLimit": 0, "retryableExitCodes": [1]})
+    # the SIGTERM'd rank exits 143 and its peer dies in the collective (here even first):
+    # consequences of the disruption, not causes
+    sim.fail("bert-node-0", code=134, message="NCCL error")
+    sim.now += timedelta(seconds=5)
+    sim.fail("bert-node-1", code=143)
+    disrupt(sim, "bert-node-1", k8s_reason, "taken for a higher-priority job")
+    p = sim.reconcile()
+    st = sim.status
+    assert st["phase"] == "Restarting", st
+    assert (st["attempt"], st["restarts"]) == (1, 0)
+    assert st["gang"]["preemptions"] == 1
+    running = cond(st, c.RUNNING)
+    assert running["reason"] == shown and cond(st, c.RESTARTING)["reason"] == shown
+    assert k8s_reason in running["message"] and "bert-node-1" in running["message"]
+    assert "not counted against backoffLimit" in running["message"]
+    assert "failure" not in st or st["failure"].get("reason") not in ("Error", c.POD_LOST)
+    assert p.delete_pods == ["bert-node-0"]  # bert-node-1 is already being deleted
+    assert shown in sim.reasons() and c.GANG_RESTART not in sim.reasons()
+
+    sim.gc()
+    p = sim.reconcile()
+    assert [x["metadata"]["labels"]["gpujob.dev/attempt"] for x in p.create_pods] == ["1"] * 2
+    sim.run_all()
+    sim.reconcile()
+    assert sim.status["phase"] == "Running" and sim.status["restarts"] == 0
+
+
+def test_a_disrupted_pod_that_vanished_before_a_pass_saw_it_is_still_a_disruption() -> None:
+    # The rank died at once on SIGTERM and the pod object is gone; the shell saw the
+    # DisruptionTarget condition in the pod watch and passes that last state on.
+    sim = running_sim(runPolicy={"backoffLimit": 0})
+    disrupt(sim, "bert-node-1", "PreemptionByScheduler")
+    sim.gone = [observe_pod(sim.pods["bert-node-1"])]
+    del sim.pods["bert-node-1"]
+    sim.reconcile()
+    st = sim.status
+    assert st["phase"] == "Restarting" and st["restarts"] == 0, st
+    assert cond(st, c.RUNNING)["reason"] == c.PREEMPTED
+    # a remembered disruption of an earlier attempt explains nothing now
+    sim.gc()
+    sim.reconcile()
+    sim.run_all()
+    sim.reconcile()
+    del sim.pods["bert-node-0"]
+    sim.reconcile()
+    assert sim.status["phase"] == "Failed"
+    assert sim.status["failure"]["reason"] == c.POD_LOST
+
+
+def test_a_real_failure_still_counts_when_no_pod_was_disrupted() -> None:
+    sim = running_sim(runPolicy={"backoffLimit": 0})
+    sim.fail("bert-node-1", code=143)
+    sim.reconcile()
+    assert sim.status["phase"] == "Failed"
+    assert cond(sim.status, c.FAILED)["reason"] == c.BACKOFF_LIMIT_EXCEEDED
+
+
 def test_pod_missing_before_the_gang_was_complete_is_just_created() -> None:
     sim = Sim(make_job(nodes=2))
     p = sim.plan()
@@ -439,21 +530,65 @@ def test_pod_missing_before_the_gang_was_complete_is_just_created() -> None:
     assert sim.status["restarts"] == 0
 
 
-def test_stall_restarts_only_when_asked() -> None:
-    stalled = c.make(c.STALLED, "True", c.STALL_DETECTED, "no step for 600s", T0)
+def test_stall_restarts_only_when_asked_and_confirmed() -> None:
+    detected = c.make(c.STALLED, "True", c.STALL_DETECTED, "no step for 600s", T0)
+    confirmed = c.make(c.STALLED, "True", c.STALL_CONFIRMED, "no step for 615s (2 scrapes)", T0)
     sim = running_sim()
-    sim.status["conditions"].append(stalled)
+    sim.status["conditions"].append(confirmed)
     sim.reconcile()
     assert sim.status["phase"] == "Running", "restartOnStall is off by default"
     assert c.is_true(sim.status["conditions"], c.STALLED), "the analyzer's condition is kept"
 
     sim = running_sim(runPolicy={"restartOnStall": True})
-    sim.status["conditions"].append(stalled)
+    sim.status["conditions"].append(detected)
+    p = sim.reconcile()
+    assert not p.delete_pods and sim.status["phase"] == "Running", "one scrape kills no gang"
+    assert sim.status["restarts"] == 0
+
+    sim.status["conditions"] = c.set_condition(
+        sim.status["conditions"], c.STALLED, "True", c.STALL_CONFIRMED, "2 scrapes", T0
+    )
     p = sim.reconcile()
     assert sim.status["phase"] == "Restarting" and len(p.delete_pods) == 2
     assert sim.status["failure"]["reason"] == "Stalled"
     assert cond(sim.status, c.STALLED)["status"] == "False"
+    assert cond(sim.status, c.STALLED)["reason"] == c.GANG_RESTART
     assert sim.status["restarts"] == 1
+
+
+def test_any_gang_restart_clears_stalled_so_one_incident_counts_once() -> None:
+    # A hang is confirmed, then the NCCL watchdog kills a rank: RankFailed restarts the gang.
+    # The old Stalled must not restart the new attempt a second time.
+    sim = running_sim(runPolicy={"restartOnStall": True, "backoffLimit": 5})
+    sim.status["conditions"].append(
+        c.make(c.STALLED, "True", c.STALL_CONFIRMED, "no step for 615s", T0)
+    )
+    sim.fail("bert-node-1", code=134)
+    sim.reconcile()
+    assert sim.status["restarts"] == 1 and sim.status["failure"]["reason"] != "Stalled"
+    assert cond(sim.status, c.STALLED)["status"] == "False"
+    sim.gc()
+    sim.reconcile()
+    sim.run_all()
+    sim.reconcile()
+    assert sim.status["phase"] == "Running" and sim.status["restarts"] == 1
+
+
+def test_suspend_clears_stalled() -> None:
+    sim = running_sim(runPolicy={"restartOnStall": True})
+    sim.status["conditions"].append(
+        c.make(c.STALLED, "True", c.STALL_CONFIRMED, "no step for 615s", T0)
+    )
+    sim.job["spec"]["runPolicy"]["suspend"] = True
+    sim.reconcile()
+    assert cond(sim.status, c.STALLED)["status"] == "False"
+    assert cond(sim.status, c.STALLED)["reason"] == c.SUSPENDED_REASON
+    sim.gc()
+    sim.job["spec"]["runPolicy"]["suspend"] = False
+    sim.reconcile()
+    sim.run_all()
+    sim.reconcile()
+    assert sim.status["phase"] == "Running" and sim.status["restarts"] == 0
 
 
 # ---- suspend / resume --------------------------------------------------------------------
@@ -781,3 +916,83 @@ def test_success_completes_the_progress_it_carries() -> None:
     assert result.phase == "Succeeded"
     assert result.status["progress"] == {"step": 200, "totalSteps": 200, "percent": 100.0}
     assert result.status["display"]["progress"] == "100.0%"
+
+
+# ---- ownership: a job re-created under the same name -------------------------------------
+
+
+def recreated(old_phase: str, *, orphaned: bool = False) -> Sim:
+    """The job `bert` (uid u1) ran two pods; it was deleted and applied again (uid u2)
+    while its pods still exist (being garbage-collected, or orphaned)."""
+    old = running_sim()
+    if old_phase == "Succeeded":
+        old.succeed_all()
+    sim = Sim(make_job(nodes=2, gpusPerNode=8))
+    sim.job["metadata"]["uid"] = "u2"
+    sim.pods = old.pods
+    for pod in sim.pods.values():
+        if orphaned:
+            pod["metadata"]["ownerReferences"] = []
+        assert pod["metadata"]["ownerReferences"] == [] or (
+            pod["metadata"]["ownerReferences"][0]["uid"] == "u1"
+        )
+    return sim
+
+
+@pytest.mark.parametrize("orphaned", [False, True])
+def test_a_recreated_job_never_counts_the_old_jobs_succeeded_pods(orphaned: bool) -> None:
+    sim = recreated("Succeeded", orphaned=orphaned)
+    p = sim.reconcile()
+    # Not Succeeded from someone else's pods; nothing created over names that are taken.
+    assert sim.status["phase"] == "Pending" and not p.create_pods and not p.delete_pods
+    running = cond(sim.status, c.RUNNING)
+    assert running["reason"] == c.POD_NAME_TAKEN
+    assert "bert-node-0" in running["message"]
+    assert ("orphaned" in running["message"]) == orphaned
+    assert sim.status["replicas"]["created"] == 0 and sim.status["replicas"]["succeeded"] == 0
+    assert sim.reasons() == [c.POD_NAME_TAKEN]
+    sim.reconcile()
+    assert sim.reasons() == [c.POD_NAME_TAKEN]  # warned once
+    sim.pods.clear()  # the garbage collector (or the user) removed the old pods
+    p = sim.reconcile()
+    assert [x["metadata"]["name"] for x in p.create_pods] == ["bert-node-0", "bert-node-1"]
+    assert all(x["metadata"]["ownerReferences"][0]["uid"] == "u2" for x in p.create_pods)
+    sim.run_all()
+    sim.reconcile()
+    sim.succeed_all()
+    sim.reconcile()
+    assert sim.status["phase"] == "Succeeded" and sim.status["restarts"] == 0
+
+
+def test_old_pods_vanishing_are_no_pod_lost_of_the_recreated_job() -> None:
+    sim = recreated("Running")
+    sim.reconcile()
+    sim.reconcile()
+    assert sim.status["phase"] == "Pending" and not c.is_true(sim.status["conditions"], c.CREATED)
+    for pod in sim.pods.values():
+        pod["metadata"]["deletionTimestamp"] = c.format_time(sim.now)
+    sim.reconcile()
+    sim.gc()
+    sim.reconcile()
+    sim.run_all()
+    sim.reconcile()
+    assert sim.status["phase"] == "Running"
+    assert sim.status["restarts"] == 0 and c.POD_LOST not in sim.reasons()
+    assert sim.status["attempt"] == 0
+
+
+def test_a_stored_spec_the_model_refuses_fails_the_job_once_with_invalid_spec() -> None:
+    # Stored before a rule existed: warn ratio equal to the bound ratio is refused today.
+    job = make_job(
+        monitoring={"thresholds": {"inputWarnRatio": 0.2, "inputBoundRatio": 0.2}},
+    )
+    p = planner.plan(job, [], T0, service_exists=False)
+    failed = cond(p.status, c.FAILED)
+    assert (failed["status"], failed["reason"]) == ("True", c.INVALID_SPEC)
+    assert "spec.monitoring.thresholds" in failed["message"], failed
+    assert p.phase == c.PHASE_FAILED
+    assert not p.create_pods and not p.delete_pods and p.create_service is None
+    assert [e.reason for e in p.events] == [c.INVALID_SPEC]
+    # The next pass changes nothing and posts no second Event.
+    again = planner.plan({**job, "status": p.status}, [], T0, service_exists=False)
+    assert again.status == p.status and not again.events

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 
 from aiohttp import web
@@ -46,13 +46,6 @@ async def server(state: dict[str, int]) -> AsyncIterator[str]:
     async def foreign(_: web.Request) -> web.Response:
         return web.Response(text="process_cpu_seconds_total 1.0\n")
 
-    async def gated(_: web.Request) -> web.Response:
-        state["now"] += 1
-        state["max"] = max(state["max"], state["now"])
-        await asyncio.sleep(0.05)
-        state["now"] -= 1
-        return web.Response(body=PAYLOAD)
-
     app = web.Application()
     for path, handler in (
         ("/good", good),
@@ -61,7 +54,6 @@ async def server(state: dict[str, int]) -> AsyncIterator[str]:
         ("/error", error),
         ("/huge", huge),
         ("/foreign", foreign),
-        ("/gated", gated),
     ):
         app.router.add_get(path, handler)
     runner = web.AppRunner(app, shutdown_timeout=0.1)
@@ -122,16 +114,46 @@ def test_every_kind_of_endpoint_in_one_round() -> None:
     run(main)
 
 
-def test_concurrency_is_bounded_across_calls() -> None:
+def test_concurrency_is_reached_and_bounded_across_calls() -> None:
+    """Three jobs' rounds at once through one scraper of concurrency 3: exactly 3 in flight.
+
+    Each request waits (up to 5 s) until 3 are in flight together, so a serial scraper
+    reaches only 1 and fails, and one that ignores the bound exceeds 3 and fails.
+    """
+
     async def main() -> None:
         state = {"now": 0, "max": 0}
-        async with server(state) as base, Scraper(concurrency=3) as scraper:
-            jobs = [
-                [ScrapeTarget(f"{base}/gated", f"job{j}-pod") for _ in range(4)] for j in range(3)
-            ]
-            rounds = await asyncio.gather(*(scraper.scrape_all(t) for t in jobs))
-        assert all(r.ok for rs in rounds for r in rs)
-        assert state["max"] <= 3
+        full = asyncio.Event()
+
+        async def barrier(_: web.Request) -> web.Response:
+            state["now"] += 1
+            state["max"] = max(state["max"], state["now"])
+            if state["now"] >= 3:
+                full.set()
+            with suppress(TimeoutError):
+                await asyncio.wait_for(full.wait(), 5.0)
+            await asyncio.sleep(0.01)  # a bound-breaking scraper would overlap here
+            state["now"] -= 1
+            return web.Response(body=PAYLOAD)
+
+        app = web.Application()
+        app.router.add_get("/barrier", barrier)
+        runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        base = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        try:
+            async with Scraper(concurrency=3, timeout=30.0) as scraper:
+                jobs = [
+                    [ScrapeTarget(f"{base}/barrier", f"job{j}-pod") for _ in range(4)]
+                    for j in range(3)
+                ]
+                rounds = await asyncio.gather(*(scraper.scrape_all(t) for t in jobs))
+        finally:
+            await runner.cleanup()
+        assert all(r.ok for rs in rounds for r in rs), [r.message for rs in rounds for r in rs]
+        assert state["max"] == 3, state
 
     run(main)
 
@@ -209,5 +231,179 @@ def test_raw_http_shapes_chunked_until_close_gzip_and_junk() -> None:
         ]  # fmt: skip
         assert all(r.size == len(PAYLOAD) for r in results if r.ok)
         assert all(r.message for r in results if not r.ok)
+
+    run(main)
+
+
+# ---- hostile endpoints: the scraper's CPU, memory and time stay bounded ----------------------
+
+
+class _NullTransport(asyncio.Transport):
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
+def chunked(body: bytes, piece: int) -> list[bytes]:
+    """The wire pieces of `body` sent as chunks of `piece` bytes, then the last chunk."""
+    return [b"%x\r\n%s\r\n" % (len(c), c) for c in split(body, piece)] + [b"0\r\n\r\n"]
+
+
+def split(data: bytes, size: int) -> list[bytes]:
+    return [data[i : i + size] for i in range(0, len(data), size)]
+
+
+def test_a_chunked_body_is_decoded_as_it_arrives_not_reparsed() -> None:
+    """1 MB in 16 KiB chunks: each read decodes only the new bytes, so what stays buffered
+    is bounded by one chunk header (today's quadratic re-parse kept, and re-read, it all)."""
+    from gpujob_operator.scrape import _Conn
+
+    body = (PAYLOAD * (2**20 // len(PAYLOAD) + 1))[: 2**20]
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        conn = _Conn(loop, ("127.0.0.1", 1))
+        conn.connection_made(_NullTransport())
+        fut = conn.request(b"GET / HTTP/1.1\r\n\r\n", 2 * 2**20)
+        conn.data_received(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        decoded = 0
+        for wire in chunked(body, 16384)[:-1]:
+            for part in split(wire, 4000):  # a chunk arrives over several reads
+                conn.data_received(part)
+                assert len(conn.buf) <= 16, "a read left more than a partial chunk header"
+            decoded += len(wire) - len(b"%x\r\n\r\n" % (len(wire) - 8))
+            assert len(conn.body) == min(decoded, len(body))
+        conn.data_received(b"0\r\n\r\n")
+        assert (await fut).body == body
+
+    run(main)
+
+
+def test_chunked_bodies_split_anywhere_decode_the_same() -> None:
+    import random
+
+    from gpujob_operator.scrape import _Conn
+
+    rng = random.Random(7)
+    message = (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"".join(chunked(PAYLOAD, 333)[:-1])
+        + b"0\r\nX-Trailer: 1\r\n\r\n"
+    )
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for _ in range(30):
+            conn = _Conn(loop, ("127.0.0.1", 1))
+            conn.connection_made(_NullTransport())
+            fut = conn.request(b"GET / HTTP/1.1\r\n\r\n", 2**20)
+            cuts = sorted(rng.sample(range(1, len(message)), 40))
+            for a, b in zip([0, *cuts], [*cuts, len(message)], strict=True):
+                conn.data_received(message[a:b])
+            assert (await fut).body == PAYLOAD
+
+    run(main)
+
+
+async def raw_server(replies: dict[bytes, Callable[[asyncio.StreamWriter], Awaitable[None]]]):  # type: ignore[no-untyped-def]
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                await replies[head.split(b" ")[1]](writer)
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass  # the client went away, or the test ended (a cancelled handler is no error)
+        finally:
+            writer.close()
+
+    srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return srv, f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
+
+
+def send(data: bytes) -> Callable[[asyncio.StreamWriter], Awaitable[None]]:
+    async def reply(writer: asyncio.StreamWriter) -> None:
+        writer.write(data)
+        await writer.drain()
+
+    return reply
+
+
+def ok(body: bytes, *headers: bytes) -> bytes:
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n" % len(body) + b"".join(
+        h + b"\r\n" for h in headers
+    )
+    return head + b"\r\n" + body
+
+
+async def hang(_: asyncio.StreamWriter) -> None:
+    await asyncio.sleep(3600)  # accepts, reads the request, never answers
+
+
+def relabel(rank: int) -> bytes:
+    return PAYLOAD.replace(b'rank="1"}', b'rank="%d"}' % rank)
+
+
+def test_a_gzip_bomb_a_flood_of_series_and_lying_ranks_are_contained() -> None:
+    import gzip
+
+    bomb = gzip.compress(b"\n" * (64 * 2**20))  # 64 MiB of newlines in ~64 KiB
+    flood = b"".join(
+        b'gpujob_train_loss{rank="%d"} 1\n' % i
+        for i in range(100_000)  # 3.3 MB
+    )
+    extra = PAYLOAD + b'gpujob_train_loss{local_rank="1",node_rank="0",rank="7"} 1\n'
+    replies = {
+        b"/bomb": send(ok(bomb, b"Content-Encoding: gzip")),
+        b"/flood": send(ok(PAYLOAD + flood)),
+        b"/liar": send(ok(relabel(0))),  # local rank 1 claims to be global rank 0
+        b"/extra": send(ok(extra)),
+        b"/good": send(ok(PAYLOAD)),
+    }
+
+    async def main() -> None:
+        srv, base = await raw_server(replies)
+        try:
+            async with Scraper(timeout=5.0) as scraper:
+                names = ["bomb", "flood", "liar", "extra", "good"]
+                return await scraper.scrape_all(
+                    [
+                        ScrapeTarget(f"{base}/{n}", "p", node_rank=0, local_rank=1, rank=1)
+                        for n in names
+                    ]
+                )
+        finally:
+            srv.close()
+
+    bomb_r, flood_r, liar, extra_r, good = asyncio.run(main())  # type: ignore[misc]
+    assert bomb_r.error == ErrorKind.TOO_LARGE and bomb_r.size == len(bomb)
+    assert flood_r.error == ErrorKind.TOO_LARGE and "cap of 10000" in flood_r.message
+    assert liar.error == ErrorKind.MISSING_RANK and "expected rank 1" in liar.message
+    assert liar.dropped_series == 1
+    assert extra_r.ok and extra_r.dropped_series == 1 and extra_r.frame is not None
+    assert list(extra_r.frame.ranks) == [1] and "7" in extra_r.notes[0][1]
+    assert good.ok and good.dropped_series == 0 and not good.notes
+
+
+def test_the_timeout_covers_the_wait_for_a_slot_and_one_call_cannot_take_them_all() -> None:
+    async def main() -> None:
+        srv, base = await raw_server({b"/hang": hang, b"/good": send(ok(PAYLOAD))})
+        try:
+            async with Scraper(concurrency=4, per_call=2, timeout=2.0) as scraper:
+                dead = [ScrapeTarget(f"{base}/hang", f"dead-{i}") for i in range(8)]
+                stuck = asyncio.create_task(scraper.scrape_all(dead))
+                await asyncio.sleep(0)  # let the dead job take its slots first
+                # Another job is served at once: the dead one holds only its share.
+                (other,) = await scraper.scrape_all([ScrapeTarget(f"{base}/good", "live")])
+                assert other.ok and not stuck.done()
+                results = await stuck
+            # The whole round of the dead job ended at its timeout: the six that never got
+            # a slot say so instead of waiting behind the others.
+            kinds = sorted(str(r.error) for r in results)
+            assert kinds == ["no_slot"] * 6 + ["timeout"] * 2, kinds
+            assert all("slot" in r.message for r in results if r.error == ErrorKind.NO_SLOT)
+        finally:
+            srv.close()
 
     run(main)

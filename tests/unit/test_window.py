@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import sys
 import tracemalloc
 from array import array
@@ -19,6 +20,8 @@ from gpujob_operator.window import (
     G_THROTTLE,
     G_UTIL,
     NEEDED,
+    R_CURRENT_PHASE,
+    R_HEARTBEAT,
     R_PHASE,
     R_STEPS,
     R_WIDTH,
@@ -100,30 +103,108 @@ def test_progress_clock_moves_only_on_step_changes() -> None:
     assert w.progress_time == 20.0
 
 
-def test_memory_of_a_thousand_jobs_of_eight_ranks() -> None:
-    """Full windows (9 rows per series) of 1,000 jobs x 8 ranks, GPUs on local rank 0."""
-    rank_texts = [(PAYLOADS / f"healthy-scrape2-rank{r % 2}.prom").read_text() for r in range(8)]
-    gpu_text = "".join(
+def test_heartbeat_and_current_phase_are_read_and_timed_by_the_operator_clock() -> None:
+    w = Window()
+
+    def scrape(t: float, beat: float | None, phase: str) -> None:
+        lab = 'rank="0",local_rank="0",node_rank="0"'
+        text = f"gpujob_train_steps_total{{{lab}}} 5\n"
+        if beat is not None:
+            text += f"gpujob_train_heartbeat_timestamp_seconds{{{lab}}} {beat}\n"
+        for p in ("forward", "checkpoint", "eval"):
+            text += f'gpujob_train_current_phase{{{lab},phase="{p}"}} {int(p == phase)}\n'
+        fr = frame_payload(text, t)
+        assert repr(fr) == repr(frame(expfmt.parse(text, NEEDED), t))
+        w.add(t, "p", "n", fr)
+        w.end_round(t)
+
+    scrape(100.0, 40.0, "forward")  # first sight: the trainer's older value is believed
+    s = w.ranks[("p", 0)]
+    assert (s.beat, s.beat_since) == (40.0, 40.0)
+    assert s.rows[-1][R_CURRENT_PHASE] == 1.0  # index of forward in contract.PHASES
+    scrape(110.0, 40.0, "checkpoint")  # unchanged: still since 40
+    assert s.beat_since == 40.0 and s.rows[-1][R_CURRENT_PHASE] == 5.0
+    scrape(120.0, 9e9, "eval")  # changed (whatever its value says): since this scrape
+    assert (s.beat, s.beat_since) == (9e9, 120.0)
+    scrape(130.0, None, "eval")  # not exported this time: nothing learnt, nothing forgotten
+    assert (s.beat, s.beat_since) == (9e9, 120.0)
+    assert math.isnan(s.rows[-1][R_HEARTBEAT]) and s.rows[-1][R_CURRENT_PHASE] == 6.0
+    scrape(140.0, 150.0, "forward")
+    assert s.beat_since == 140.0
+    # a first value from a clock ahead counts from now
+    w2 = Window()
+    w2.add(
+        140.0,
+        "p",
+        "n",
+        frame_payload('gpujob_train_heartbeat_timestamp_seconds{rank="0"} 150\n', 140.0),
+    )
+    assert w2.ranks[("p", 0)].beat_since == 140.0
+
+
+def _fleet_payloads(rounds: int) -> list[list[str]]:
+    """Per round, the 8 ranks' payloads as a trainer writes them: every value moves each
+    scrape (counters, timestamps, the current phase), the label sets stay the same."""
+    number = re.compile(r"^([a-z_]+(?:\{[^}]*\})?) (\S+)$", re.MULTILINE)
+    gpus = "".join(
         f'gpujob_gpu_utilization_ratio{{node_rank="0",gpu="{g}",UUID="GPU-{g}"}} 0.9\n'
         f'gpujob_gpu_memory_used_bytes{{node_rank="0",gpu="{g}",UUID="GPU-{g}"}} 1e9\n'
         for g in range(8)
     )
-    parsed = [expfmt.parse(t.replace('rank="1"', f'rank="{r}"')) for r, t in enumerate(rank_texts)]
-    parsed[0] += expfmt.parse(gpu_text)
+    out = []
+    for i in range(rounds):
+        texts = []
+        for r in range(8):
+            text = (PAYLOADS / f"healthy-scrape2-rank{r % 2}.prom").read_text()
+            text = text.replace('rank="1"', f'rank="{r}"').replace('rank="0"', f'rank="{r}"')
+            text = number.sub(lambda m, i=i: f"{m[1]} {float(m[2]) + 1.5 * i!r}", text)
+            lab = f'local_rank="{r}",node_rank="0",rank="{r}"'
+            text += f"gpujob_train_heartbeat_timestamp_seconds{{{lab}}} {1.8e9 + 15 * i}\n"
+            for p in ("forward", "comm_wait"):
+                on = int(p == ("forward", "comm_wait")[i % 2])
+                text += f'gpujob_train_current_phase{{{lab},phase="{p}"}} {on}\n'
+            texts.append(text + (gpus if r == 0 else ""))
+        out.append(texts)
+    return out
+
+
+def test_memory_of_a_thousand_jobs_of_eight_ranks_is_bounded_and_steady() -> None:
+    """Full windows (9 rows per series) of 1,000 jobs x 8 ranks through the scraper's own
+    path (its series cache counted), and no growth once the windows are full: anything kept
+    per scrape (rows, series, cache entries keyed on values) would show as growth."""
+    import gpujob_operator.window as window_module
+
+    jobs, fill_rounds, more_rounds = 100, 9, 9
+    payloads = _fleet_payloads(fill_rounds + more_rounds)
+    window_module._ACTIONS.clear()
     tracemalloc.start()
-    windows = []
-    for _ in range(200):  # 200 jobs measured, scaled to 1,000
-        w = Window(max_points=9, max_age=1e9)
-        for i in range(12):
-            for r, samples in enumerate(parsed):
-                w.add(float(i), f"job-node-{r}", "node", frame(samples, float(i)))
-            w.end_round(float(i))
-        windows.append(w)
-    size, _ = tracemalloc.get_traced_memory()
+    windows = [Window(max_points=9, max_age=1e9) for _ in range(jobs)]
+
+    def scrape_round(i: int) -> None:
+        for j, w in enumerate(windows):
+            pods = [f"job{j}-node-{r}" for r in range(8)]
+            for pod, text in zip(pods, payloads[i], strict=True):
+                w.add(float(i), pod, "node", frame_payload(text, float(i)))
+            w.end_round(float(i), pods)
+
+    for i in range(fill_rounds):
+        scrape_round(i)
+    full, _ = tracemalloc.get_traced_memory()
+    for i in range(fill_rounds, fill_rounds + more_rounds):
+        scrape_round(i)
+    later, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    per_thousand = size * 5 / 2**20
-    print(f"windows of 1,000 jobs x 8 ranks: {per_thousand:.0f} MiB", file=sys.stderr)
+    per_thousand = later * 1000 / jobs / 2**20
+    growth = (later - full) / full
+    print(
+        f"windows of 1,000 jobs x 8 ranks: {per_thousand:.0f} MiB; "
+        f"growth over {more_rounds} more scrapes: {100 * growth:+.2f}%",
+        file=sys.stderr,
+    )
+    assert all(len(w.ranks) == 8 and len(w.gpus) == 8 for w in windows)
+    assert all(len(s.rows) == 9 for w in windows for s in w.ranks.values())
     assert per_thousand < 150
+    assert growth < 0.01, f"memory grows with scrapes: {full} -> {later} bytes"
 
 
 # ---- the scraper's one-pass path equals parse + frame ----------------------------------------
@@ -227,3 +308,35 @@ def test_fuzz_frame_payload_on_mutated_real_payloads(data: st.DataObject) -> Non
         i = data.draw(st.integers(0, len(raw) - 1))
         raw[i] = data.draw(st.sampled_from(b' \t\n\r{}",=_.#\\e0aZ\xff'))
     assert_same(bytes(raw))
+
+
+def test_parse_caches_stay_small_whatever_the_labels() -> None:
+    """Unusual label values (long, changing every scrape) are not kept: five scrapes of 3 MB
+    payloads, on the fast path and on the general parser's, retain almost nothing."""
+    import random
+    import tracemalloc
+
+    from gpujob_operator import expfmt as ef
+
+    rng = random.Random(3)
+
+    def scrape(n: int) -> None:
+        lines = [
+            f'gpujob_train_loss{{rank="0",junk="{n}-{i}-{rng.randbytes(600).hex()}"}} 1'
+            for i in range(2500)
+        ]
+        text = "\n".join(lines) + "\n"
+        frame_payload(text, 1.0)  # the canonical fast path
+        frame_payload(text.replace("\n", "\r\n"), 1.0)  # the general parser
+
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        for n in range(5):
+            scrape(n)
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    retained = sum(s.size_diff for s in after.compare_to(before, "filename"))
+    assert retained < 4 * 2**20, f"{retained / 2**20:.1f} MiB retained by the parse caches"
+    assert ef.label_cache_size()[1] <= 8 * 2**20 + 3 * 512

@@ -1,0 +1,219 @@
+"""Bench: what hostile metrics endpoints cost the operator's event loop, CPU and memory.
+
+    python bench/scrape_hostile.py
+
+A raw asyncio server on 127.0.0.1 plays trainer endpoints that misbehave: a 1 MB chunked
+body of tiny chunks trickled in 16 KiB pieces, a gzip bomb, 100,000 label sets, long unusual label values,
+changing rank labels, NaN/Inf values, endpoints that accept and never answer. Each case is
+scraped through the operator's `Scraper` and folded into a `JobMonitor`, as the operator
+does, while a ticker measures how late the event loop runs (its longest stall). Prints one
+line per case; asserts nothing (numbers belong in benchmarks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import random
+import resource
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from gpujob_operator.analysis import Settings
+from gpujob_operator.monitor import JobMonitor
+from gpujob_operator.scrape import Scraper, ScrapeResult, ScrapeTarget
+
+ROOT = Path(__file__).resolve().parents[1]
+PAYLOAD = (ROOT / "tests" / "data" / "payloads" / "healthy-scrape2-rank1.prom").read_bytes()
+Reply = Callable[[asyncio.StreamWriter], Awaitable[None]]
+
+
+def ok(body: bytes, *headers: bytes) -> bytes:
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n" % len(body)
+    return head + b"".join(h + b"\r\n" for h in headers) + b"\r\n" + body
+
+
+def send(data: bytes) -> Reply:
+    async def reply(w: asyncio.StreamWriter) -> None:
+        w.write(data)
+        await w.drain()
+
+    return reply
+
+
+def trickle(body: bytes, chunk: int, piece: int) -> Reply:
+    """`body` as `chunk`-byte chunks, written `piece` bytes at a time (one read each)."""
+    wire = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in split(body, chunk)) + b"0\r\n\r\n"
+
+    async def reply(w: asyncio.StreamWriter) -> None:
+        w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for p in split(wire, piece):
+            w.write(p)
+            await w.drain()
+            await asyncio.sleep(0.001)  # a slow writer: the client reads each piece apart
+
+    return reply
+
+
+def split(data: bytes, size: int) -> list[bytes]:
+    return [data[i : i + size] for i in range(0, len(data), size)]
+
+
+async def hang(_: asyncio.StreamWriter) -> None:
+    await asyncio.sleep(3600)
+
+
+class Server:
+    def __init__(self) -> None:
+        self.replies: dict[bytes, Reply] = {}
+        self.srv: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            try:
+                while True:
+                    head = await r.readuntil(b"\r\n\r\n")
+                    await self.replies[head.split(b" ")[1]](w)
+            except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+                pass
+            finally:
+                w.close()
+
+        self.srv = await asyncio.start_server(handle, "127.0.0.1", 0, limit=2**20)
+        return f"http://127.0.0.1:{self.srv.sockets[0].getsockname()[1]}"
+
+
+class Ticker:
+    """The event loop's longest lateness while it runs (what every other job would feel)."""
+
+    def __init__(self) -> None:
+        self.max_lag = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            t = time.perf_counter()
+            await asyncio.sleep(0.001)
+            self.max_lag = max(self.max_lag, time.perf_counter() - t - 0.001)
+
+    def __enter__(self) -> Ticker:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+
+
+def rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def relabel(text: bytes, rank: int) -> bytes:
+    return text.replace(b'rank="1"}', b'rank="%d"}' % rank)
+
+
+async def case(
+    name: str,
+    scraper: Scraper,
+    targets: list[ScrapeTarget],
+    rounds: int = 1,
+    monitor: JobMonitor | None = None,
+) -> None:
+    rss0 = rss_mb()
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    results: list[ScrapeResult] = []
+    note = ""
+    with Ticker() as tick:
+        for i in range(rounds):
+            results = await scraper.scrape_all(targets)
+            if monitor is not None:
+                try:
+                    u = monitor.observe(results, time.time() + 15 * i)
+                    note = f"progress {u.progress.get('step')}/{u.progress.get('totalSteps')}"
+                except Exception as e:  # what the operator's loop would log every scrape
+                    note = f"analysis raised {type(e).__name__}"
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    kinds = sorted({str(r.error or "ok") for r in results})
+    print(
+        f"{name:<34} {wall:7.2f} s wall {cpu:7.2f} s CPU  loop stalled up to "
+        f"{tick.max_lag * 1000:7.1f} ms  RSS +{rss_mb() - rss0:5.0f} MB  -> {','.join(kinds)}"
+        + (f"; {note}" if note else "")
+    )
+
+
+async def main() -> None:
+    server = Server()
+    base = await server.start()
+    rng = random.Random(1)
+    body_1mb = PAYLOAD * (2**20 // len(PAYLOAD))
+    flood = b"".join(b'gpujob_train_loss{rank="%d"} 1\n' % i for i in range(100_000))
+    server.replies.update(
+        {
+            b"/good": send(ok(PAYLOAD)),
+            b"/trickle": trickle(body_1mb, 16, 16384),
+            b"/bomb": send(ok(gzip.compress(b"\n" * (256 * 2**20)), b"Content-Encoding: gzip")),
+            b"/flood": send(ok(PAYLOAD + flood)),
+            b"/hang": hang,
+            b"/inf": send(
+                ok(
+                    PAYLOAD.replace(b"} 100000.0", b"} +Inf").replace(
+                        b'gpujob_train_epoch{local_rank="1",node_rank="0",rank="1"} 12.0',
+                        b'gpujob_train_epoch{local_rank="1",node_rank="0",rank="1"} +Inf',
+                    )
+                )
+            ),
+        }
+    )
+    for i in range(5):
+        labels = b"".join(
+            b'gpujob_train_loss{rank="%d"} 1\n' % rng.randrange(10**9) for _ in range(8_000)
+        )
+        server.replies[b"/ranks%d" % i] = send(ok(PAYLOAD + labels))
+        long = b"".join(
+            b'gpujob_train_loss{rank="1",x="%s"} 1\n' % rng.randbytes(600).hex().encode()
+            for _ in range(2_500)
+        )
+        server.replies[b"/long%d" % i] = send(ok(PAYLOAD + long))
+
+    def t(path: str, pod: str = "p") -> ScrapeTarget:
+        return ScrapeTarget(f"{base}{path}", pod, "node", 0, 1, 1)
+
+    spec = Settings(warmup_steps=0)
+    print(f"load average before: {Path('/proc/loadavg').read_text().split()[:3]}")
+    async with Scraper(timeout=30) as s:
+        await case("good payload (baseline)", s, [t("/good")])
+        await case("1 MB, 16 B chunks, 16 KiB reads", s, [t("/trickle")])
+        await case("gzip bomb (256 MiB of newlines)", s, [t("/bomb")])
+        await case("100,000 label sets (3.3 MB)", s, [t("/flood")], monitor=JobMonitor(spec))
+        mon = JobMonitor(spec)
+        for i in range(5):
+            await case(f"8,000 changing rank labels #{i + 1}", s, [t(f"/ranks{i}")], monitor=mon)
+        mon = JobMonitor(spec)
+        for i in range(5):
+            await case(f"2,500 long label values #{i + 1}", s, [t(f"/long{i}")], monitor=mon)
+        await case(
+            "+Inf target steps and epoch", s, [t("/inf")], rounds=3, monitor=JobMonitor(spec)
+        )
+    async with Scraper(concurrency=4, timeout=3) as s:
+        dead = asyncio.get_running_loop().create_task(
+            s.scrape_all([t("/hang", f"dead-{i}") for i in range(8)])
+        )
+        await asyncio.sleep(0.05)
+        t0 = time.perf_counter()
+        (other,) = await s.scrape_all([t("/good", "other-job")])
+        waited = time.perf_counter() - t0
+        await dead
+        print(
+            f"{'another job behind 8 dead endpoints':<34} its scrape took {waited:5.2f} s "
+            f"({other.error or 'ok'}) with 4 slots and a 3 s timeout"
+        )
+    assert server.srv is not None
+    server.srv.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
+    sys.exit(0)

@@ -1,0 +1,179 @@
+"""What an API server refusal means for a job: a pure classifier of status code and Status body.
+
+The API server refuses a pod or the Service for many reasons the CRD never saw: a
+ResourceQuota, PodSecurity admission, a LimitRange, an admission webhook or policy, a field
+core/v1 rejects, throttling, an overloaded or restarting server. Each refusal becomes one
+:class:`Refusal`: a condition reason (from :mod:`conditions`), whether waiting can ever help
+(``permanent``), the server's own message, and the server's hint of when to retry.
+
+Permanent means "this pod, as built, can never be admitted under the namespace's current
+policy": a field core/v1 rejects, PodSecurity, a LimitRange, an admission webhook's or
+policy's explicit denial. Everything else (quota, throttling, 5xx, a webhook that is down,
+RBAC that an admin may still fix, anything unknown) is retried with backoff: an unknown
+refusal must never fail a job for good.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final
+
+from gpujob_operator import conditions as c
+
+MESSAGE_MAX_CHARS: Final = 1024
+
+_LIMIT_RANGE: Final = re.compile(
+    r"(maximum|minimum) \S+ usage per (Container|Pod) is|limit to request ratio per", re.I
+)
+_RBAC: Final = re.compile(r"\bcannot \w+ resource\b")
+_WEBHOOK_DOWN: Final = re.compile(r"failed calling webhook|failed to call webhook", re.I)
+_WEBHOOK_DENIED: Final = re.compile(r"admission webhook .* denied the request", re.I)
+_POLICY_DENIED: Final = re.compile(r"ValidatingAdmissionPolicy .* denied request", re.I)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """One classified API error."""
+
+    reason: str
+    """A condition reason (``QuotaExceeded``, ``APIThrottled``, ...); also the metric label."""
+    permanent: bool
+    """True when retrying the same request can never succeed (the job fails)."""
+    message: str
+    """The API server's message (or the client's error), truncated."""
+    code: int | None = None
+    """HTTP status code, None when no response came back."""
+    retry_after: float | None = None
+    """Seconds the server asked us to wait (Retry-After / details.retryAfterSeconds)."""
+
+    @property
+    def expected(self) -> bool:
+        """An answer of the server, or no answer at all (logged as one line, no traceback);
+        False for anything else a client call raised, which is a bug."""
+        return self.reason != c.API_ERROR or self.code is not None
+
+
+def _status_body(body: Any) -> Mapping[str, Any]:
+    """The metav1.Status the server sent, or {} when the body is not one."""
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", "replace")
+    if isinstance(body, str):
+        try:
+            body = json.loads(body)
+        except ValueError:
+            return {"message": body.strip()} if body.strip() else {}
+    return body if isinstance(body, Mapping) else {}
+
+
+def _retry_after(status: Mapping[str, Any], headers: Mapping[str, str] | None) -> float | None:
+    for key, value in (headers or {}).items():
+        if key.lower() == "retry-after":
+            try:
+                return max(float(value), 0.0)
+            except ValueError:
+                return None
+    seconds = (status.get("details") or {}).get("retryAfterSeconds")
+    if isinstance(seconds, int | float) and not isinstance(seconds, bool):
+        return max(float(seconds), 0.0)
+    return None
+
+
+def _truncate(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= MESSAGE_MAX_CHARS else text[: MESSAGE_MAX_CHARS - 3] + "..."
+
+
+def classify(
+    code: int | None,
+    body: Any = None,
+    headers: Mapping[str, str] | None = None,
+    *,
+    kind: str = "pod",
+) -> Refusal:
+    """Classify an API error from its HTTP status code and body (a metav1.Status).
+
+    ``kind`` is what was being written (``pod``, ``service``, ...): a 422 on a pod is the
+    user's template (InvalidPodTemplate), on anything else the operator's own object.
+    """
+    status = _status_body(body)
+    message = _truncate(str(status.get("message") or f"HTTP {code}"))
+    reason = str(status.get("reason") or "")
+    hint = _retry_after(status, headers)
+
+    def out(r: str, permanent: bool) -> Refusal:
+        return Refusal(r, permanent, message, code, hint)
+
+    if code is None:
+        return out(c.API_UNREACHABLE, False)
+    # Admission webhooks and policies first: they answer with whatever code they chose.
+    if _WEBHOOK_DOWN.search(message):
+        return out(c.ADMISSION_WEBHOOK_UNAVAILABLE, False)
+    if _WEBHOOK_DENIED.search(message):
+        return out(c.ADMISSION_WEBHOOK_DENIED, True)
+    if _POLICY_DENIED.search(message):
+        return out(c.ADMISSION_POLICY_DENIED, True)
+    if code == 429 or reason == "TooManyRequests":
+        return out(c.API_THROTTLED, False)
+    if code >= 500:
+        return out(c.API_SERVER_ERROR, False)
+    if code == 422 or reason == "Invalid":
+        return out(c.INVALID_POD_TEMPLATE if kind == "pod" else c.INVALID_OBJECT, True)
+    if code == 403:
+        if "violates PodSecurity" in message:
+            return out(c.POD_SECURITY_VIOLATION, True)
+        if "quota" in message.lower():
+            return out(c.QUOTA_EXCEEDED, False)
+        if _LIMIT_RANGE.search(message):
+            return out(c.LIMIT_RANGE_VIOLATION, True)
+        if _RBAC.search(message):
+            return out(c.OPERATOR_FORBIDDEN, False)
+        return out(c.CREATE_REFUSED, False)
+    if code == 409:
+        return out(c.API_CONFLICT, False)
+    if code == 401:
+        return out(c.API_UNAUTHORIZED, False)
+    if code == 400:
+        return out(c.CREATE_REFUSED, True)
+    return out(c.API_ERROR, False)
+
+
+def classify_exception(exc: BaseException, *, kind: str = "pod") -> Refusal:
+    """Classify what a client call raised: an ApiException (status/body/headers), a network
+    error (no response: APIUnreachable), or anything else (APIError, unexpected)."""
+    code = getattr(exc, "status", None)
+    if isinstance(code, int) and not isinstance(code, bool) and code > 0:
+        headers = getattr(exc, "headers", None)
+        return classify(
+            code,
+            getattr(exc, "body", None) or getattr(exc, "reason", None),
+            dict(headers) if headers else None,
+            kind=kind,
+        )
+    if isinstance(exc, OSError | TimeoutError) or type(exc).__name__ in _NETWORK_ERRORS:
+        return Refusal(c.API_UNREACHABLE, False, _truncate(f"{type(exc).__name__}: {exc}"))
+    return Refusal(c.API_ERROR, False, _truncate(f"{type(exc).__name__}: {exc}"))
+
+
+_NETWORK_ERRORS: Final = frozenset(
+    {"MaxRetryError", "ProtocolError", "NewConnectionError", "ReadTimeoutError", "SSLError"}
+)
+"""urllib3's errors, by name so that this module needs no HTTP library."""
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The job's latest refused create, as the reconciler remembers it, handed to the planner.
+
+    ``since`` is when this run of refusals began (the gang's grace counts from it),
+    ``retry_at`` when the next try is due, ``tries`` how many in a row were refused.
+    """
+
+    refusal: Refusal
+    target: str
+    since: datetime
+    retry_at: datetime
+    tries: int = 1

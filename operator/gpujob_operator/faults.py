@@ -1,0 +1,32 @@
+"""Fault injection for tests: die at a named write boundary, as a crash or OOM kill would.
+
+The chaos and integration tests start the operator with ``GPUJOB_FAULT_EXIT_AT=<boundary>``
+and the process ends with exit code 137 (SIGKILL's) the first time it reaches that boundary,
+with no cleanup, no flush and no graceful shutdown: exactly the states a real crash leaves.
+Unset (always, in production) a fault point costs one environment lookup.
+
+Boundaries of a gang restart, in the order the reconciler writes:
+``after-status-write`` (status written, pods not yet touched), ``between-pod-deletes``,
+``between-pod-creates``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Final
+
+ENV: Final = "GPUJOB_FAULT_EXIT_AT"
+EXIT_CODE: Final = 137
+AFTER_STATUS_WRITE: Final = "after-status-write"
+BETWEEN_POD_DELETES: Final = "between-pod-deletes"
+BETWEEN_POD_CREATES: Final = "between-pod-creates"
+BOUNDARIES: Final = (AFTER_STATUS_WRITE, BETWEEN_POD_DELETES, BETWEEN_POD_CREATES)
+
+
+def fault_point(name: str) -> None:
+    """Exit the process at once (code 137) when ``GPUJOB_FAULT_EXIT_AT`` names this point."""
+    if os.environ.get(ENV) == name:
+        sys.stderr.write(f"gpujob fault injection: exiting at {name}\n")
+        sys.stderr.flush()
+        os._exit(EXIT_CODE)

@@ -1,0 +1,94 @@
+"""One pod that asks for the whole gang's resources, so a dry run checks the gang's quota.
+
+A server-side dry run of each pod checks each pod alone: a ResourceQuota with 2 GPUs left
+admits every 2-GPU pod of a 2 x 2-GPU gang, and the real creates then stop half way. Dry
+runs do not add up, so the reconciler also dry-runs this probe: the first pod of the gang
+with every container's requests and limits summed over all the pods being created. The
+quota plugin then judges the gang's total and answers with its own message (``exceeded
+quota: gpu, requested: requests.nvidia.com/gpu=4, ...``), scopes (priority class,
+terminating, best effort) included. Only a quota refusal of the probe counts; anything else
+(a LimitRange's per-pod maximum, say) is the single pods' dry runs to judge. A quota on the
+number of pods (``pods``, ``count/pods``) sees one pod, not the gang: there, as when another
+job takes the quota between the dry runs and the creates, the planner deletes the pods of a
+gang that stays incomplete after a grace.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+from typing import Any, Final
+
+_QUANTITY: Final = re.compile(
+    r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|([KMGTPE]i|[numkMGTPE]))?$"
+)
+_SUFFIX: Final = {
+    "n": Fraction(1, 10**9),
+    "u": Fraction(1, 10**6),
+    "m": Fraction(1, 1000),
+    "": Fraction(1),
+    "k": Fraction(10**3),
+    "M": Fraction(10**6),
+    "G": Fraction(10**9),
+    "T": Fraction(10**12),
+    "P": Fraction(10**15),
+    "E": Fraction(10**18),
+    **{s: Fraction(1024 ** (i + 1)) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+}
+
+
+def parse_quantity(text: str | int | float) -> Fraction:
+    """A Kubernetes resource quantity ("500m", "1.5Gi", "2", "1e3") as an exact number."""
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        return Fraction(str(text))
+    m = _QUANTITY.match(str(text).strip())
+    if m is None:
+        raise ValueError(f"not a quantity: {text!r}")
+    number = Fraction(m[1])
+    if m[2]:
+        return number * Fraction(10) ** int(m[2][1:])
+    return number * _SUFFIX[m[3] or ""]
+
+
+def format_quantity(value: Fraction) -> str:
+    """The shortest exact decimal form: "4", "1500m", "250n" (rounded up past nanos)."""
+    for scale, suffix in ((1, ""), (1000, "m"), (10**9, "n")):
+        scaled = value * scale
+        if scaled.denominator == 1:
+            return f"{scaled.numerator}{suffix}"
+    return f"{-(-value.numerator * 10**9 // value.denominator)}n"
+
+
+def _sum(pods: Sequence[Mapping[str, Any]], container: str, field: str) -> dict[str, str]:
+    total: dict[str, Fraction] = {}
+    for pod in pods:
+        for c in (pod.get("spec") or {}).get("containers") or []:
+            if c.get("name") != container:
+                continue
+            for name, q in ((c.get("resources") or {}).get(field) or {}).items():
+                total[name] = total.get(name, Fraction(0)) + parse_quantity(q)
+    return {name: format_quantity(v) for name, v in total.items()}
+
+
+def probe_pod(pods: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The first pod with each container's requests and limits summed over ``pods``.
+
+    None when there is nothing to add up (fewer than two pods, or no resources at all), or
+    when a quantity cannot be read (the pods' own dry runs will say why).
+    """
+    if len(pods) < 2:
+        return None
+    probe = copy.deepcopy(dict(pods[0]))
+    try:
+        found = False
+        for c in (probe.get("spec") or {}).get("containers") or []:
+            res = c.get("resources") or {}
+            for field in ("requests", "limits"):
+                if res.get(field):
+                    res[field] = _sum(pods, c.get("name"), field)
+                    found = True
+    except ValueError:
+        return None
+    return probe if found else None

@@ -1,0 +1,159 @@
+"""What one scrape may put into a job's window: the edge where untrusted payloads are checked.
+
+Every trainer endpoint runs code the operator does not control, so a frame is admitted only
+after three checks (pure, no I/O):
+
+- identity: a rank row counts only when its `rank` label is the rank the target should be
+  (node_rank x procsPerNode + local_rank); any other rank a payload claims is dropped;
+- size: at most `MAX_GPUS_PER_ENDPOINT` GPU rows per endpoint (the window caps the job);
+- values: each field has a plausible range; NaN, infinities and absurd numbers (a target of
+  2^63 steps, a last-step time in milliseconds, GPU utilization in percent) become NaN,
+  the window's "absent", so the analysis skips them instead of raising on them.
+
+What was dropped is counted and described (`Admitted.notes`), so the monitor can report it
+once and the operator's metrics can count it.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from dataclasses import dataclass, replace
+from typing import Final
+
+from gpujob_operator import window as w
+from gpujob_trainer import contract
+
+MAX_GPUS_PER_ENDPOINT: Final = 64
+"""GPU rows kept from one endpoint (a node has at most 16 GPUs today)."""
+KIND_RANK: Final = "rank"
+KIND_GPUS: Final = "gpus"
+KIND_VALUES: Final = "values"
+MAX_NOTES: Final = 4
+"""Dropped-value descriptions kept per scrape (the counts are exact)."""
+
+_EXACT: Final = float(2**53)
+"""Step and epoch counts beyond this are not exact in a float: none is real."""
+_COUNT: Final = 1e18
+_SECONDS: Final = 1e12
+_BYTES: Final = float(2**60)
+_CLOCK_SKEW: Final = 86400.0
+"""A last-step time may run this far ahead of the operator's clock (skew), no more."""
+
+# field index -> (name for messages, low, high); low/high inclusive.
+_RANK_LIMITS: Final[dict[int, tuple[str, float, float]]] = {
+    w.R_STEPS: (contract.STEPS.name, 0.0, _EXACT),
+    w.R_TARGET: (contract.TARGET_STEPS.name, 0.0, _EXACT),
+    w.R_SAMPLES: (contract.SAMPLES.name, 0.0, _COUNT),
+    w.R_TOKENS: (contract.TOKENS.name, 0.0, _COUNT),
+    w.R_EPOCH: (contract.EPOCH.name, 0.0, _EXACT),
+    w.R_LOSS: (contract.LOSS.name, -1e30, 1e30),
+    w.R_STEP_COUNT: (contract.STEP_DURATION.name + "_count", 0.0, _COUNT),
+    w.R_STEP_SUM: (contract.STEP_DURATION.name + "_sum", 0.0, _SECONDS),
+    w.R_COMPUTE: (contract.COMPUTE_SECONDS.name, 0.0, _SECONDS),
+    w.R_CUDA_RESERVED: (contract.CUDA_MEMORY_RESERVED.name, 0.0, _BYTES),
+    w.R_CUDA_RETRIES: (contract.CUDA_ALLOC_RETRIES.name, 0.0, _COUNT),
+    w.R_CUDA_OOMS: (contract.CUDA_OOMS.name, 0.0, _COUNT),
+    **{
+        i: (f'{contract.PHASE_SECONDS.name}{{phase="{p}"}}', 0.0, _SECONDS)
+        for p, i in w.R_PHASE.items()
+    },
+}
+_GPU_LIMITS: Final[dict[int, tuple[str, float, float]]] = {
+    w.G_UTIL: (contract.GPU_UTILIZATION.name, 0.0, 1.0),
+    w.G_MEM_USED: (contract.GPU_MEMORY_USED.name, 0.0, _BYTES),
+    w.G_MEM_TOTAL: (contract.GPU_MEMORY_TOTAL.name, 0.0, _BYTES),
+    w.G_POWER: (contract.GPU_POWER.name, 0.0, 1e6),
+    w.G_POWER_LIMIT: (contract.GPU_POWER_LIMIT.name, 0.0, 1e6),
+    w.G_TEMP: (contract.GPU_TEMPERATURE.name, -273.15, 1000.0),
+    w.G_SM_CLOCK: (contract.GPU_SM_CLOCK.name, 0.0, 1e11),
+    w.G_XID: (contract.GPU_XID_ERRORS.name, 0.0, _COUNT),
+    w.G_ECC: (contract.GPU_ECC_UNCORRECTED.name, 0.0, _COUNT),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """A frame fit for the window, and what was taken out of it."""
+
+    frame: w.Frame
+    dropped_series: int = 0
+    dropped_values: int = 0
+    notes: tuple[tuple[str, str], ...] = ()
+    """(kind, words) of what was dropped, e.g. (KIND_RANK, "rank label(s) 7 are not ...")."""
+
+
+def admit(fr: w.Frame, rank: int | None, t: float) -> Admitted:
+    """The part of `fr` (scraped at `t`) that rank `rank` may speak for (None: any rank)."""
+    notes: list[tuple[str, str]] = []
+    dropped_series = 0
+    if rank is not None and any(r != rank for r in fr.ranks):
+        others = sorted(r for r in fr.ranks if r != rank)
+        dropped_series += len(others)
+        shown = ",".join(str(r) for r in others[:5]) + ("..." if len(others) > 5 else "")
+        notes.append((KIND_RANK, f"rank label(s) {shown} are not this endpoint's rank {rank}"))
+        fr = replace(
+            fr,
+            ranks={r: v for r, v in fr.ranks.items() if r == rank},
+            buckets={r: v for r, v in fr.buckets.items() if r == rank},
+            cuda_uuid={r: v for r, v in fr.cuda_uuid.items() if r == rank},
+            local_rank={r: v for r, v in fr.local_rank.items() if r == rank},
+            node_rank={r: v for r, v in fr.node_rank.items() if r == rank},
+        )
+    if len(fr.gpus) > MAX_GPUS_PER_ENDPOINT:
+        keep = sorted(fr.gpus)[:MAX_GPUS_PER_ENDPOINT]
+        dropped_series += len(fr.gpus) - len(keep)
+        notes.append((KIND_GPUS, f"{len(fr.gpus)} GPUs exceed the cap of {MAX_GPUS_PER_ENDPOINT}"))
+        fr = replace(fr, gpus={g: fr.gpus[g] for g in keep})
+    bad: list[str] = []
+    dropped_values = 0
+    for row in fr.ranks.values():
+        dropped_values += _check(row, _RANK_LIMITS, bad)
+        last = row[w.R_LAST_STEP]
+        if last == last and not (0.0 <= last <= t + _CLOCK_SKEW):
+            bad.append(f"{contract.LAST_STEP_TIMESTAMP.name}={_show(last)}")
+            row[w.R_LAST_STEP] = math.nan
+            dropped_values += 1
+    for b in fr.buckets.values():
+        dropped_values += _check_all(b, contract.STEP_DURATION.name + "_bucket", bad)
+    for _uuid, grow in fr.gpus.values():
+        dropped_values += _check(grow, _GPU_LIMITS, bad)
+    if bad:
+        notes.append((KIND_VALUES, "implausible values " + ", ".join(bad[:MAX_NOTES])))
+    if not notes:
+        return Admitted(fr)
+    return Admitted(fr, dropped_series, dropped_values, tuple(notes))
+
+
+def _check(row: array[float], limits: dict[int, tuple[str, float, float]], bad: list[str]) -> int:
+    dropped = 0
+    for i, (name, lo, hi) in limits.items():
+        v = row[i]
+        # NaN is "absent" and fine; `lo <= v <= hi` is False for NaN, so test it first.
+        if v != v or lo <= v <= hi:
+            continue
+        if len(bad) < MAX_NOTES:
+            bad.append(f"{name}={_show(v)}")
+        row[i] = math.nan
+        dropped += 1
+    return dropped
+
+
+def _check_all(row: array[float], name: str, bad: list[str]) -> int:
+    dropped = 0
+    for i, v in enumerate(row):
+        if v != v or 0.0 <= v <= _COUNT:
+            continue
+        if len(bad) < MAX_NOTES:
+            bad.append(f"{name}={_show(v)}")
+        row[i] = math.nan
+        dropped += 1
+    return dropped
+
+
+def _show(v: float) -> str:
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return f"{v:.6g}"

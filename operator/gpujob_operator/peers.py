@@ -1,0 +1,73 @@
+"""Which replica is active under kopf peering: the oldest live one.
+
+kopf pauses every replica when two live peers share a priority, and pauses a replica as soon
+as a higher-priority peer appears. Job loops are plain asyncio tasks that kopf's pause does
+not stop, so a running replica must never be pre-empted by a newcomer: the priority falls
+with the start time (older wins), and a random tie-break keeps two replicas started in the
+same millisecond apart. A new replica (a second one, or a rolling ``helm upgrade``) stands
+by until the active one leaves: at once when it exits cleanly (kopf withdraws it), or once
+its keep-alive lapses (``peering.lifetime``) when it is killed.
+
+kopf's pause stops its own watches and daemons, not our job loops: :func:`is_active`
+tells the operator's standby guard (``standby.py``) when to stop them, by kopf's rule.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+from collections.abc import Mapping
+from typing import Any
+
+DEFAULT_LIFETIME = 60
+ENV_LIFETIME = "GPUJOB_PEERING_LIFETIME"
+
+
+def priority(started_at: float, tiebreak: int | None = None) -> int:
+    """kopf peering priority of a replica started at ``started_at`` (seconds since the epoch)."""
+    if tiebreak is None:
+        tiebreak = random.randrange(1000)
+    return -(int(started_at * 1000) * 1000 + tiebreak % 1000)
+
+
+def lifetime(value: str | None) -> int:
+    """Seconds a replica's keep-alive counts as alive (kopf touches it every lifetime-5..10 s)."""
+    if not value:
+        return DEFAULT_LIFETIME
+    seconds = int(value)
+    if seconds < 10:
+        raise ValueError(f"{ENV_LIFETIME} must be at least 10 seconds, got {seconds}")
+    return seconds
+
+
+def _lastseen(value: str) -> dt.datetime:
+    seen = dt.datetime.fromisoformat(value)
+    return seen if seen.tzinfo else seen.replace(tzinfo=dt.UTC)
+
+
+def is_active(
+    status: Mapping[str, Mapping[str, Any]], me: str, my_priority: int, now: dt.datetime
+) -> bool:
+    """Whether kopf lets replica ``me`` work, judged from one peering object's ``status``.
+
+    The same rule as kopf: a live other peer (``lastseen + lifetime`` not yet passed) with a
+    higher priority pauses us, and so does one with the same priority (kopf pauses both).
+    """
+    for ident, info in status.items():
+        if ident == me or not isinstance(info, Mapping):
+            continue
+        try:
+            deadline = _lastseen(str(info["lastseen"])) + dt.timedelta(
+                seconds=int(info.get("lifetime", DEFAULT_LIFETIME))
+            )
+            theirs = int(info.get("priority", 0))
+        except (KeyError, ValueError, TypeError):
+            continue
+        if deadline > now and theirs >= my_priority:
+            return False
+    return True
+
+
+def identity(pod_name: str | None, host: str, pid: int) -> str:
+    """This replica's peering identity: the pod name in a cluster, else host and pid."""
+    return pod_name or f"{host}/{pid}"

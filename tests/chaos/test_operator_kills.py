@@ -1,0 +1,99 @@
+"""The operator dies at each write boundary of a gang restart; its successor finishes the job.
+
+A gang restart is three kinds of writes: the status (restarts+1, attempt+1), the deletes of
+the old gang, the creates of the new one. ``GPUJOB_FAULT_EXIT_AT`` makes the operator exit
+137 exactly at one boundary (``gpujob_operator.faults``), so the kill lands where a crash
+hurts most, not wherever a timer happened to fire. The job is brought to Running by one
+operator; a second one, armed with the fault, takes over and dies in the restart; a third
+finishes it. What must hold: every pod was created once (2 + 2), no pod of the new attempt
+was created while one of the old existed, the restart is counted once, the job Succeeds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpujob_operator.faults import ENV, EXIT_CODE
+from tests.chaos.harness import ChaosOperator, Ledger, PodRecorder, gated_script, shell_job
+from tests.integration.conftest import job_status, wait_job_phase
+from tests.support.kube import Kube
+from tests.support.waiting import wait_until
+
+pytestmark = [pytest.mark.timeout(600)]
+
+BOUNDARIES = ("after-status-write", "between-pod-deletes", "between-pod-creates")
+
+
+def live_pods(kube: Kube, job: str) -> list[dict]:
+    return kube.list("pods", f"gpujob.dev/job-name={job}")
+
+
+@pytest.mark.parametrize("boundary", BOUNDARIES)
+def test_operator_killed_at_a_gang_restart_boundary(
+    boundary: str,
+    kube: Kube,
+    chaos_operator: ChaosOperator,
+    pods: PodRecorder,
+    ledger: Ledger,
+    tmp_path: Path,
+) -> None:
+    name = "gang"
+    fail, marker, release = tmp_path / "fail", tmp_path / "failed-once", tmp_path / "release"
+    op = chaos_operator.start()
+    kube.apply(
+        shell_job(
+            name,
+            gated_script(release, fail, marker),
+            runPolicy={"backoffLimit": 3},
+        )
+    )
+    status = wait_job_phase(kube, name, ("Running",), timeout=120)
+    assert status["attempt"] == 0 and status["restarts"] == 0, status
+
+    # Hand the job to an operator armed with the fault; it must be idle until rank 1 fails.
+    op.kill()
+    op.start(**{ENV: boundary})
+    ledger.inject(f"operator killed {boundary} (gang restart)")
+    fail.write_text("x")
+    try:
+        code = op.wait_exit(120)
+    except Exception as e:
+        raise AssertionError(
+            f"the armed operator never reached {boundary}: {e}; log: {op.proc.log_tail() if op.proc else ''}"
+        ) from e
+    assert code == EXIT_CODE, f"the armed operator exited {code}, not at the fault point"
+
+    # Where exactly did it die? The API shows the half-done restart.
+    status = job_status(kube, name)
+    left = live_pods(kube, name)
+    assert status["restarts"] == 1 and status["attempt"] == 1, status
+    if boundary == "after-status-write":
+        assert not [p for p in left if p["metadata"].get("deletionTimestamp")], left
+    if boundary == "between-pod-deletes":
+        untouched = [
+            p
+            for p in left
+            if not p["metadata"].get("deletionTimestamp")
+            and p["metadata"]["labels"]["gpujob.dev/attempt"] == "0"
+        ]
+        assert len(untouched) == 1, f"expected one old pod left undeleted: {left}"
+    if boundary == "between-pod-creates":
+        new = [p for p in left if p["metadata"]["labels"]["gpujob.dev/attempt"] == "1"]
+        assert len(new) == 1, f"expected one pod of attempt 1: {[p['metadata'] for p in left]}"
+
+    # A fresh operator finishes the restart and the job.
+    op.start()
+    release.write_text("go")
+    status = wait_job_phase(kube, name, ("Succeeded", "Failed"), timeout=180)
+    ledger.job_ended(name, "Succeeded", status.get("phase"))
+    assert status["phase"] == "Succeeded", status
+    assert status["restarts"] == 1 and status["attempt"] == 1, status
+    final = live_pods(kube, name)
+    assert {p["metadata"]["labels"]["gpujob.dev/attempt"] for p in final} == {"1"}, final
+    wait_until(lambda: len(pods.created(name)) >= 4, 10, "the recorder to see 4 pods")
+    created = sorted((p.attempt, p.rank) for p in pods.created(name))
+    assert created == [(0, 0), (0, 1), (1, 0), (1, 1)], f"pods created: {created}"
+    assert not pods.violations, pods.violations
+    assert not op.tracebacks(), op.tracebacks()[0]

@@ -1,0 +1,77 @@
+"""The gang probe pod: the gang's summed resources in one pod, quantities exact."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Any
+
+import pytest
+
+from gpujob_operator import builders, gangprobe
+from gpujob_operator.api import parse_spec
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("2", Fraction(2)),
+        ("500m", Fraction(1, 2)),
+        ("1.5Gi", Fraction(3 * 2**29)),
+        ("1e3", Fraction(1000)),
+        ("100Mi", Fraction(100 * 2**20)),
+        ("250n", Fraction(250, 10**9)),
+        ("1k", Fraction(1000)),
+        (".5", Fraction(1, 2)),
+        (3, Fraction(3)),
+    ],
+)
+def test_parse_quantity(text: str, value: Fraction) -> None:
+    assert gangprobe.parse_quantity(text) == value
+
+
+@pytest.mark.parametrize("bad", ["", "1.2.3", "5Xi", "abc", "1 Gi"])
+def test_parse_quantity_refuses_garbage(bad: str) -> None:
+    with pytest.raises(ValueError):
+        gangprobe.parse_quantity(bad)
+
+
+def test_format_quantity_is_exact_and_short() -> None:
+    assert gangprobe.format_quantity(Fraction(4)) == "4"
+    assert gangprobe.format_quantity(Fraction(3, 2)) == "1500m"
+    assert gangprobe.format_quantity(Fraction(1, 4 * 10**6)) == "250n"
+    assert gangprobe.format_quantity(Fraction(1, 3)) == "333333334n"
+
+
+def gang(nodes: int, **resources: Any) -> list[dict[str, Any]]:
+    job = {
+        "metadata": {"name": "j", "namespace": "ns", "uid": "u"},
+        "spec": {
+            "image": "x",
+            "command": ["true"],
+            "nodes": nodes,
+            "gpusPerNode": 2,
+            **({"resources": resources} if resources else {}),
+        },
+    }
+    spec = parse_spec(job["spec"])
+    return [builders.build_pod(job, r, 0, spec) for r in range(nodes)]
+
+
+def test_probe_asks_for_the_whole_gang() -> None:
+    pods = gang(3, requests={"cpu": "500m", "memory": "1Gi"}, limits={"memory": "1Gi"})
+    probe = gangprobe.probe_pod(pods)
+    assert probe is not None and probe["metadata"]["name"] == pods[0]["metadata"]["name"]
+    res = probe["spec"]["containers"][0]["resources"]
+    assert res["requests"]["cpu"] == "1500m"
+    assert res["requests"]["memory"] == str(3 * 2**30)
+    assert res["limits"]["nvidia.com/gpu"] == "6" and res["requests"]["nvidia.com/gpu"] == "6"
+    # the pods themselves are untouched
+    assert pods[0]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "500m"
+
+
+def test_no_probe_for_one_pod_or_no_resources() -> None:
+    assert gangprobe.probe_pod(gang(1)) is None
+    pods = gang(2)
+    for p in pods:
+        p["spec"]["containers"][0].pop("resources", None)
+    assert gangprobe.probe_pod(pods) is None

@@ -1,0 +1,183 @@
+"""The planner's side of refusals and backoff: what a refused create and a gang restart look like.
+
+The shell (reconciler) remembers the latest refused create (:class:`apierrors.Refused`) and
+hands it to the pure planner; these tests play that shell with the planner tests' ``Sim``.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from gpujob_operator import api, apierrors, backoff
+from gpujob_operator import conditions as c
+from tests.unit.test_planner import T0, Sim, cond, make_job
+
+QUOTA = apierrors.Refusal(
+    c.QUOTA_EXCEEDED,
+    False,
+    'pods "bert-node-1" is forbidden: exceeded quota: gpu, requested: requests.nvidia.com/gpu=8, '
+    "used: requests.nvidia.com/gpu=8, limited: requests.nvidia.com/gpu=8",
+    403,
+)
+INVALID = apierrors.Refusal(
+    c.INVALID_POD_TEMPLATE,
+    True,
+    'Pod "bert-node-0" is invalid: metadata.annotations: Too long: may not be more than 262144 bytes',
+    422,
+)
+
+
+def refused(
+    r: apierrors.Refusal, target: str, since_s: float, retry_s: float, tries: int = 1
+) -> apierrors.Refused:
+    return apierrors.Refused(
+        r, target, T0 + timedelta(seconds=since_s), T0 + timedelta(seconds=retry_s), tries
+    )
+
+
+def refused_whole_gang(sim: Sim, r: apierrors.Refusal, retry_s: float = 2.0) -> None:
+    """The first pass planned the gang; the dry run refused it, so nothing exists."""
+    p = sim.reconcile()
+    assert len(p.create_pods) == 2
+    sim.pods.clear()
+    sim.refused = refused(r, "pod bert-node-1", 0, retry_s)
+
+
+def test_a_transient_refusal_shows_its_reason_and_message_and_waits_for_the_retry() -> None:
+    sim = Sim(make_job(nodes=2, gpusPerNode=8))
+    refused_whole_gang(sim, QUOTA)
+    p = sim.reconcile()
+    assert not p.create_pods and p.requeue_after == 2.0
+    st = sim.status
+    for type_ in (c.CREATED, c.RUNNING):
+        assert cond(st, type_)["reason"] == c.QUOTA_EXCEEDED
+        assert "exceeded quota: gpu" in cond(st, type_)["message"]
+    assert st["phase"] == "Pending" and st["nextAttemptTime"] == "2026-03-01T12:00:02Z"
+    warning = [e for e in sim.events if e.reason == c.QUOTA_EXCEEDED]
+    assert len(warning) == 1 and warning[0].type == "Warning"
+    assert "creating pod bert-node-1 was refused (403): pods" in warning[0].message
+    # Planning again before the retry is due changes nothing and warns no more.
+    sim.now += timedelta(seconds=1)
+    assert not sim.reconcile().create_pods
+    assert [e.reason for e in sim.events].count(c.QUOTA_EXCEEDED) == 1
+    api.parse_status(sim.status)  # the model accepts the new field
+
+
+def test_when_the_retry_is_due_the_whole_gang_is_planned_and_success_clears_it() -> None:
+    sim = Sim(make_job(nodes=2, gpusPerNode=8))
+    refused_whole_gang(sim, QUOTA)
+    sim.reconcile()
+    sim.now += timedelta(seconds=2)
+    p = sim.reconcile()
+    assert [x["metadata"]["name"] for x in p.create_pods] == ["bert-node-0", "bert-node-1"]
+    # The refusal stays visible while the retry is in flight ...
+    assert cond(sim.status, c.CREATED)["reason"] == c.QUOTA_EXCEEDED
+    # ... and the shell forgets it once every create succeeded: the condition is cleared.
+    sim.refused = None
+    sim.reconcile()
+    assert cond(sim.status, c.CREATED)["reason"] == c.PODS_CREATED
+    assert cond(sim.status, c.RUNNING)["reason"] == c.PODS_PENDING
+    assert "nextAttemptTime" not in sim.status
+    sim.run_all()
+    sim.reconcile()
+    assert sim.status["phase"] == "Running"
+
+
+def test_a_partial_gang_is_deleted_after_the_grace_so_a_waiting_job_holds_nothing() -> None:
+    sim = Sim(make_job(nodes=2, gpusPerNode=8))
+    sim.reconcile()
+    del sim.pods["bert-node-1"]  # pod 0 was created, pod 1 refused by the quota
+    sim.refused = refused(QUOTA, "pod bert-node-1", 0, 1)
+    p = sim.reconcile()
+    assert not p.delete_pods and p.requeue_after == 1.0
+    sim.now += timedelta(seconds=1)
+    p = sim.reconcile()
+    assert [x["metadata"]["name"] for x in p.create_pods] == ["bert-node-1"]
+    del sim.pods["bert-node-1"]  # refused again
+    sim.refused = refused(QUOTA, "pod bert-node-1", 0, 5, tries=2)
+    sim.now = T0 + timedelta(seconds=planner_grace())
+    p = sim.reconcile()
+    assert p.delete_pods == ["bert-node-0"] and not p.create_pods
+    assert c.GANG_RELEASED in sim.reasons()
+    # Nothing is created while the released pod terminates, even when the retry is due.
+    sim.now += timedelta(seconds=5)
+    p = sim.reconcile()
+    assert not p.create_pods and not p.delete_pods
+    assert cond(sim.status, c.CREATED)["reason"] == c.QUOTA_EXCEEDED
+    sim.gc()
+    p = sim.reconcile()
+    assert [x["metadata"]["name"] for x in p.create_pods] == ["bert-node-0", "bert-node-1"]
+
+
+def planner_grace() -> float:
+    from gpujob_operator import planner
+
+    return planner.GANG_GRACE_SECONDS
+
+
+def test_a_permanent_refusal_fails_the_job_with_its_reason_and_keeps_no_pod() -> None:
+    sim = Sim(make_job(nodes=2, gpusPerNode=8))
+    sim.reconcile()
+    del sim.pods["bert-node-1"]
+    sim.refused = refused(INVALID, "pod bert-node-1", 0, 0)
+    p = sim.reconcile()
+    assert p.delete_pods == ["bert-node-0"] and not p.create_pods
+    st = sim.status
+    assert st["phase"] == "Failed"
+    assert cond(st, c.FAILED)["reason"] == c.INVALID_POD_TEMPLATE
+    assert "metadata.annotations: Too long" in cond(st, c.FAILED)["message"]
+    assert st["failure"]["reason"] == c.INVALID_POD_TEMPLATE
+    assert st["failure"]["pod"] == "bert-node-1"
+    assert "metadata.annotations" in st["failure"]["message"]
+    assert "nextAttemptTime" not in st
+    assert [e.type for e in sim.events if e.reason == c.INVALID_POD_TEMPLATE] == ["Warning"]
+    # A finished job ignores what the shell still remembers.
+    assert not sim.reconcile().create_pods
+
+
+def test_a_refused_service_waits_for_its_retry_too() -> None:
+    sim = Sim(make_job(nodes=2, gpusPerNode=8))
+    p = sim.reconcile()
+    assert p.create_service is not None
+    sim.pods.clear()
+    sim.service = False
+    throttled = apierrors.Refusal(c.API_THROTTLED, False, "too many requests", 429)
+    sim.refused = refused(throttled, "service bert", 0, 4)
+    p = sim.reconcile()
+    assert p.create_service is None and not p.create_pods
+    assert "creating service bert was refused (429)" in cond(sim.status, c.CREATED)["message"]
+    sim.now += timedelta(seconds=4)
+    p = sim.reconcile()
+    assert p.create_service is not None and len(p.create_pods) == 2
+
+
+def test_gang_restarts_back_off_exponentially_and_status_says_when() -> None:
+    sim = Sim(make_job(nodes=2, gpusPerNode=8, runPolicy={"backoffLimit": 5}))
+    sim.restart_backoff = backoff.Policy(10.0, 25.0)
+    sim.reconcile()
+    sim.run_all()
+    sim.reconcile()
+    waits = []
+    for restart in (1, 2, 3):
+        sim.fail("bert-node-1", code=1)
+        failed_at = sim.now
+        sim.reconcile()
+        assert sim.status["restarts"] == restart
+        nat = c.parse_time(sim.status["nextAttemptTime"])
+        assert nat is not None
+        waits.append((nat - failed_at).total_seconds())
+        assert f"at {sim.status['nextAttemptTime']}" in cond(sim.status, c.RESTARTING)["message"]
+        sim.gc()
+        p = sim.reconcile()
+        assert not p.create_pods and p.requeue_after == waits[-1]
+        assert cond(sim.status, c.RUNNING)["reason"] == c.GANG_RESTART
+        assert "restart backoff" in cond(sim.status, c.RUNNING)["message"]
+        sim.now = nat
+        p = sim.reconcile()
+        assert len(p.create_pods) == 2
+        sim.reconcile()
+        assert "nextAttemptTime" not in sim.status
+        sim.run_all()
+        sim.reconcile()
+        assert sim.status["phase"] == "Running"
+    assert waits == [10.0, 20.0, 25.0]

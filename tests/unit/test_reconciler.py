@@ -1,0 +1,37 @@
+"""The reconciler's pure helpers (its I/O is covered by tests/integration)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, cast
+
+import pytest
+
+from gpujob_operator.reconciler import JobLoop, next_tick
+
+
+def test_each_job_scrapes_on_its_own_phase_of_the_interval() -> None:
+    for now in (1000.0, 1003.3, 1014.99, 1015.0):
+        for uid in ("a", "b", "c"):
+            t = next_tick(now, 15.0, uid)
+            assert now < t <= now + 15.0
+            assert abs(next_tick(t, 15.0, uid) - t - 15.0) < 1e-6  # a steady period afterwards
+    phases = {round(next_tick(1000.0, 15.0, f"uid-{i}") % 15.0, 3) for i in range(100)}
+    assert len(phases) > 50  # a hundred jobs started together spread over the interval
+
+
+def test_an_api_outage_on_the_metrics_path_is_one_line_and_a_backoff(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    loop = JobLoop(kube=cast(Any, object()), post_event=lambda *a: None)
+    loop.body = {"metadata": {"namespace": "ml", "name": "bert", "uid": "u1"}}
+    down = ConnectionRefusedError(111, "Connection refused")
+    with caplog.at_level(logging.WARNING, logger="gpujob.reconciler"):
+        delays = [loop._side_failure("metrics", down, n) for n in (1, 2, 3, 4)]
+    assert delays[-1] > delays[0]  # backs off instead of a fixed retry
+    assert all(r.exc_info is None for r in caplog.records), "an expected error got a traceback"
+    assert any("call=metrics" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="gpujob.reconciler"):
+        loop._side_failure("metrics", KeyError("bug"), 1)
+    assert any(r.exc_info is not None for r in caplog.records), "a bug must keep its traceback"
