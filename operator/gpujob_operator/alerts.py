@@ -58,7 +58,9 @@ JOB_ALERTS: Final = (
         "warning",
         "GPUTrainingJob {{ $labels.namespace }}/{{ $labels.job_name }} stopped making progress.",
         "No rank finished an optimizer step for longer than the job's stall timeout "
-        "(spec.monitoring.stallTimeoutSeconds, or k x the median step time). Usual causes: a "
+        "(spec.monitoring.stallTimeoutSeconds, or k x the median step time; before the first "
+        "step spec.monitoring.startupTimeoutSeconds) and no rank is busy (changing phase, or "
+        "in a checkpoint or an evaluation for less than busyTimeoutSeconds). Usual causes: a "
         "rank that died or hangs in a collective (NCCL/gloo watchdog), a deadlocked DataLoader, "
         "a hung filesystem. " + INSPECT + " (status.bottleneck and the Stalled condition), then "
         "kubectl logs on each <job>-node-<i> pod; py-spy dump on a rank shows where it waits. "
@@ -87,7 +89,10 @@ JOB_ALERTS: Final = (
         "The operator's analysis has reported the same bottleneck for half an hour: the GPUs "
         "are paid for but wait. status.bottleneck holds the evidence and the advice: InputBound "
         "(more DataLoader workers, pin_memory, prefetch), CommunicationBound (bucket size, "
-        "gradient accumulation with no_sync, network), Straggler (the named rank's node or GPU), "
+        "gradient accumulation with no_sync, network), Straggler (the named rank's node, GPU or "
+        "rank-specific work in its step; status.bottleneck.breakdown splits each rank's step), "
+        "CheckpointBound (async or sharded checkpoints, a longer interval), EvalBound (evaluate "
+        "less often, on fewer batches), "
         "MemoryPressure (activation checkpointing, AMP, smaller micro-batch), Throttled (power "
         "cap, cooling), GPUUnderutilized (bigger batch, CUDA graphs, torch.compile). "
         + INSPECT

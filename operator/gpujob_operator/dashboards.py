@@ -441,7 +441,18 @@ def _by_rank(metric: str) -> str:
 def job() -> dict[str, Any]:
     """One job: where each rank's step time goes, which rank straggles, what each GPU does."""
     steps_per_rank = _by_rank(c.STEPS.name)
-    compute_per_step = f"({_by_rank(c.COMPUTE_SECONDS.name)} / {steps_per_rank})"
+    not_own = "|".join((c.PHASE_DATA_WAIT, c.PHASE_COMM_WAIT, c.PHASE_CHECKPOINT, c.PHASE_EVAL))
+    # The phases partition a step, so the ones that are not a wait are the rank's own work.
+    own_per_step = (
+        f'(sum by (rank) (rate({c.PHASE_SECONDS.name}{{{JOB_ONE},phase!~"{not_own}"}}'
+        f"[{RATE}])) / {steps_per_rank})"
+    )
+    outside = f"{c.PHASE_CHECKPOINT}|{c.PHASE_EVAL}"
+    outside_share = (
+        f"max by (phase) (sum by (rank, phase) (rate({c.PHASE_SECONDS.name}"
+        f'{{{JOB_ONE},phase=~"{outside}"}}[{RATE}])) / on (rank) group_left '
+        f"sum by (rank) (rate({c.PHASE_SECONDS.name}{{{JOB_ONE}}}[{RATE}])))"
+    )
     step_buckets = f"rate({c.STEP_DURATION.name}_bucket{{{JOB_ONE}}}[{RATE}])"
     overview = Row(
         "Overview",
@@ -583,18 +594,31 @@ def job() -> dict[str, Any]:
         "Ranks",
         [
             Panel(
-                "Compute per step per rank",
-                "Each rank's own forward+backward+optimizer time per step, excluding waits: "
-                "the straggler signal (waits would blame the fast ranks).",
-                [_t(compute_per_step, "rank {{rank}}")],
+                "Own time per step per rank",
+                "Each rank's own work per step: the step minus its waits (data, exposed "
+                "all-reduce) and checkpoint/eval, so a loss head, augmentation or metrics "
+                "outside the model count too. The straggler signal: the fast ranks' waits "
+                "would blame them.",
+                [_t(own_per_step, "rank {{rank}}")],
                 unit="s",
                 w=8,
             ),
             Panel(
                 "Relative speed per rank",
-                "Fastest rank's compute per step / this rank's (1 = fastest). Below 0.75: a "
-                "straggler.",
-                [_t(f"scalar(min({compute_per_step})) / {compute_per_step}", "rank {{rank}}")],
+                "Median rank's own time per step / this rank's (1 = typical). Below 0.75 "
+                "(stragglerScore): a Straggler verdict names the rank.",
+                [_t(f"scalar(quantile(0.5, {own_per_step})) / {own_per_step}", "rank {{rank}}")],
+                unit="percentunit",
+                min=0,
+                max=1,
+                w=8,
+            ),
+            Panel(
+                "Checkpoint and eval share",
+                "Share of the time between steps spent in the checkpoint and eval phases, on "
+                "the rank that spends most in each (the others wait for it). Above 10% "
+                "(checkpointBoundRatio): CheckpointBound; above 15% (evalBoundRatio): EvalBound.",
+                [_t(outside_share, "{{phase}}")],
                 unit="percentunit",
                 min=0,
                 max=1,
@@ -852,6 +876,22 @@ def operator() -> dict[str, Any]:
                     unit="ops",
                     w=8,
                 ),
+                Panel(
+                    "API errors by reason",
+                    "API calls the server refused or that failed, per second, by call and "
+                    "classified reason (QuotaExceeded, APIThrottled, ...): the jobs' Warning "
+                    "Events and conditions say which job; the README's Troubleshooting says "
+                    "what to do.",
+                    [
+                        _t(
+                            f"sum by (call, reason) (rate({om.API_ERRORS.name}{{{OP}}}[{RATE}])) "
+                            "or vector(0)",
+                            "{{call}} {{reason}}",
+                        )
+                    ],
+                    unit="ops",
+                    w=24,
+                ),
             ],
         ),
         Row(
@@ -874,6 +914,33 @@ def operator() -> dict[str, Any]:
                     "Time one scrape of a rank takes (p50, p99).",
                     quantiles(scr),
                     unit="s",
+                    w=12,
+                ),
+                Panel(
+                    "Refused from rank payloads",
+                    "Series (a rank label not the endpoint's rank, over a cap) and values "
+                    "(NaN, infinities, implausible numbers) thrown away per second. Non-zero "
+                    "means a trainer endpoint exports something the operator does not trust: "
+                    "the job's MetricsAvailable condition and MetricsRejected Events name it.",
+                    [
+                        _t(
+                            f"sum(rate({m.name}{{{OP}}}[{RATE}])) or vector(0)",
+                            legend,
+                        )
+                        for m, legend in (
+                            (om.DROPPED_SERIES, "series"),
+                            (om.DROPPED_VALUES, "values"),
+                        )
+                    ],
+                    unit="ops",
+                    w=12,
+                ),
+                Panel(
+                    "Bytes refused from rank payloads",
+                    "Bytes of rank responses thrown away for exceeding the size, line or "
+                    "sample caps: a trickled, compressed-bomb or oversized endpoint.",
+                    [_t(f"sum(rate({om.DROPPED_BYTES.name}{{{OP}}}[{RATE}])) or vector(0)")],
+                    unit="Bps",
                     w=12,
                 ),
             ],
@@ -920,7 +987,7 @@ DASHBOARDS: Final = {"gpujob-fleet": fleet, "gpujob-job": job, "gpujob-operator"
 def render_all() -> dict[str, str]:
     """File name -> JSON text of every dashboard (stable formatting, trailing newline)."""
     return {
-        f"{name}.json": json.dumps(make(), indent=2, sort_keys=False) + "\n"
+        f"{name}.json": json.dumps(make(), indent=2, sort_keys=False, allow_nan=False) + "\n"
         for name, make in DASHBOARDS.items()
     }
 

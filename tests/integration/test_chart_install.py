@@ -1,18 +1,19 @@
-"""`helm install` the chart into the local control plane, then run the operator with the chart's
-ServiceAccount token, so the API server enforces exactly the chart's RBAC.
+"""`helm install` the chart into the local control plane: its Deployment runs the operator as
+a pod, with the ServiceAccount token the node agent mounts, so the API server enforces exactly
+the chart's RBAC on the operator's own requests.
 
 Choices (documented here because they shape the test):
 - ``--skip-crds``: the session's ``crd`` fixture already applied the same generated CRD (a unit
   test proves the chart's copy equals it), and Helm never upgrades or deletes ``crds/``
   anyway; installing it twice would only fight over ownership.
-- ``replicaCount: 0``: the local node agent runs a pod's command on the host and ignores the
-  image, so the chart's own Deployment would start a second, credential-less operator. The
-  operator runs as :class:`OperatorProcess` instead, with the SA's bound token.
+- The release is uninstalled and its pods waited away at teardown: a cluster-mode operator
+  that outlived its test would reconcile the next tests' jobs.
 """
 
 from __future__ import annotations
 
 import json
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,55 +21,31 @@ from typing import Any
 
 import pytest
 
-from gpujob_localcluster.cluster import LocalCluster
 from tests.integration.conftest import wait_job_phase
-from tests.support.chart import CHART, helm, values_file
+from tests.support.incluster import ChartOperator
+from tests.support.jobs import python_job
 from tests.support.kube import Kube
-from tests.support.operator import OperatorProcess
 from tests.support.waiting import wait_until
 
 SA = "gj-gpujob"  # <release>-gpujob with release "gj"
 
 
 def two_node_job(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "gpujob.dev/v1alpha1",
-        "kind": "GPUTrainingJob",
-        "metadata": {"name": name},
-        "spec": {
-            "image": "python:3.11-slim",
-            "nodes": 2,
-            "gpusPerNode": 1,
-            "command": ["python", "-c", "print(1)"],
-            "training": {"launcher": "none"},
-        },
-    }
+    return python_job(name, "print(1)")
 
 
-class Release:
-    """A helm release of the chart in one namespace; uninstalled at teardown."""
+class Release(ChartOperator):
+    """A helm release of the chart in the test's namespace (``--skip-crds``)."""
 
-    def __init__(self, cluster: LocalCluster, namespace: str, folder: Path) -> None:
-        self.cluster, self.namespace, self.folder = cluster, namespace, folder
-
-    def helm(self, *args: str) -> Any:
-        return helm(*args, kubeconfig=self.cluster.kubeconfig, home=self.folder)
-
-    def install(self, values: dict[str, Any]) -> None:
-        f = values_file({"replicaCount": 0, **values}, self.folder)
-        res = self.helm(
-            "install", "gj", str(CHART), "-n", self.namespace, "--skip-crds", "-f", str(f)
-        )
-        assert res.returncode == 0, res.stderr
-        assert "kubectl get gputrainingjobs" in res.stdout  # NOTES.txt tells what to run next
-
-    def uninstall(self) -> None:
-        self.helm("uninstall", "gj", "-n", self.namespace, "--wait=false")
+    def install(self, values: dict[str, Any] | None = None, *extra: str) -> str:
+        out = super().install(values, "--skip-crds", *extra)
+        assert "kubectl get gputrainingjobs" in out  # NOTES.txt tells what to run next
+        return out
 
 
 @pytest.fixture
 def release(kube: Kube, crd: Path, tmp_path: Path) -> Iterator[Release]:
-    r = Release(kube.cluster, kube.namespace, tmp_path)
+    r = Release(kube.cluster, kube.namespace, tmp_path / "helm")
     yield r
     r.uninstall()
 
@@ -94,11 +71,9 @@ def forbidden(k: Kube, *args: str, input: str | None = None) -> str:
     return res.stderr
 
 
-def run_job_to_success(
-    kube: Kube, jobs_ns: str, kubeconfig: Path, namespaces: list[str], tmp_path: Path
-) -> OperatorProcess:
+def run_job_to_success(kube: Kube, jobs_ns: str, release: Release) -> None:
+    """The chart's operator pod takes a job to Succeeded, with Events, and no 403 on the way."""
     admin = Kube(kube.cluster, jobs_ns, kube.cluster.kubeconfig)
-    op = OperatorProcess(kubeconfig, namespaces, tmp_path / "operator.log").start()
     try:
         admin.apply(two_node_job("hello"))
         status = wait_job_phase(admin, "hello", ("Succeeded", "Failed"), timeout=120)
@@ -115,12 +90,22 @@ def run_job_to_success(
         )
         assert "AllRanksSucceeded" in events  # Events need the chart's events permission
     except BaseException:
-        print(op.log_tail(80))
+        print(release.logs())
         raise
-    finally:
-        op.stop()
-    assert not op.rbac_denials(), op.log_tail(80)
-    return op
+    assert not release.rbac_denials(), release.logs()
+
+
+def operator_pod(release: Release) -> dict[str, Any]:
+    """The single operator pod, checked for what the chart asks of it."""
+    pods = release.pods()
+    assert len(pods) == 1, pods
+    pod = pods[0]
+    (status,) = pod["status"]["containerStatuses"]
+    assert status["ready"] and status["restartCount"] == 0, status
+    # The admission plugin's kube-api-access volume, mounted where in-cluster clients look.
+    mounts = {m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    assert "/var/run/secrets/kubernetes.io/serviceaccount" in mounts, mounts
+    return pod
 
 
 def test_cluster_mode_install_runs_a_job_with_the_charts_rbac(
@@ -129,9 +114,14 @@ def test_cluster_mode_install_runs_a_job_with_the_charts_rbac(
     release.install({"rbac": {"mode": "cluster"}})
     assert kube.get("serviceaccount", SA) is not None
     assert len(kube.list("configmaps", "grafana_dashboard=1")) == 3
-    token = sa_kubeconfig(kube.namespace, SA)
+    pod = operator_pod(release)
+    assert pod["spec"]["serviceAccountName"] == SA
     # The whole cluster is watched: the job lives outside the release namespace.
-    run_job_to_success(kube, other_namespace, token, [], tmp_path)
+    run_job_to_success(kube, other_namespace, release)
+    # /metrics where the Service and Prometheus find it: the pod IP (operator.bindAddress).
+    with urllib.request.urlopen(f"http://{pod['status']['podIP']}:8081/metrics", timeout=10) as r:
+        assert "gpujob_operator_" in r.read().decode()
+    token = sa_kubeconfig(kube.namespace, SA)
     sa = as_sa(kube, token, other_namespace)
     assert "secrets is forbidden" in forbidden(sa, "get", "secrets")
     forbidden(sa, "get", "secrets", "-A")
@@ -146,8 +136,9 @@ def test_namespaced_mode_confines_the_operator_to_its_namespaces(
 ) -> None:
     jobs_ns = other_namespace
     release.install({"rbac": {"mode": "namespaced", "namespaces": [jobs_ns]}})
+    operator_pod(release)
+    run_job_to_success(kube, jobs_ns, release)
     token = sa_kubeconfig(kube.namespace, SA)
-    run_job_to_success(kube, jobs_ns, token, [jobs_ns], tmp_path)
     inside = as_sa(kube, token, jobs_ns)
     assert "secrets is forbidden" in forbidden(inside, "get", "secrets")
     assert inside.run("get", "pods").returncode == 0

@@ -27,6 +27,9 @@ MODES: dict[str, dict[str, Any]] = {
     "peering-cluster": PEERING,
     "peering-namespaced": {**NAMESPACED, **PEERING},
     "monitoring": MONITORING,
+    "gang": {
+        "gang": {"default": "Native", "native": {"enabled": True}, "kueue": {"enabled": True}}
+    },
     "everything": {**NAMESPACED, **PEERING, **MONITORING},
 }
 """Values for each mode the chart supports; tests lint and render every one."""

@@ -50,9 +50,13 @@ def test_default_deployment_is_hardened_and_single() -> None:
     c = container(objs)
     assert d["spec"]["replicas"] == 1 and d["spec"]["strategy"] == {"type": "Recreate"}
     assert c["command"] == ["gpujob"] and c["args"][0] == "operator"
-    assert (
-        "--liveness=http://0.0.0.0:8080/healthz" in c["args"] and "--metrics-port=8081" in c["args"]
-    )
+    # The endpoints bind the pod IP: the probes and the Service reach it, and replicas that
+    # share a network namespace (the local cluster's node agent) do not collide.
+    assert "--liveness=http://$(POD_IP):8080/healthz" in c["args"]
+    assert "--metrics-addr=$(POD_IP)" in c["args"] and "--metrics-port=8081" in c["args"]
+    refs = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}) for e in c["env"]}
+    assert refs["POD_IP"]["fieldPath"] == "status.podIP"
+    assert refs["POD_ID"]["fieldPath"] == "metadata.name"  # kopf's peering identity
     assert not [a for a in c["args"] if a.startswith("--namespace")]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -135,8 +139,9 @@ def test_peering_cluster_mode() -> None:
     assert (
         env(objs)["GPUJOB_PEERING"] == "gpujob" and env(objs)["GPUJOB_PEERING_CLUSTERWIDE"] == "1"
     )
-    crds = {c["metadata"]["name"] for c in find(objs, "CustomResourceDefinition")}
-    assert crds == {"clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
+    assert env(objs)["GPUJOB_PEERING_LIFETIME"] == "20"  # the takeover bound after a SIGKILL
+    # kopf's CRDs ship in crds/ (installed first, never templated): none rendered here.
+    assert not find(objs, "CustomResourceDefinition")
     (peering,) = find(objs, "ClusterKopfPeering")
     assert peering["metadata"]["name"] == "gpujob"
     assert "post-install" in peering["metadata"]["annotations"]["helm.sh/hook"]
@@ -153,10 +158,6 @@ def test_peering_namespaced_mode() -> None:
     ]
     for r in find(objs, "Role"):
         assert rules(r)[("kopf.dev", "kopfpeerings")] == {"get", "list", "watch", "patch"}
-    no_crds = render(
-        {**MODES["peering-namespaced"], "peering": {"enabled": True, "installCRDs": False}}
-    )
-    assert not find(no_crds, "CustomResourceDefinition")
 
 
 def test_monitoring_objects() -> None:
@@ -217,13 +218,19 @@ def test_default_renders_no_prometheus_operator_objects() -> None:
     }
 
 
-def test_crd_ships_in_the_crds_folder() -> None:
+def test_crds_ship_in_the_crds_folder() -> None:
+    """Ours and kopf's peering CRDs: Helm creates them before the templates (a same-release
+    peering object would otherwise race its CRD's discovery) and never deletes them."""
     res = template({}, "--include-crds")
     assert res.returncode == 0, res.stderr
     crds = [
         d for d in yaml.safe_load_all(res.stdout) if d and d["kind"] == "CustomResourceDefinition"
     ]
-    assert [c["metadata"]["name"] for c in crds] == ["gputrainingjobs.gpujob.dev"]
+    assert sorted(c["metadata"]["name"] for c in crds) == [
+        "clusterkopfpeerings.kopf.dev",
+        "gputrainingjobs.gpujob.dev",
+        "kopfpeerings.kopf.dev",
+    ]
 
 
 BAD_VALUES = [
@@ -255,6 +262,18 @@ BAD_VALUES = [
         "at '/dashboards/labels/grafana_dashboard': got number, want string",
     ),
     (
+        {"gang": {"default": "Volcano"}},
+        "at '/gang/default': value must be one of 'None', 'Native', 'Kueue'",
+    ),
+    (
+        {"gang": {"default": "Native"}},
+        "gang.default=Native needs gang.native.enabled=true",
+    ),
+    (
+        {"gang": {"default": "Kueue"}},
+        "gang.default=Kueue needs gang.kueue.enabled=true",
+    ),
+    (
         {"rbac": {"mode": "namespaced"}},
         "rbac.mode=namespaced needs rbac.namespaces: the namespaces the operator may watch",
     ),
@@ -278,3 +297,39 @@ def test_bad_values_are_refused_with_a_clear_message(values: dict[str, Any], mes
     res = template(values)
     assert res.returncode != 0, f"accepted {values}"
     assert message in res.stderr, res.stderr
+
+
+GANG = {"gang": {"native": {"enabled": True}, "kueue": {"enabled": True}}}
+
+
+def test_gang_rbac_and_env_only_when_enabled() -> None:
+    objs = render()
+    (role,) = find(objs, "ClusterRole")
+    groups = {g for g, _ in rules(role)}
+    assert "scheduling.k8s.io" not in groups and "kueue.x-k8s.io" not in groups
+    assert env(objs)["GPUJOB_DEFAULT_GANG"] == "None" and "GPUJOB_KUEUE" not in env(objs)
+
+    objs = render({"gang": {**GANG["gang"], "default": "Native"}})
+    (role,) = find(objs, "ClusterRole")
+    assert_least_privilege(role)
+    got = rules(role)
+    assert got[("scheduling.k8s.io", "workloads")] == {"get", "create", "delete"}
+    assert got[("scheduling.k8s.io", "podgroups")] == {"get", "create", "delete"}
+    assert got[("kueue.x-k8s.io", "workloads")] == {"get", "list", "watch", "create", "delete"}
+    assert got[("kueue.x-k8s.io", "workloads/status")] == {"patch"}
+    assert got[("kueue.x-k8s.io", "resourceflavors")] == {"get"}
+    assert got[("kueue.x-k8s.io", "workloadpriorityclasses")] == {"get"}
+    assert env(objs)["GPUJOB_DEFAULT_GANG"] == "Native" and env(objs)["GPUJOB_KUEUE"] == "1"
+
+
+def test_gang_rbac_in_namespaced_mode_reads_kueue_flavors_cluster_wide() -> None:
+    objs = render({**MODES["namespaced"], **GANG})
+    for role in find(objs, "Role"):
+        assert ("kueue.x-k8s.io", "workloads/status") in rules(role)
+        assert ("scheduling.k8s.io", "podgroups") in rules(role)
+        assert ("kueue.x-k8s.io", "resourceflavors") not in rules(role)
+    (kueue,) = [r for r in find(objs, "ClusterRole") if r["metadata"]["name"].endswith("-kueue")]
+    assert rules(kueue) == {
+        ("kueue.x-k8s.io", "resourceflavors"): {"get"},
+        ("kueue.x-k8s.io", "workloadpriorityclasses"): {"get"},
+    }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -30,6 +31,7 @@ _NOT_METRICS = {
     "group_left",
     "group_right",
     "histogram_quantile",
+    "quantile",
     "scalar",
     "vector",
     "time",
@@ -187,7 +189,33 @@ def test_every_alert_has_summary_description_and_severity() -> None:
         assert r["annotations"]["summary"] and len(r["annotations"]["description"]) > 100
 
 
+def _no_constants(name: str) -> None:
+    raise AssertionError(f"{name} is not JSON (Grafana and jq refuse it)")
+
+
+def _plain(value: object) -> bool:
+    """Only what strict JSON holds: no NaN/Infinity, string keys, no other types."""
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_plain(v) for v in value)
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return value is None or isinstance(value, str | int | bool)
+
+
 def test_dashboard_json_is_plain_json() -> None:
-    for text in dashboards.render_all().values():
-        json.loads(text)
-    yaml.safe_load((REPO / alerts.RULES_FILE).read_text())
+    for name, text in dashboards.render_all().items():
+        # json.loads accepts NaN, Infinity and -Infinity by default: refuse them here
+        doc = json.loads(text, parse_constant=_no_constants)
+        assert _plain(doc), name
+        assert json.dumps(doc, indent=2, allow_nan=False) + "\n" == text, name
+    for maker in dashboards.DASHBOARDS.values():
+        assert _plain(maker()), "the dashboard model holds only JSON values"
+    assert _plain(yaml.safe_load((REPO / alerts.RULES_FILE).read_text()))
+
+
+def test_plain_json_check_catches_nan() -> None:
+    with pytest.raises(AssertionError, match="NaN is not JSON"):
+        json.loads(json.dumps({"max": math.nan}), parse_constant=_no_constants)
+    assert not _plain({"max": math.inf}) and not _plain({1: "x"}) and not _plain({"t": (1,)})

@@ -74,6 +74,7 @@ ConfigMaps, no pods/exec; only the verbs kopf and the reconciler use.
   resources: ["gputrainingjobs/status"]
   verbs: ["get", "patch"]
 # The gang: one pod per node, created and deleted by the reconciler, indexed by kopf.
+# Its server-side dry runs (dryRun=All, before any pod is created) need the same create.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "delete"]
@@ -88,6 +89,29 @@ ConfigMaps, no pods/exec; only the verbs kopf and the reconciler use.
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+{{- if .Values.gang.native.enabled }}
+# Native gang scheduling: the job's Workload and one PodGroup per gang attempt.
+- apiGroups: ["scheduling.k8s.io"]
+  resources: ["workloads", "podgroups"]
+  verbs: ["get", "create", "delete"]
+{{- end }}
+{{- if .Values.gang.kueue.enabled }}
+# Kueue: the job's Workload; its status is patched to hand quota back after an eviction
+# and to mark it Finished.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["patch"]
+{{- end }}
+{{- end }}
+
+{{- define "gpujob.kueueClusterRules" -}}
+# Kueue: the admitted flavors' node labels and tolerations, and priority class values.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["resourceflavors", "workloadpriorityclasses"]
+  verbs: ["get"]
 {{- end }}
 
 {{- define "gpujob.peeringRules" -}}
