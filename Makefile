@@ -3,13 +3,15 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 CLUSTER_DIR ?= /tmp/gpujob-cluster
+# Extra flags for `make cluster`, e.g. CLUSTER_FLAGS="--gang-scheduling --kueue".
+CLUSTER_FLAGS ?=
 PYTEST_ARGS ?=
 export GPUJOB_CLUSTER_DIR := $(CLUSTER_DIR)
 
 VENV_CMD := bash hack/venv.sh
 PY = "$$($(VENV_CMD))/bin/python"
 
-.PHONY: help venv tools prometheus test unit lint fmt cluster cluster-down demo demo-down crds
+.PHONY: help venv tools prometheus test unit chaos lint fmt cluster cluster-down demo demo-down crds
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -29,6 +31,9 @@ test: venv tools prometheus ## run every test tier (unit, integration on a real 
 unit: venv ## run only the unit tests (no cluster)
 	@$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
+chaos: venv tools ## the chaos tier (~15 min, not in make test): operator kills, control-plane restarts, node loss, hostile endpoints
+	@$(PY) -m pytest tests/chaos -m chaos $(PYTEST_ARGS)
+
 lint: venv ## ruff + mypy
 	@V=$$($(VENV_CMD)); $$V/bin/ruff check . && $$V/bin/ruff format --check . && \
 	  $$V/bin/mypy operator/gpujob_operator trainer_image/gpujob_trainer localcluster/gpujob_localcluster
@@ -37,7 +42,7 @@ fmt: venv ## format the code
 	@V=$$($(VENV_CMD)); $$V/bin/ruff check --fix . ; $$V/bin/ruff format .
 
 cluster: venv tools ## start the local control plane + GPU node agent in the background
-	@$(PY) -m gpujob_localcluster.cli up --dir $(CLUSTER_DIR)
+	@$(PY) -m gpujob_localcluster.cli up --dir $(CLUSTER_DIR) $(CLUSTER_FLAGS)
 
 cluster-down: venv ## stop the local cluster
 	@$(PY) -m gpujob_localcluster.cli down --dir $(CLUSTER_DIR)

@@ -20,16 +20,16 @@ SAMPLE: Final = "crds/samples/cpu-2x2-example.yaml"
 CRD_NAME: Final = "gputrainingjobs.gpujob.dev"
 HEADER: Final = GET_COLUMNS
 
-# The chart, as installed on the local control plane: its Deployment scaled to 0 (the node
-# agent would run the operator on the host without credentials), the operator run as a
-# process with the chart ServiceAccount's token instead.
+# The chart, as on any cluster: the node agent runs its Deployment's pod like a kubelet.
 HELM_INSTALL: Final = (
-    f"helm install {RELEASE} charts/gpujob --namespace {SYSTEM_NS} --create-namespace "
-    "--set replicaCount=0"
+    f"helm install {RELEASE} charts/gpujob --namespace {SYSTEM_NS} --create-namespace"
 )
+OPERATOR_ROLLOUT: Final = (
+    f"kubectl -n {SYSTEM_NS} rollout status deployment/{RELEASE} --timeout=180s"
+)
+OPERATOR_LOGS: Final = f"kubectl -n {SYSTEM_NS} logs deployment/{RELEASE}"
 HELM_MANIFEST: Final = f"helm get manifest {RELEASE} --namespace {SYSTEM_NS}"
 CRD_ESTABLISHED: Final = f"kubectl wait --for=condition=Established crd/{CRD_NAME} --timeout=60s"
-SA_TOKEN: Final = f"kubectl -n {SYSTEM_NS} create token {RELEASE} --duration 24h"
 EXPLAIN: Final = "kubectl explain gputrainingjob.spec.monitoring"
 APPLY: Final = f"kubectl apply -f {SAMPLE}"
 GET: Final = "kubectl get gputrainingjobs"
@@ -39,6 +39,7 @@ PODS: Final = f"kubectl get pods -l gpujob.dev/job-name={JOB} -o wide"
 DESCRIBE: Final = f"kubectl describe gputrainingjob {JOB}"
 STATUS_YAML: Final = f"kubectl get gputrainingjob {JOB} -o yaml"
 EVENTS: Final = f"kubectl get events --field-selector involvedObject.name={JOB}"
+RANK_LOGS: Final = f"kubectl logs {JOB}-node-0 --tail 5"
 DIAGNOSE_HELP: Final = "gpujob diagnose --help"
 DELETE_JOB: Final = f"kubectl delete gputrainingjob {JOB}"
 HELM_UNINSTALL: Final = f"helm uninstall {RELEASE} --namespace {SYSTEM_NS}"
@@ -50,7 +51,7 @@ E2E_COMMANDS: Final = (
     HELM_INSTALL,
     HELM_MANIFEST,
     CRD_ESTABLISHED,
-    SA_TOKEN,
+    OPERATOR_ROLLOUT,
     EXPLAIN,
     APPLY,
     GET,
@@ -60,8 +61,10 @@ E2E_COMMANDS: Final = (
     DESCRIBE,
     STATUS_YAML,
     EVENTS,
+    RANK_LOGS,
     DIAGNOSE_HELP,
     DELETE_JOB,
+    OPERATOR_LOGS,
     HELM_UNINSTALL,
     GET_CRD,
     DELETE_SYSTEM_NS,

@@ -81,6 +81,7 @@ def operator_metrics() -> str:
     jm.update("ns", "job", FULL_STATUS)
     jm.observe_reconcile(0.01)
     jm.observe_scrape(0.01, ok=False, reason="timeout")
+    jm.observe_api_error("create_pod", "QuotaExceeded")
     rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
     for fam in jm.registry.collect():
         name = fam.name + ("_total" if fam.type == "counter" else "")

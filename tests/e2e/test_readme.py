@@ -2,8 +2,8 @@
 
 The rule: each ``$ `` line of a ```console block is either run literally by the e2e user flow
 (:data:`tests.e2e.commands.E2E_COMMANDS`), or listed in :data:`ALLOWED` with what runs it (a
-Makefile target, checked to exist), or a documented real-cluster :data:`VARIANTS` of an e2e
-command. A README command nobody runs fails here. Commands compare as shell words
+Makefile target, checked to exist). The local cluster runs the chart as a real cluster does,
+so no command needs a local variant. A README command nobody runs fails here. Commands compare as shell words
 (``shlex``, comments dropped), so spacing and quoting do not matter.
 """
 
@@ -38,16 +38,6 @@ ALLOWED: Final[dict[str, str]] = {
 }
 """README commands run by ``make demo`` / the Makefile, each with what runs it."""
 
-LOCAL_SUFFIX: Final = " --set replicaCount=0"
-VARIANTS: Final[dict[str, tuple[str, str]]] = {
-    "helm install gpujob charts/gpujob --namespace gpujob-system --create-namespace": (
-        c.HELM_INSTALL,
-        "the real-cluster form; the e2e flow runs it with" + LOCAL_SUFFIX + " appended, as the "
-        "README's 'The chart on the local control plane' shows and explains",
-    ),
-}
-"""Real-cluster commands and the e2e command that runs them with a documented local suffix."""
-
 UNUSED_REASONS: Final = {conditions.NOT_STARTED}
 """Defined in conditions.py but set by no code path, so the README does not list them."""
 
@@ -71,17 +61,16 @@ def readme() -> str:
 def test_every_readme_command_is_run_by_someone() -> None:
     e2e = {words(x) for x in c.E2E_COMMANDS}
     allowed = {words(x) for x in ALLOWED}
-    variants = {words(x) for x in VARIANTS}
     shown = console_commands(readme())
     assert len(shown) > 20, shown
-    nobody = [x for x in shown if words(x) not in e2e | allowed | variants]
+    nobody = [x for x in shown if words(x) not in e2e | allowed]
     assert not nobody, f"README commands that no test, make target or demo runs: {nobody}"
 
 
 def test_every_e2e_command_is_shown_and_every_allowance_is_used() -> None:
     shown = {words(x) for x in console_commands(readme())}
     assert [x for x in c.E2E_COMMANDS if words(x) not in shown] == []
-    assert [x for x in (*ALLOWED, *VARIANTS) if words(x) not in shown] == []
+    assert [x for x in ALLOWED if words(x) not in shown] == []
 
 
 def test_allowed_commands_name_real_make_targets() -> None:
@@ -95,13 +84,6 @@ def test_allowed_commands_name_real_make_targets() -> None:
         for assignment in argv[2:]:
             var = assignment.split("=", 1)[0]
             assert var in makefile, (command, f"{var} is not read by the Makefile")
-
-
-def test_variants_are_e2e_commands_with_the_documented_suffix() -> None:
-    for shown, (run, why) in VARIANTS.items():
-        assert run in c.E2E_COMMANDS and run == shown + LOCAL_SUFFIX, (shown, run)
-        assert why
-    assert LOCAL_SUFFIX.strip() in readme()
 
 
 def test_generated_tables_match_the_code() -> None:

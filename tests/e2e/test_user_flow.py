@@ -1,9 +1,10 @@
 """What a user does, end to end, with the commands README.md shows, on the local control plane.
 
-``helm install`` the chart (CRD included), run the operator with the chart ServiceAccount's
-token, ``kubectl apply`` the CPU sample (2 nodes x 2 gloo ranks of the example trainer, 200
-steps), watch ``kubectl get gputrainingjobs`` until it succeeds, read the status, describe the
-job, then delete the job, uninstall the release, and check nothing of either is left behind.
+``helm install`` the chart (CRD included) and wait for its operator Deployment to roll out,
+``kubectl apply`` the CPU sample (2 nodes x 2 gloo ranks of the example trainer, 200 steps),
+watch ``kubectl get gputrainingjobs`` until it succeeds, read the status, describe the job,
+read a rank's ``kubectl logs``, then delete the job, read the operator's logs, uninstall the
+release, and check nothing of either is left behind.
 
 Choices that shape the test:
 - The CRD is the chart's (``charts/gpujob/crds/``), not the session ``crd`` fixture's. Helm
@@ -12,16 +13,15 @@ Choices that shape the test:
   and the test asserts the CRD is Established afterwards. Helm never deletes it on uninstall:
   asserted, then removed by hand with ``kubectl delete crd`` as the README shows, and restored
   afterwards when it was there before the test (later tests of the session may rely on it).
-- ``--set replicaCount=0``: the local node agent runs a pod's command on the host and ignores
-  its image, so the chart's Deployment would start a second operator without credentials
-  (and on the host's port 8080). The operator runs as :class:`OperatorProcess` instead, with
-  a kubeconfig built from ``kubectl create token`` of the chart's ServiceAccount, so the API
-  server enforces exactly the chart's RBAC.
+- The operator is the chart's Deployment, run by the node agent as a pod: its own projected
+  ServiceAccount token (so the API server enforces exactly the chart's RBAC), its probes
+  (``rollout status`` waits for Ready), its env and args. Its log comes through
+  ``kubectl logs`` and is checked for RBAC refusals.
 - Every command is spelled in :mod:`tests.e2e.commands` and run literally from the repository
   root (no shell); ``KUBECONFIG`` names a copy of the admin kubeconfig whose context namespace
   is the test's fresh namespace, so ``kubectl apply -f ...`` lands there as it would in a
   user's ``default``.
-- The operator watches the whole cluster, as the chart's default (cluster mode) Deployment does.
+- The operator watches the whole cluster (the chart's default cluster mode).
 """
 
 from __future__ import annotations
@@ -40,11 +40,10 @@ import yaml
 
 from gpujob_localcluster import tools
 from gpujob_localcluster.cluster import LocalCluster
-from gpujob_localcluster.controlplane import kubeconfig as make_kubeconfig
 from gpujob_operator.analysis import VERDICTS
 from tests.e2e import commands as c
+from tests.support.incluster import rbac_denials
 from tests.support.kube import Kube
-from tests.support.operator import OperatorProcess
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -174,16 +173,6 @@ def user(kube: Kube, tmp_path: Path) -> Iterator[User]:
         kube.run("delete", "namespace", c.SYSTEM_NS, "--wait=false", ns=False)
 
 
-def operator_kubeconfig(cluster: LocalCluster, token: str, path: Path) -> Path:
-    """A kubeconfig that authenticates with the chart ServiceAccount's bound token."""
-    assert cluster.cp is not None
-    cfg = make_kubeconfig(
-        cluster.cp.server, cluster.cp.pki.ca_cert, f"{c.SYSTEM_NS}-{c.RELEASE}", token=token
-    )
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
 def release_objects(manifest: str) -> list[tuple[str, str, str]]:
     """(kind, namespace, name) of every object in ``helm get manifest`` output."""
     out = []
@@ -207,7 +196,7 @@ def check_running_row(row: dict[str, str]) -> bool:
 def test_a_user_installs_runs_watches_and_cleans_up(
     cluster: LocalCluster, kube: Kube, user: User, crd_was_there: bool, tmp_path: Path
 ) -> None:
-    # 1. Install the chart with its CRD; the Deployment stays at 0 replicas locally.
+    # 1. Install the chart with its CRD; the operator's Deployment rolls out (Ready by its probes).
     out = user.run(c.HELM_INSTALL)
     assert "STATUS: deployed" in out and "kubectl get gputrainingjobs" in out, out
     user.run(c.CRD_ESTABLISHED)
@@ -215,26 +204,22 @@ def test_a_user_installs_runs_watches_and_cleans_up(
     objects = release_objects(manifest)
     kinds = {k for k, _, _ in objects}
     assert {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment"} <= kinds, objects
-    deploy = kube.run("get", "deployment", c.RELEASE, "-n", c.SYSTEM_NS, "-o", "json", ns=False)
-    assert '"replicas": 0' in deploy.stdout
+    assert "successfully rolled out" in user.run(c.OPERATOR_ROLLOUT, timeout=200)
     # The API server publishes a new CRD's OpenAPI a moment after it is Established.
     explain = wait_until(
         lambda: user.run(c.EXPLAIN, check=False), 30, "kubectl explain to know the CRD"
     )
     assert "scrapeIntervalSeconds" in explain and "thresholds" in explain, explain
 
-    # 2. The operator, as the chart's ServiceAccount.
-    token = user.run(c.SA_TOKEN).strip()
-    op_cfg = operator_kubeconfig(cluster, token, tmp_path / "operator.kubeconfig")
-    op = OperatorProcess(op_cfg, [], tmp_path / "operator.log").start()
+    # 2. The operator runs as the chart's pod, with its own ServiceAccount token.
     try:
-        user_flow_with_operator(kube, user, op, tmp_path)
+        user_flow_with_operator(kube, user, tmp_path)
     except BaseException:
-        print(op.log_tail(80))
+        print(user.run(c.OPERATOR_LOGS, check=False))
         raise
-    finally:
-        op.stop()
-    assert not op.rbac_denials(), op.log_tail(80)
+    operator_log = user.run(c.OPERATOR_LOGS)
+    assert "reconciled" in operator_log and "AllRanksSucceeded" in operator_log, operator_log
+    assert not rbac_denials(operator_log), operator_log
 
     # 6. Uninstall: every object of the release goes; the CRD stays (Helm never deletes crds/).
     assert f'release "{c.RELEASE}" uninstalled' in user.run(c.HELM_UNINSTALL)
@@ -277,7 +262,7 @@ def test_a_user_installs_runs_watches_and_cleans_up(
     assert sorted(user.ran) == sorted(c.E2E_COMMANDS), user.ran
 
 
-def user_flow_with_operator(kube: Kube, user: User, op: OperatorProcess, tmp_path: Path) -> None:
+def user_flow_with_operator(kube: Kube, user: User, tmp_path: Path) -> None:
     """Steps 3 to 5, while the operator runs (the caller stops it before the uninstall)."""
     watch: Watch | None = None
     observed = tmp_path / "kubectl-get.txt"  # what the user saw, kept for a failure's reader
@@ -358,6 +343,9 @@ def user_flow_with_operator(kube: Kube, user: User, op: OperatorProcess, tmp_pat
     events = user.run(c.EVENTS)
     for reason in ("PodsCreating", "AllRanksRunning", "AllRanksSucceeded"):
         assert reason in events, events
+    # kubectl logs of a rank: the node agent's kubelet endpoint, proxied by the API server.
+    rank_log = user.run(c.RANK_LOGS)
+    assert 0 < len(rank_log.splitlines()) <= 5, rank_log
     usage = user.run(c.DIAGNOSE_HELP)
     assert usage.startswith("usage: gpujob diagnose") and "--window" in usage, usage
 
