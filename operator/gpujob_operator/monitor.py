@@ -94,6 +94,20 @@ def scrape_targets(
     return out
 
 
+def exited_ranks(pods: Iterable[Mapping[str, Any]], uid: str | None = None) -> int:
+    """The pods (of the job with `uid`, when given) whose containers all exited 0.
+
+    Once the last rank is done a scrape round finds no running pod; these tell that story
+    apart from pods that are not running yet.
+    """
+    return sum(
+        1
+        for pod in pods
+        if (pod.get("status") or {}).get("phase") == "Succeeded"
+        and (uid is None or controller_uid(pod) == uid)
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Event:
     """A Kubernetes Event to post on the job."""
@@ -207,8 +221,14 @@ class JobMonitor:
         """Same as the module function (kept here for a one-object API)."""
         return scrape_targets(spec, pods, uid)
 
-    def observe(self, results: Sequence[ScrapeResult], now: float) -> MonitorUpdate:
-        """Fold one round of scrapes into the window and evaluate it."""
+    def observe(
+        self, results: Sequence[ScrapeResult], now: float, *, exited: int = 0
+    ) -> MonitorUpdate:
+        """Fold one round of scrapes into the window and evaluate it.
+
+        `exited`: pods of the job that already succeeded (`exited_ranks`); with them, a round
+        that reached no rank is the job finishing, not metrics going missing.
+        """
         dropped_series = dropped_values = 0
         notes: dict[str, list[str]] = {}
         capped = self.window.dropped_series
@@ -253,7 +273,7 @@ class JobMonitor:
         self._last_step = step if step is not None else self._last_step
         failures = [r for r in results if not r.ok]
         events: list[Event] = []
-        metrics = self._metrics_condition(results, failures, now, events)
+        metrics = self._metrics_condition(results, failures, now, events, exited)
         rejected = _rejected_text(dropped_series, dropped_values, notes)
         missing = _missing_text(result.missing_ranks, len(self.window.ranks), self.settings)
         if rejected or missing:
@@ -302,6 +322,7 @@ class JobMonitor:
         failures: Sequence[ScrapeResult],
         now: float,
         events: list[Event],
+        exited: int = 0,
     ) -> dict[str, Any]:
         if self._first_seen is None:
             self._first_seen = now
@@ -318,9 +339,17 @@ class JobMonitor:
                 c.METRICS_AVAILABLE, c.UNKNOWN, c.WAITING_FOR_RANKS, waiting,
                 datetime.fromtimestamp(now, UTC), self.generation,
             )  # fmt: skip
-        if results and only_down and self._finished:
+        if results and only_down and (self._finished or exited):
             # The last scrape showed the final step: the ranks are exiting, as they should.
             msg = f"the ranks reached the last step and are exiting ({len(failures)} gone)"
+            return self._make(c.METRICS_AVAILABLE, True, c.RANKS_FINISHED, msg, now)
+        if not results and (self._finished or exited):
+            # Every rank's pod is done (a short last stretch can fall between two scrapes).
+            msg = (
+                f"the ranks finished: {exited} pod(s) succeeded, none left to scrape"
+                if exited
+                else "the ranks reached the last step and exited"
+            )
             return self._make(c.METRICS_AVAILABLE, True, c.RANKS_FINISHED, msg, now)
         if not results:
             ok, reason, msg = False, c.NO_RANKS_TO_SCRAPE, "no running rank to scrape"

@@ -48,7 +48,7 @@ from gpujob_operator.faults import (
     fault_point,
 )
 from gpujob_operator.kube import Kube, api_reason
-from gpujob_operator.monitor import JobMonitor, json_safe
+from gpujob_operator.monitor import JobMonitor, exited_ranks, json_safe
 from gpujob_operator.opmetrics import METRICS
 from gpujob_operator.ownership import job_uid
 from gpujob_operator.scrape import ErrorKind, Scraper
@@ -481,7 +481,9 @@ class JobLoop:
                 return interval  # the gang restarted (or the spec changed) meanwhile
             if status.get("phase") != c.PHASE_RUNNING:
                 return None
-            update = monitor.observe(results, time.time())
+            # The pods as they are now: ranks may have exited during the scrape.
+            exited = exited_ranks(self._pods() or pods, job_uid(job))
+            update = monitor.observe(results, time.time(), exited=exited)
             capped = update.dropped_series - sum(r.dropped_series for r in results)
             if capped > 0:  # refused by the job's own series cap (not counted per result)
                 METRICS.observe_dropped(capped, 0, 0)

@@ -7,7 +7,7 @@ from typing import Any
 from gpujob_operator import analysis as an
 from gpujob_operator import api, expfmt
 from gpujob_operator import conditions as c
-from gpujob_operator.monitor import JobMonitor, MonitorUpdate, scrape_targets
+from gpujob_operator.monitor import JobMonitor, MonitorUpdate, exited_ranks, scrape_targets
 from gpujob_operator.scrape import ErrorKind, ScrapeResult, ScrapeTarget
 from tests.unit.test_analysis import T0, Job, RankSim
 
@@ -129,6 +129,28 @@ def test_ranks_that_never_come_up_are_reported_after_the_grace() -> None:
     assert [e.reason for e in late.events] == [c.SCRAPE_FAILED]
 
 
+def test_a_round_after_every_rank_succeeded_is_not_a_fault() -> None:
+    """The last steps can fall between two scrapes: the next round finds no running pod and
+    never saw the final step, but the pods' Succeeded phase tells the story."""
+    job = Job([RankSim(0, 0, target=1000), RankSim(1, 1, target=1000)])
+    mon = JobMonitor(SPEC)
+    for i in range(3):
+        mon.observe(results_of(job, i), job.now)
+    pods = [
+        {"metadata": {"ownerReferences": [{"controller": True, "uid": "u1"}]}, "status": s}
+        for s in ({"phase": "Succeeded"}, {"phase": "Succeeded"})
+    ]
+    stranger = {"metadata": {"ownerReferences": [{"controller": True, "uid": "u0"}]}}
+    assert exited_ranks([*pods, {**stranger, "status": {"phase": "Succeeded"}}], "u1") == 2
+    assert exited_ranks([{**pods[0], "status": {"phase": "Running"}}], "u1") == 0
+    done = mon.observe([], job.now + 1, exited=2)
+    m = cond(done, c.METRICS_AVAILABLE)
+    assert m["status"] == c.TRUE and m["reason"] == c.RANKS_FINISHED, m
+    assert "2 pod(s) succeeded" in m["message"] and done.events == []
+    # Without exited pods the same empty round is a fault (pods gone or not running).
+    assert cond(mon.observe([], job.now + 2), c.METRICS_AVAILABLE)["status"] == c.FALSE
+
+
 def test_ranks_exiting_after_the_last_step_are_not_a_fault() -> None:
     job = Job([RankSim(0, 0, target=30), RankSim(1, 1, target=30)])
     mon = JobMonitor(SPEC)
@@ -138,6 +160,9 @@ def test_ranks_exiting_after_the_last_step_are_not_a_fault() -> None:
     m = cond(gone, c.METRICS_AVAILABLE)
     assert m["status"] == c.TRUE and m["reason"] == c.RANKS_FINISHED
     assert gone.events == []
+    # ...and so is the round after their pods stopped running (CI once saw NoRanksToScrape).
+    after = cond(mon.observe([], job.now + 1), c.METRICS_AVAILABLE)
+    assert after["status"] == c.TRUE and after["reason"] == c.RANKS_FINISHED, after
 
 
 def test_stall_sets_the_condition_at_once_and_confirms_it_on_the_next_scrape() -> None:
