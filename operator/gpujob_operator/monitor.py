@@ -28,7 +28,7 @@ from gpujob_operator import api, guard, verdicts
 from gpujob_operator import conditions as c
 from gpujob_operator.builders import LABEL_NODE_RANK
 from gpujob_operator.display import render_display
-from gpujob_operator.ownership import controller_uid
+from gpujob_operator.ownership import controller_uid, owned
 from gpujob_operator.scrape import ErrorKind, ScrapeResult, ScrapeTarget
 from gpujob_operator.window import MAX_SERIES, Window, frame
 from gpujob_trainer import contract
@@ -100,12 +100,8 @@ def exited_ranks(pods: Iterable[Mapping[str, Any]], uid: str | None = None) -> i
     Once the last rank is done a scrape round finds no running pod; these tell that story
     apart from pods that are not running yet.
     """
-    return sum(
-        1
-        for pod in pods
-        if (pod.get("status") or {}).get("phase") == "Succeeded"
-        and (uid is None or controller_uid(pod) == uid)
-    )
+    mine = pods if uid is None else owned(pods, uid)
+    return sum(1 for pod in mine if (pod.get("status") or {}).get("phase") == "Succeeded")
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ import pytest
 
 from tests.chaos.harness import ChaosOperator, Ledger, PodRecorder
 from tests.integration.conftest import job_status, wait_job_phase
+from tests.support.jobs import example_job
 from tests.support.kube import Kube
 from tests.support.waiting import wait_until
 
@@ -24,25 +25,19 @@ STEPS = 600
 
 
 def trainer_job(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "gpujob.dev/v1alpha1",
-        "kind": "GPUTrainingJob",
-        "metadata": {"name": name},
-        "spec": {
-            "image": "gpujob-trainer:0.1.0",
-            "command": ["python", "-m", "gpujob_trainer.example"],
-            # Input-bound on purpose: a steady 10 steps/s whatever the machine's load.
-            "args": [
-                *("--hidden", "32", "--layers", "2", "--batch-size", "16"),
-                *("--slow-input", "0.1", "--log-every", "100"),
-            ],
-            "nodes": 2,
-            "gpusPerNode": 0,
-            "training": {"procsPerNode": 1, "totalSteps": STEPS, "rdzvTimeoutSeconds": 300},
-            "monitoring": {"scrapeIntervalSeconds": 2, "stallTimeoutSeconds": 300},
-            "runPolicy": {"backoffLimit": 0},
-        },
-    }
+    # Input-bound on purpose: a steady 10 steps/s whatever the machine's load.
+    args = [
+        *("--hidden", "32", "--layers", "2", "--batch-size", "16"),
+        *("--slow-input", "0.1", "--log-every", "100"),
+    ]
+    return example_job(
+        name,
+        args,
+        STEPS,
+        gpusPerNode=0,
+        training={"rdzvTimeoutSeconds": 300},
+        monitoring={"stallTimeoutSeconds": 300},
+    )
 
 
 def step(kube: Kube, name: str) -> int:

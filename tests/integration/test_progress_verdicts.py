@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 from tests.integration.conftest import job_status
+from tests.support.jobs import example_job
 from tests.support.kube import GET_COLUMNS, Kube
 from tests.support.operator import OperatorProcess
 from tests.support.waiting import wait_until
@@ -19,20 +20,13 @@ HEADER = list(GET_COLUMNS)
 
 
 def trainer_job(name: str, steps: int, *switches: str, **monitoring: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "gpujob.dev/v1alpha1",
-        "kind": "GPUTrainingJob",
-        "metadata": {"name": name},
-        "spec": {
-            "image": "gpujob-trainer:0.1.0",
-            "command": ["python", "-m", "gpujob_trainer.example"],
-            "args": ["--steps", str(steps), *SIZE, *switches],
-            "nodes": 2,
-            "training": {"procsPerNode": 1, "totalSteps": steps, "rdzvTimeoutSeconds": 120},
-            "monitoring": {"scrapeIntervalSeconds": 2, **monitoring},
-            "runPolicy": {"backoffLimit": 0},
-        },
-    }
+    return example_job(
+        name,
+        ["--steps", str(steps), *SIZE, *switches],
+        steps,
+        training={"rdzvTimeoutSeconds": 120},
+        monitoring=monitoring,
+    )
 
 
 def get_row(kube: Kube, name: str) -> dict[str, str]:

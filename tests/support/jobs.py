@@ -1,5 +1,6 @@
-"""GPUTrainingJob manifests for tests that need real pods but no trainer: each rank runs a
-Python snippet itself (launcher none, no torch), so a test controls exactly when it ends."""
+"""GPUTrainingJob manifests for tests: `python_job` for real pods but no trainer (each rank
+runs a Python snippet itself, launcher none, no torch, so a test controls exactly when it
+ends), `example_job` for the example trainer under torchrun."""
 
 from __future__ import annotations
 
@@ -24,6 +25,28 @@ def python_job(
         "command": ["python", "-c", textwrap.dedent(script)],
         "training": {"launcher": "none"},
     }
+    return _manifest(name, body, spec, labels)
+
+
+def example_job(name: str, args: list[str], total_steps: int, **spec: Any) -> dict[str, Any]:
+    """Two nodes of one rank running `gpujob_trainer.example` with `args`, scraped every 2 s,
+    no retries; `spec` keys are merged as in `python_job`."""
+    body: dict[str, Any] = {
+        "image": "gpujob-trainer:0.1.0",
+        "command": ["python", "-m", "gpujob_trainer.example"],
+        "args": list(args),
+        "nodes": 2,
+        "training": {"procsPerNode": 1, "totalSteps": total_steps},
+        "monitoring": {"scrapeIntervalSeconds": 2},
+        "runPolicy": {"backoffLimit": 0},
+    }
+    return _manifest(name, body, spec, None)
+
+
+def _manifest(
+    name: str, body: dict[str, Any], spec: dict[str, Any], labels: dict[str, str] | None
+) -> dict[str, Any]:
+    """`body` with `spec` merged one level deep, as a GPUTrainingJob."""
     for key, value in spec.items():
         if isinstance(value, dict) and isinstance(body.get(key), dict):
             body[key] = {**body[key], **value}
