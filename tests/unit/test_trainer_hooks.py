@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -84,12 +85,82 @@ def test_close_removes_every_hook(tracker: Tracker) -> None:
     assert not model._forward_hooks and not model._forward_pre_hooks
 
 
-def test_eval_forward_arms_no_backward(tracker: Tracker) -> None:
+def test_eval_forward_leaves_no_phase_open(tracker: Tracker) -> None:
     model, loader = make_loop(batches=2)
     train(tracker, model, loader)
     with torch.no_grad():
         model(torch.randn(2, 16))
-    assert tracker._bwd_armed is False
+    assert tracker._bwd == 0
+    assert tracker._stack == [contract.PHASE_OTHER]
+
+
+def test_tensor_backward_is_wrapped_while_a_tracker_listens() -> None:
+    original = torch.Tensor.backward
+    first, second = Tracker(rank=RankInfo()), Tracker(rank=RankInfo())
+    first.wrap_model(make_loop(batches=2)[0])
+    second.wrap_model(nn.Linear(2, 2))
+    assert torch.Tensor.backward is not original
+    first.close()
+    assert torch.Tensor.backward is not original  # the second still listens
+    second.close()
+    assert torch.Tensor.backward is original
+
+
+def test_a_wrapper_installed_over_ours_is_left_in_place() -> None:
+    original = torch.Tensor.backward
+    tracker = Tracker(rank=RankInfo())
+    tracker.wrap_model(make_loop()[0])
+    ours = torch.Tensor.backward
+    calls: list[int] = []
+
+    def theirs(self: torch.Tensor, *args: object, **kwargs: object) -> None:
+        calls.append(1)
+        ours(self, *args, **kwargs)
+
+    torch.Tensor.backward = theirs  # type: ignore[method-assign]
+    try:
+        tracker.close()
+        assert torch.Tensor.backward is theirs  # not clobbered by our restore
+        x = torch.ones(2, requires_grad=True)
+        (x * 2).sum().backward()  # ours passes through to the original
+        assert calls == [1] and x.grad is not None
+    finally:
+        torch.Tensor.backward = original  # type: ignore[method-assign]
+
+
+def test_backward_through_autograd_backward_is_still_timed(tracker: Tracker) -> None:
+    """torch.autograd.backward bypasses Tensor.backward: the first gradient opens it late."""
+    model, loader = make_loop(batches=3)
+    model = tracker.wrap_model(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in tracker.wrap_loader(loader):
+        torch.autograd.backward(nn.functional.cross_entropy(model(x), y))
+        opt.step()
+    snap = tracker.snapshot()
+    assert snap.steps == 3
+    assert snap.phase_seconds["backward"] > 0
+    assert tracker._bwd == 0 and tracker._stack == [contract.PHASE_OTHER]
+    assert sum(snap.phase_seconds.values()) == pytest.approx(snap.step_sum, rel=1e-9)
+
+
+def test_a_backward_that_raises_leaves_the_tracker_usable(tracker: Tracker) -> None:
+    model, loader = make_loop(batches=3)
+    model = tracker.wrap_model(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = next(iter(loader))
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    with pytest.raises(RuntimeError, match="second time"):
+        loss.backward()  # the graph was freed by the first
+    assert tracker._bwd == 0 and tracker._stack == [contract.PHASE_OTHER]
+    opt.step()
+    for x, y in loader:
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    snap = tracker.snapshot()
+    assert snap.steps == 1 + 3
+    assert snap.phase_seconds["backward"] > 0
+    assert tracker._stack == [contract.PHASE_OTHER]
 
 
 def test_forward_inside_eval_or_checkpoint_counts_as_that_phase() -> None:
@@ -124,11 +195,11 @@ def test_an_evaluation_between_steps_is_eval_time_not_training(tracker: Tracker)
         opt.step()
         if i == 1:
             with tracker.evaluating(), torch.no_grad():
-                marks = len(tracker._marks)
+                marks = len(tracker._events)
                 for ex, _ in batches:  # the same wrapped loader: no samples, no epoch
                     model(ex)
-                # no forward or data_wait boundary inside: the whole block is eval time
-                assert len(tracker._marks) == marks
+                # no forward or data_wait event inside: the whole block is eval time
+                assert len(tracker._events) == marks
                 assert tracker.snapshot().current_phase == "eval"
     snap = tracker.snapshot()
     assert snap.steps == 4 and snap.samples == 4 * 8 and snap.epoch == 0
@@ -182,6 +253,30 @@ def test_ddp_exposed_comm_wait_is_its_own_phase(tracker: Tracker) -> None:
         assert snap.phase_seconds["comm_wait"] > 0
         assert tracker._stack == [contract.PHASE_OTHER]  # every phase was left again
         assert sum(snap.phase_seconds.values()) == pytest.approx(snap.step_sum, rel=1e-9)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_slow_all_reduce_is_comm_wait_not_backward(tracker: Tracker) -> None:
+    """A comm hook whose all-reduce lands 80 ms late: DDP's finalizer waits for it, and
+    that wait must fall after the split, in comm_wait."""
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    delay = 0.08
+
+    def late(state, bucket):  # type: ignore[no-untyped-def]  # DDP reads real annotations
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        threading.Timer(delay, fut.set_result, args=(bucket.buffer(),)).start()
+        return fut
+
+    try:
+        model, loader = make_loop(batches=3)
+        ddp = DDP(model)
+        ddp.register_comm_hook(None, late)
+        steps = train(tracker, ddp, loader)
+        snap = tracker.snapshot()
+        assert snap.phase_seconds["comm_wait"] >= steps * delay * 0.9
+        assert snap.phase_seconds["backward"] < steps * delay * 0.5
     finally:
         dist.destroy_process_group()
 

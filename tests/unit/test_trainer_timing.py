@@ -12,15 +12,29 @@ from gpujob_trainer import contract
 from gpujob_trainer.env import RankInfo
 from gpujob_trainer.exporter import render_snapshot
 from gpujob_trainer.hooks import batch_size
-from gpujob_trainer.timing import CudaEventClock, HostClock, Mark, attribute
+from gpujob_trainer.timing import (
+    END_OPTIMIZER,
+    END_STEP,
+    ENTERS,
+    EXITS,
+    POPS,
+    SWITCH,
+    CudaEventClock,
+    HostClock,
+    Mark,
+    Timeline,
+    attribute,
+)
 from gpujob_trainer.tracker import Tracker
+
+WALL0, HOST0 = 1_700_000_000.0, 100.0
 
 
 class FakeTime:
     """A host clock the test moves by hand."""
 
     def __init__(self) -> None:
-        self.now = 100.0
+        self.now = HOST0
 
     def __call__(self) -> float:
         return self.now
@@ -55,7 +69,7 @@ def make_tracker(clock: Any = None, total_steps: int | None = 10) -> tuple[Track
         total_steps=total_steps,
         rank=RankInfo(rank=3, local_rank=1, node_rank=1, world_size=4),
         clock=clock,
-        wall_clock=lambda: 1_700_000_000.0,
+        wall_clock=lambda: WALL0 + (t.now - HOST0),  # the two clocks tick together
         host_clock=t,
     )
     return tracker, t
@@ -130,8 +144,8 @@ def test_tracker_counts_phases_steps_and_histogram() -> None:
     assert snap.samples == 96
     assert snap.tokens == 3 * 4096
     assert snap.target_steps == 10
-    assert snap.last_step_timestamp == 1_700_000_000.0
     per_step = sum(STEP.values())
+    assert snap.last_step_timestamp == pytest.approx(WALL0 + 3 * per_step)
     assert snap.step_sum == pytest.approx(3 * per_step)
     assert sum(snap.phase_seconds.values()) == pytest.approx(snap.step_sum)
     for phase, seconds in STEP.items():
@@ -314,6 +328,20 @@ def test_heartbeat_is_the_last_phase_change_in_wall_time() -> None:
     assert tracker.snapshot().current_phase == "other"
 
 
+def test_a_wall_clock_step_moves_the_mapping_once() -> None:
+    """An NTP step or a resumed VM moves the wall clock against the host clock: event times
+    are mapped through the new offset from then on, and the heartbeat stands still again."""
+    wall, host = FakeTime(), FakeTime()
+    wall.now = WALL0
+    tracker = Tracker(rank=RankInfo(), wall_clock=wall, host_clock=host)
+    tracker._enter("forward")
+    assert tracker.snapshot().heartbeat_timestamp == WALL0
+    wall.advance(10.0)  # the wall clock steps ahead; the host clock does not
+    beat = tracker.snapshot().heartbeat_timestamp
+    assert beat == WALL0 + 10.0
+    assert tracker.snapshot().heartbeat_timestamp == beat
+
+
 def test_eval_and_checkpoint_are_busy_phases_that_own_their_time() -> None:
     tracker, t = make_tracker()
     run_step(tracker, t, STEP)
@@ -350,7 +378,64 @@ def test_render_heartbeat_and_one_hot_current_phase() -> None:
     with tracker.phase("checkpoint"):
         fams = {f.name: f for f in render_snapshot(tracker.snapshot())}
     (beat,) = fams[contract.HEARTBEAT_TIMESTAMP.name].samples
-    assert beat.value == 1_700_000_000.0
+    assert beat.value == pytest.approx(WALL0 + sum(STEP.values()))  # entered checkpoint
     current = {s.labels["phase"]: s.value for s in fams[contract.CURRENT_PHASE.name].samples}
     assert set(current) == set(contract.PHASES)
     assert current["checkpoint"] == 1.0 and sum(current.values()) == 1.0
+
+
+# ---- the event replay: what the hooks record, turned into marks and steps ----------------
+
+
+def _flat(*events: tuple[float, Any]) -> list[Any]:
+    out: list[Any] = []
+    for host, op in events:
+        out.extend((host, op, None))
+    return out
+
+
+def test_timeline_replays_a_step_and_carries_state_across_feeds() -> None:
+    tl = Timeline()
+    first = _flat(
+        (1.0, ENTERS["data_wait"]),
+        (2.0, EXITS["data_wait"]),
+        (3.0, ENTERS["forward"]),
+    )
+    assert tl.feed(first) == []  # no step ended yet
+    assert tl.stack == ["other", "forward"] and tl.last_mark_host == 3.0
+    rest = _flat(
+        (4.0, EXITS["forward"]),
+        (5.0, ENTERS["backward"]),
+        (6.0, (SWITCH, "backward", "comm_wait")),
+        (7.0, EXITS["comm_wait"]),
+        (8.0, ENTERS["optimizer"]),
+        (9.0, END_OPTIMIZER),
+    )
+    (step,) = tl.feed(rest)
+    assert [m[1] for m in step] == [
+        "data_wait", "other", "forward", "other", "backward", "comm_wait", "other",
+        "optimizer", "other",
+    ]  # fmt: skip
+    assert attribute(step)["comm_wait"] == 1.0 and sum(attribute(step).values()) == 8.0
+    assert tl.steps == 1 and tl.last_step_host == 9.0 and tl.stack == ["other"]
+    # the end mark starts the next step
+    (second,) = tl.feed(_flat((10.0, ENTERS["forward"]), (12.0, END_STEP)))
+    assert second[0] == step[-1] and attribute(second)["forward"] == 2.0
+
+
+def test_timeline_tolerates_unbalanced_events() -> None:
+    """An exception mid-phase can leave an exit without its enter, or the reverse: the stack
+    never loses its bottom and the step still partitions its span."""
+    tl = Timeline()
+    events = _flat(
+        (0.0, EXITS["forward"]),  # exit of a phase never entered
+        (1.0, ENTERS["backward"]),  # never left
+        (0.0, POPS["optimizer"]),  # pop of a phase not there: no mark
+        (2.0, ENTERS["data_wait"]),
+        (3.0, END_STEP),
+    )
+    (step,) = tl.feed(events)
+    got = attribute(step)
+    assert got["backward"] == 1.0 and got["data_wait"] == 1.0 and sum(got.values()) == 3.0
+    assert tl.stack == ["other", "backward", "data_wait"]
+    assert len(step) == 4  # the pop drew no boundary

@@ -2,12 +2,11 @@
 
 - DataLoader: a wrapper times each `next()` (data_wait) and counts the batch's samples.
 - Model: forward pre/post hooks time the forward (inside `tracker.phase("eval")` or
-  "checkpoint" a forward belongs to that phase instead). A pre-hook on the autograd node that made
-  the output fires when backward reaches the model; from there two autograd final callbacks
-  are queued. The first runs when the backward graph is done (the rank's own backward
-  compute is over), before DDP's own finalizer, which DDP queues only once its last gradient
-  bucket is ready; the first queues the second, which therefore runs after DDP has waited
-  for every all-reduce. The time between the two is the rank's exposed communication wait.
+  "checkpoint" a forward belongs to that phase instead). `torch.Tensor.backward`, wrapped
+  while a tracker listens, opens the backward phase and closes it on return, after DDP has
+  waited for every all-reduce. In between, the gradient of the model's first trainable
+  parameter queues an autograd final callback that switches to comm_wait: it runs once the
+  graph is done (the rank's own backward compute is over) and before DDP's finalizer.
   No comm hook is registered, so a user's own comm hook keeps working.
 - Optimizer: step pre/post hooks (global, or on watched instances) time `step()`, whose
   end ends the training step.
@@ -19,17 +18,24 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from gpujob_trainer import contract
+from gpujob_trainer.timing import END_OPTIMIZER, ENTERS, EXITS, SWITCH, Op
 
 if TYPE_CHECKING:
     from gpujob_trainer.tracker import Tracker
 
 T = TypeVar("T")
 
-_MAX_OUTPUT_HOOKS = 8
+
+_SEQUENCES = (list, tuple)
+_SCALARS = (int, float, str, bytes)
 
 
 def batch_size(batch: Any) -> int:
     """Samples in a batch: the leading dimension of its first tensor-like leaf."""
+    if isinstance(batch, _SEQUENCES):  # the common (inputs, labels) first: no getattr miss
+        if batch and not isinstance(batch[0], _SCALARS):
+            return batch_size(batch[0])
+        return len(batch)
     shape = getattr(batch, "shape", None)
     if shape is not None:
         return int(shape[0]) if len(shape) else 1
@@ -37,10 +43,6 @@ def batch_size(batch: Any) -> int:
         for value in batch.values():
             return batch_size(value)
         return 0
-    if isinstance(batch, list | tuple):
-        if batch and not isinstance(batch[0], int | float | str | bytes):
-            return batch_size(batch[0])
-        return len(batch)
     return 1
 
 
@@ -63,7 +65,36 @@ class InstrumentedLoader(Generic[T]):
     def __iter__(self) -> Iterator[T]:
         if not self._tracker._held:
             self._tracker._loader_epoch_started()
-        return _InstrumentedIterator(self, iter(self._loader))
+        return self._batches(iter(self._loader))
+
+    def _batches(self, it: Iterator[T]) -> Iterator[T]:
+        # A generator: resuming its frame costs less than a Python __next__ call, and the
+        # names it uses are bound once per epoch.
+        tracker = self._tracker
+        events, now = tracker._events, tracker._now
+        count, tokens_fn = self._samples_fn, self._tokens_fn
+        enter, leave = ENTERS[contract.PHASE_DATA_WAIT], EXITS[contract.PHASE_DATA_WAIT]
+        while True:
+            if tracker._held:  # an evaluation's batches: its time is eval, no training samples
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    return
+                yield batch
+                continue
+            record = tracker._record
+            events.extend((now(), enter, None if record is None else record()))
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            finally:
+                record = tracker._record
+                events.extend((now(), leave, None if record is None else record()))
+            tracker._samples += count(batch)
+            if tokens_fn is not None:
+                tracker._tokens = (tracker._tokens or 0) + int(tokens_fn(batch))
+            yield batch
 
     def __len__(self) -> int:
         return len(self._loader)  # type: ignore[arg-type]
@@ -73,85 +104,181 @@ class InstrumentedLoader(Generic[T]):
         return getattr(self._loader, name)
 
 
-class _InstrumentedIterator(Iterator[T]):
-    def __init__(self, owner: InstrumentedLoader[T], it: Iterator[T]) -> None:
-        self._owner = owner
-        self._it = it
+# Where a tracker is in one backward pass (`Tracker._bwd`).
+_IDLE, _OPEN, _QUEUED, _COMM, _LATE_QUEUED, _LATE_COMM = range(6)
+"""_OPEN: Tensor.backward began (phase backward); _QUEUED: a gradient is ready and the split is
+queued; _COMM: the graph is done, waiting for DDP (phase comm_wait). The _LATE states are the
+same for a backward that did not come through Tensor.backward (torch.autograd.backward called
+directly): it is seen from its first gradient on and ends with a callback after DDP's."""
 
-    def __next__(self) -> T:
-        owner = self._owner
-        tracker = owner._tracker
-        if tracker._held:  # an evaluation's batches: its time is eval, no training samples
-            return next(self._it)
-        tracker._enter(contract.PHASE_DATA_WAIT)
+
+_Listener = tuple[Callable[[], bool], Callable[[], None]]
+
+
+class _BackwardListeners:
+    """`torch.Tensor.backward`, wrapped once per process while any tracker listens.
+
+    The wrapper marks where a backward starts and ends with nothing registered on each
+    step's autograd graph: a hook on every step's output node cost ~25 us per step (its
+    registration and the engine's Python pre-hook path); the wrapper is one Python call.
+    """
+
+    def __init__(self) -> None:
+        self.listeners: list[_Listener] = []
+        self.original: Callable[..., Any] | None = None
+
+    def add(self, begin: Callable[[], bool], end: Callable[[], None]) -> _Removable:
+        import torch  # lazy: only a PyTorch model gets here
+
+        entry = (begin, end)
+        if torch.Tensor.backward is not _timed_backward:
+            self.original = torch.Tensor.backward
+            # help() and inspect.signature() still show torch's
+            _timed_backward.__doc__ = self.original.__doc__
+            _timed_backward.__wrapped__ = self.original  # type: ignore[attr-defined]
+            torch.Tensor.backward = _timed_backward  # type: ignore[method-assign]
+        self.listeners.append(entry)
+        return _Removable(lambda: self.remove(entry))
+
+    def remove(self, entry: _Listener) -> None:
+        import torch
+
+        if entry in self.listeners:
+            self.listeners.remove(entry)
+        # Restore only what we replaced: a wrapper installed over ours stays, and ours then
+        # passes calls through untouched.
+        if not self.listeners and torch.Tensor.backward is _timed_backward:
+            torch.Tensor.backward = self.original  # type: ignore[method-assign,assignment]
+
+
+_BACKWARD = _BackwardListeners()
+
+
+def _timed_backward(self: Any, *args: Any, **kwargs: Any) -> Any:
+    original = _BACKWARD.original
+    assert original is not None
+    listeners = _BACKWARD.listeners
+    if not listeners:
+        return original(self, *args, **kwargs)
+    if len(listeners) == 1:  # the usual process: one tracker, no list to build
+        begin, end = listeners[0]
+        if not begin():
+            return original(self, *args, **kwargs)
         try:
-            batch = next(self._it)
+            return original(self, *args, **kwargs)
         finally:
-            tracker._exit(contract.PHASE_DATA_WAIT)
-        tokens = owner._tokens_fn(batch) if owner._tokens_fn is not None else None
-        tracker.add_samples(owner._samples_fn(batch), tokens)
-        return batch
+            end()
+    opened = [end for begin, end in listeners if begin()]
+    try:
+        return original(self, *args, **kwargs)
+    finally:
+        for end in opened:
+            end()
 
 
-def _grad_nodes(output: Any, limit: int) -> list[Any]:
-    """Autograd nodes that produced a model's output (where backward enters the model)."""
-    node = getattr(output, "grad_fn", None)
-    if node is not None:  # the common case: one tensor
-        return [node]
-    found: list[Any] = []
-    todo = [output]
-    while todo and len(found) < limit:
-        item = todo.pop()
-        node = getattr(item, "grad_fn", None)
-        if node is not None:
-            if node not in found:
-                found.append(node)
-        elif isinstance(item, Mapping):
-            todo.extend(reversed(list(item.values())))
-        elif isinstance(item, list | tuple):
-            todo.extend(reversed(item))
-    return found
+class _Removable:
+    """A handle like torch's: `remove()` undoes what made it."""
+
+    def __init__(self, remove: Callable[[], None]) -> None:
+        self.remove = remove
 
 
 def attach_model(tracker: Tracker, model: Any) -> list[Any]:
-    """Install forward and backward timing on `model`; returns removable handles."""
+    """Install forward and backward timing on `model`; returns removable handles.
+
+    Forward: pre/post hooks on the model. Backward: `Tensor.backward` (see
+    `_BackwardListeners`) opens the backward phase. A post-accumulate-grad hook on the first
+    trainable parameter (used by nearly every model, and one of the last gradients computed)
+    queues an autograd final callback. Final callbacks run in the order queued once the graph
+    is done; DDP queues its finalizer (which waits for every all-reduce) when its last bucket
+    is ready, so no earlier than that parameter's gradient, and a tensor's post-accumulate
+    hooks run before the post hooks of its AccumulateGrad node where DDP's hook sits. So the
+    callback runs when the rank's own backward compute is over and before DDP waits; it
+    switches to comm_wait, and the return of `Tensor.backward` ends that. A model whose first
+    parameter gets no gradient in a step counts that step's wait as backward.
+    """
     import torch  # lazy: only a PyTorch model gets here
 
     queue_callback = torch.autograd.Variable._execution_engine.queue_callback
+    backward, comm = contract.PHASE_BACKWARD, contract.PHASE_COMM_WAIT
+    events, now = tracker._events, tracker._now
+    enter_fwd, exit_fwd = ENTERS[contract.PHASE_FORWARD], EXITS[contract.PHASE_FORWARD]
+    enter_bwd, exit_bwd, exit_comm = ENTERS[backward], EXITS[backward], EXITS[comm]
+    to_comm: Op = (SWITCH, backward, comm)
+    # Each hook appends its event inline (see Tracker._event): a method call more per event
+    # is measurable at 10 ms steps.
 
-    def backward_compute_done() -> None:
-        tracker._switch(contract.PHASE_BACKWARD, contract.PHASE_COMM_WAIT)
-        queue_callback(backward_done)  # runs after DDP's finalizer (queued after this one)
+    def begin() -> bool:
+        if tracker._bwd != _IDLE or tracker._held:
+            return False  # nested, or inside eval/checkpoint: that phase keeps the time
+        tracker._bwd = _OPEN
+        record = tracker._record
+        events.extend((now(), enter_bwd, None if record is None else record()))
+        return True
 
-    def backward_done() -> None:
-        tracker._exit(contract.PHASE_COMM_WAIT)
+    def end() -> None:
+        state, tracker._bwd = tracker._bwd, _IDLE
+        record = tracker._record
+        op = exit_comm if state == _COMM else exit_bwd
+        events.extend((now(), op, None if record is None else record()))
 
-    def on_output_grad(grad_outputs: Any) -> None:
-        if not tracker._bwd_armed:
-            return
-        tracker._bwd_armed = False
-        tracker._enter(contract.PHASE_BACKWARD)
-        queue_callback(backward_compute_done)
+    def split() -> None:  # the graph is done; DDP's finalizer has not run yet
+        record = tracker._record
+        events.extend((now(), to_comm, None if record is None else record()))
+        if tracker._bwd == _LATE_QUEUED:
+            tracker._bwd = _LATE_COMM
+            queue_callback(late_end)  # after DDP's finalizer, queued before this one ran
+        else:
+            tracker._bwd = _COMM
+
+    def late_end() -> None:
+        tracker._bwd = _IDLE
+        tracker._exit(comm)
+
+    def grad_ready(param: Any) -> None:
+        state = tracker._bwd
+        if state == _OPEN:
+            tracker._bwd = _QUEUED
+            queue_callback(split)
+        elif state == _IDLE and not tracker._held:
+            tracker._enter(backward)
+            tracker._bwd = _LATE_QUEUED
+            queue_callback(split)
 
     def forward_pre(module: Any, args: Any) -> None:
+        if tracker._bwd >= _LATE_QUEUED:  # a late backward that never finished (it raised)
+            tracker._bwd = _IDLE
+            tracker._pop(comm)
+            tracker._pop(backward)
         if not tracker._held:  # inside eval/checkpoint the forward is that phase's time
-            tracker._enter(contract.PHASE_FORWARD)
+            record = tracker._record
+            events.extend((now(), enter_fwd, None if record is None else record()))
 
     def forward_post(module: Any, args: Any, output: Any) -> None:
-        if tracker._held:
-            return
-        tracker._exit(contract.PHASE_FORWARD)
-        nodes = _grad_nodes(output, _MAX_OUTPUT_HOOKS)
-        if nodes:
-            tracker._bwd_armed = True
-            for node in nodes:
-                # a pre-hook on the node runs as soon as backward reaches the output
-                node.register_prehook(on_output_grad)
+        if not tracker._held:
+            record = tracker._record
+            events.extend((now(), exit_fwd, None if record is None else record()))
 
-    return [
+    first = next((p for p in model.parameters() if p.requires_grad), None)
+    handles = [
         model.register_forward_pre_hook(forward_pre),
         model.register_forward_hook(forward_post),
+        _BACKWARD.add(begin, end),
     ]
+    if first is not None:
+        handles.append(_param_hook(first, grad_ready))
+    return handles
+
+
+def _param_hook(param: Any, hook: Callable[[Any], None]) -> _Removable:
+    handle = param.register_post_accumulate_grad_hook(hook)
+
+    def remove() -> None:
+        handle.remove()
+        if not param._post_accumulate_grad_hooks:  # else autograd still calls into Python
+            param._post_accumulate_grad_hooks = None
+
+    return _Removable(remove)
 
 
 def attach_optimizers(tracker: Tracker) -> list[Any]:
@@ -173,10 +300,17 @@ def attach_optimizers(tracker: Tracker) -> list[Any]:
 def attach_optimizer(tracker: Tracker, optimizer: Any) -> list[Any]:
     """Step hooks on one optimizer instance, whose step ends a training step."""
 
+    events, now = tracker._events, tracker._now
+    enter = ENTERS[contract.PHASE_OPTIMIZER]
+
     def pre(opt: Any, args: Any, kwargs: Any) -> None:
-        tracker._optimizer_begin(opt, watched=True)
+        record = tracker._record
+        events.extend((now(), enter, None if record is None else record()))
 
     def post(opt: Any, args: Any, kwargs: Any) -> None:
-        tracker._optimizer_end(opt, watched=True)
+        record = tracker._record
+        events.extend((now(), END_OPTIMIZER, None if record is None else record()))
+        if len(events) >= tracker._flush_at:
+            tracker.flush()
 
     return [optimizer.register_step_pre_hook(pre), optimizer.register_step_post_hook(post)]

@@ -18,10 +18,91 @@ from typing import Any, Protocol
 from gpujob_trainer import contract
 
 Mark = tuple[float, str, Any]
-"""A phase boundary: (host seconds, the phase that runs from here, CUDA event or None).
+"""A phase boundary: (host seconds, the phase that runs from here, CUDA event or None)."""
 
-A plain tuple because the training thread makes about ten per step.
-"""
+ENTER, EXIT, SWITCH, POP, MARK, END = range(6)
+Op = tuple[int, str | None, str | None]
+"""What an event does to the phase stack: (kind, phase, second phase or None)."""
+Event = tuple[float, Op, Any]
+"""What the training thread records: (host seconds, op, CUDA event or None), the least a hook
+can do. The three values are added to one flat list (`list.extend`, one C call, so a reader
+never sees part of an event): no tuple survives, so a run of queued events adds no work for
+the garbage collector. The stack and the marks are replayed from them later, on the scrape's
+side (`Timeline`)."""
+
+
+def ops(kind: int) -> dict[str, Op]:
+    """One op per phase, made once: the hooks append these constants."""
+    return {phase: (kind, phase, None) for phase in contract.PHASES}
+
+
+ENTERS, EXITS, POPS = ops(ENTER), ops(EXIT), ops(POP)
+END_STEP: Op = (END, None, None)
+"""End the step where the stack is."""
+END_OPTIMIZER: Op = (END, contract.PHASE_OPTIMIZER, None)
+"""Leave the optimizer phase, then end the step (an optimizer step's end)."""
+MARK_HERE: Op = (MARK, None, None)
+"""A boundary without a change of phase (a step's second optimizer)."""
+
+
+def _pop(stack: list[str], phase: str | None) -> None:
+    """Pop the innermost `phase`; a mismatch (an exception mid-phase) is tolerated, never
+    raised, so bookkeeping cannot break training. The bottom entry stays."""
+    if stack[-1] == phase and len(stack) > 1:
+        stack.pop()
+        return
+    for i in range(len(stack) - 1, 0, -1):
+        if stack[i] == phase:
+            del stack[i]
+            return
+
+
+class Timeline:
+    """Replays events into the phase stack, phase marks and finished steps.
+
+    Each op but POP takes a mark naming the phase on top of the stack after it; END also
+    closes the step (its mark starts the next one). State carries over between `feed` calls.
+    """
+
+    def __init__(self) -> None:
+        self.stack: list[str] = [contract.PHASE_OTHER]
+        self.marks: list[Mark] = []
+        self.steps = 0
+        self.last_step_host: float | None = None
+        self.last_mark_host: float | None = None
+
+    def feed(self, flat: Sequence[Any]) -> list[list[Mark]]:
+        """Apply the events in `flat` (three values each, see `Event`); returns the marks of
+        each step they finished (two marks or more)."""
+        done: list[list[Mark]] = []
+        stack, marks = self.stack, self.marks
+        for i in range(0, len(flat) - 2, 3):
+            host, (kind, phase, other), event = flat[i], flat[i + 1], flat[i + 2]
+            if kind == ENTER:
+                stack.append(phase)
+            elif kind == EXIT:
+                _pop(stack, phase)
+            elif kind == SWITCH:
+                _pop(stack, phase)
+                stack.append(other)
+            elif kind == POP:
+                _pop(stack, phase)
+                continue
+            elif kind == END:
+                if phase is not None:
+                    _pop(stack, phase)
+                end = (host, stack[-1], event)
+                marks.append(end)
+                if len(marks) > 1:
+                    done.append(marks)
+                marks = [end]
+                self.steps += 1
+                self.last_step_host = self.last_mark_host = host
+                continue
+            marks.append((host, stack[-1], event))
+            self.last_mark_host = host
+        self.marks = marks
+        return done
 
 
 class Clock(Protocol):
@@ -63,7 +144,7 @@ class CudaEventClock:
     the training loop is never blocked by its own instrumentation.
     """
 
-    def __init__(self, event_factory: Callable[[], Any] | None = None, pool_limit: int = 256):
+    def __init__(self, event_factory: Callable[[], Any] | None = None, pool_limit: int = 1024):
         if event_factory is None:
             import torch  # lazy: only a CUDA job gets here
 

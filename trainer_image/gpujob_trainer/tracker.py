@@ -1,10 +1,15 @@
 """The per-rank training tracker: counters, the phase stack, and step attribution.
 
 Hooks on the model, the DataLoader and the optimizer (see `hooks.py`) or explicit `phase()`
-blocks move the tracker between phases; each move takes a mark (`timing.py`). An optimizer
-step ends a step: its marks are queued and attributed once their device times are readable
-(at once on CPU). Counters are plain floats under one lock, read by the exporter at scrape
-time, so the training thread pays for a few timestamps per step and nothing else.
+blocks record events: a host timestamp and an op (enter, exit, end of step ...) appended to a
+list. Nothing else runs on the training thread: at 10 ms steps every microsecond is 0.01% of
+the step, and Python code that runs between two large kernels runs with cold caches, at
+several times its cost in a tight loop. The phase stack, the marks and the attribution of
+each step to phases are replayed from the events (`timing.Timeline`) when the exporter is
+scraped, or by the training thread itself every few thousand events without scrapes (on CUDA
+every few steps, once the steps' device times are readable, which also returns their events
+to the pool). Counters the training thread alone writes (samples, tokens, the loss) are plain
+attributes; the replay and what it adds up sit under one lock with the scrape.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -21,7 +27,23 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpujob_trainer import contract
 from gpujob_trainer.env import RankInfo, total_steps_from_env
-from gpujob_trainer.timing import Clock, CudaEventClock, HostClock, Mark, attribute, steps_ready
+from gpujob_trainer.timing import (
+    END_OPTIMIZER,
+    END_STEP,
+    ENTERS,
+    EXITS,
+    MARK_HERE,
+    POPS,
+    SWITCH,
+    Clock,
+    CudaEventClock,
+    HostClock,
+    Mark,
+    Op,
+    Timeline,
+    attribute,
+    steps_ready,
+)
 
 if TYPE_CHECKING:
     from gpujob_trainer.exporter import Exporter
@@ -33,7 +55,17 @@ T = TypeVar("T")
 M = TypeVar("M")
 Opt = TypeVar("Opt")
 
+_FLUSH_HOST = 40_000
+"""Events (about ten a step) kept before the training thread replays them itself (no scrape)."""
+_FLUSH_CUDA = 320
+"""The same on CUDA: the ready steps' events then go back to the pool, not made anew."""
 _MAX_PENDING_STEPS = 1024
+"""CUDA steps kept waiting for a device that never catches up; older ones are dropped."""
+_NUMBERS = (int, float)
+_LOSS_EVERY = 0.5
+"""Seconds between two loss tensors taken (the first is always taken)."""
+_REANCHOR_SECONDS = 1.0
+"""How far the wall and host clocks may drift apart before the mapping is re-read."""
 
 
 @dataclass(frozen=True)
@@ -62,11 +94,9 @@ class Snapshot:
 
 @dataclass
 class _Counters:
-    steps: int = 0
-    samples: int = 0
-    tokens: int | None = None
+    """What attribution adds up (under the tracker's lock)."""
+
     epoch: int | None = None
-    loss: float | None = None
     phase_seconds: dict[str, float] = field(
         default_factory=lambda: dict.fromkeys(contract.PHASES, 0.0)
     )
@@ -76,7 +106,6 @@ class _Counters:
     step_hits: list[int] = field(
         default_factory=lambda: [0] * (len(contract.STEP_DURATION_BUCKETS) + 1)
     )
-    last_step_timestamp: float | None = None
 
 
 class Tracker:
@@ -101,16 +130,30 @@ class Tracker:
         self.target_steps = total_steps if total_steps is not None else total_steps_from_env()
         self._clock: Clock = clock if clock is not None else HostClock()
         self._clock_fixed = clock is not None
+        self._record: Callable[[], Any] | None = None
+        """The clock's `record`, or None for host timing: an event then calls nothing more."""
+        self._flush_at = _FLUSH_HOST
+        self._set_clock(self._clock)
         self._wall = wall_clock
         self._now = host_clock
         self._lock = threading.Lock()
         self._c = _Counters()
-        self._marks: list[Mark] = []
-        self._stack: list[str] = [contract.PHASE_OTHER]
+        # Written by the training thread only, read by scrapes: no lock.
+        self._samples = 0
+        self._tokens: int | None = None
+        self._loss: Any = None
+        """The last loss logged: a number, or a CPU tensor read at scrape time."""
+        self._cpu_loss = False
+        self._loss_at = -math.inf
+        self._loss_warned = False
+        self._events: list[Any] = []
+        """Events (`timing.Event`, flattened) added by the training thread, consumed from the
+        front under the lock. Never rebound: hooks hold it."""
+        self._timeline = Timeline()
         self._anchor = (wall_clock(), host_clock())
-        """(wall, host) seconds read together, re-read at each step's end: heartbeats are
-        mark host times moved onto the wall clock through it, so they only change when a
-        mark does (a value that moved between scrapes means the rank changed phase)."""
+        """(wall, host) seconds read together: event host times are moved onto the wall clock
+        through it. Re-read only when the clocks drifted apart by over `_REANCHOR_SECONDS`
+        (an NTP step, a suspended VM), so a heartbeat only moves when an event happened."""
         self._held = 0
         """Open busy phases (eval, checkpoint): inside one, the hooks neither switch phases
         nor count samples, so the whole block is that phase's time."""
@@ -121,46 +164,44 @@ class Tracker:
         self._step_optimizers: set[int] = set()
         self._handles: list[Any] = []
         self._optimizer_hooks_installed = False
-        self._bwd_armed = False
+        self._bwd = 0
+        """Where the current backward pass is (see `hooks.attach_model`); 0 outside one."""
         self.exporter: Exporter | None = None
         self.cuda_device: int | None = None
         """Index of the model's CUDA device, once a CUDA model was wrapped."""
         self.closed = False
 
-    # ----------------------------------------------------------------- marks and phases
-    # The phase stack and the current step's marks belong to the training threads, which take
-    # turns (the main thread waits while autograd runs the backward hooks), so marking takes
-    # no lock: only the hand-off of a finished step and the counters are shared with scrapes.
-    def _mark(self, phase: str) -> Mark:
-        mark = (self._now(), phase, self._clock.record())
-        self._marks.append(mark)
-        return mark
+    # ----------------------------------------------------------------- events
+    # The training threads take turns (the main thread waits while autograd runs the backward
+    # hooks), so recording takes no lock. The hooks in `hooks.py` append the same tuples
+    # inline, without these methods' extra call.
+    def _event(self, op: Op) -> None:
+        record = self._record
+        self._events.extend((self._now(), op, None if record is None else record()))
 
     def _enter(self, phase: str) -> None:
-        self._stack.append(phase)
-        self._marks.append((self._now(), phase, self._clock.record()))
+        self._event(ENTERS[phase])
 
     def _exit(self, phase: str) -> None:
-        stack = self._stack
-        if stack[-1] == phase and len(stack) > 1:
-            stack.pop()
-        else:
-            self._pop(phase)
-        self._marks.append((self._now(), stack[-1], self._clock.record()))
+        self._event(EXITS[phase])
 
     def _switch(self, old: str, new: str) -> None:
         """Replace the innermost phase `old` by `new` (backward -> comm_wait)."""
-        self._pop(old)
-        self._enter(new)
+        self._event((SWITCH, old, new))
 
     def _pop(self, phase: str) -> None:
-        # Pop the innermost occurrence; tolerate a mismatch (an exception mid-phase) rather
-        # than let bookkeeping break training.
-        stack = self._stack
-        for i in range(len(stack) - 1, 0, -1):
-            if stack[i] == phase:
-                del stack[i]
-                return
+        """Leave `phase` without a boundary (the next event draws it)."""
+        self._events.extend((0.0, POPS[phase], None))
+
+    def _mark(self) -> None:
+        self._event(MARK_HERE)
+
+    @property
+    def _stack(self) -> list[str]:
+        """The phase stack as of the last event (replays what is queued)."""
+        with self._lock:
+            self._flush_locked()
+            return list(self._timeline.stack)
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -191,48 +232,54 @@ class Tracker:
         """`phase("checkpoint")`: wrap saving (or loading) a checkpoint."""
         return self.phase(contract.PHASE_CHECKPOINT)
 
-    def _liveness(self) -> tuple[float, str]:
-        """(heartbeat as Unix time, current phase), read at scrape time.
-
-        The heartbeat is the host time of the last mark (every phase change takes one), so the
-        training thread pays nothing extra; it is put on the wall clock at scrape time.
-        """
-        marks = self._marks
+    def _on_wall_clock(self, host: float | None) -> float | None:
+        """A host time as Unix time, through the anchor."""
+        if host is None:
+            return None
         wall0, host0 = self._anchor
-        last = marks[-1][0] if marks else host0
-        return wall0 + (last - host0), self._stack[-1]
+        return wall0 + (host - host0)
+
+    def _reanchor(self) -> None:
+        wall, host = self._wall(), self._now()
+        wall0, host0 = self._anchor
+        if abs((wall - host) - (wall0 - host0)) > _REANCHOR_SECONDS:
+            self._anchor = (wall, host)
 
     def end_step(self) -> None:
         """End the current step. Called by the optimizer hook; call it yourself without one."""
-        end = self._mark(self._stack[-1])
-        marks, self._marks = self._marks, [end]
-        wall = self._wall()
-        self._anchor = (wall, end[0])
-        with self._lock:
-            c = self._c
-            c.steps += 1
-            c.last_step_timestamp = wall
-            if len(marks) < 2:
-                return
-            if end[2] is None and not self._pending:  # host timing: attribute at once
-                self._account_locked(attribute(marks))
-                return
-            self._pending.append(marks)
-            if len(self._pending) > _MAX_PENDING_STEPS:  # the device never caught up: drop
-                self._pending.popleft()
-            self._resolve_locked()
+        self._event(END_STEP)
+        if len(self._events) >= self._flush_at:
+            self.flush()
 
     # ----------------------------------------------------------------- attribution
+    def _flush_locked(self) -> None:
+        """Replay the queued events; attribute the steps they finished (host) or queue them
+        until their device times are readable (CUDA)."""
+        events = self._events
+        n = len(events)
+        if n:
+            batch = events[:n]
+            del events[:n]  # one C call under the GIL: appends made meanwhile stay
+            pending = self._pending
+            for marks in self._timeline.feed(batch):
+                if not pending and marks[-1][2] is None:  # host timing: attribute now
+                    self._account_locked(attribute(marks))
+                else:
+                    pending.append(marks)
+            while len(pending) > _MAX_PENDING_STEPS:  # the device never caught up: drop
+                pending.popleft()
+        self._resolve_locked()
+
     def _resolve_locked(self) -> None:
-        clock = self._clock
-        while self._pending and steps_ready(self._pending[0], clock):
-            marks = self._pending.popleft()
+        clock, pending = self._clock, self._pending
+        while pending and steps_ready(pending[0], clock):
+            marks = pending.popleft()
             self._account_locked(attribute(marks, clock))
             for m in marks[:-1]:  # the last mark starts the next step
                 clock.release(m[2])
         while self._pending_loss and clock.ready(self._pending_loss[0][1]):
             host, event = self._pending_loss.popleft()
-            self._c.loss = float(host)
+            self._loss = float(host)
             clock.release(event)
 
     def _account_locked(self, phases: dict[str, float]) -> None:
@@ -254,15 +301,17 @@ class Tracker:
     def flush(self) -> None:
         """Attribute every step whose device times are readable now (never blocks)."""
         with self._lock:
-            self._resolve_locked()
+            self._flush_locked()
 
     # ----------------------------------------------------------------- counters
     def add_samples(self, samples: int, tokens: int | None = None) -> None:
-        """Count samples (and tokens) consumed; the wrapped DataLoader does this per batch."""
-        with self._lock:
-            self._c.samples += int(samples)
-            if tokens is not None:
-                self._c.tokens = (self._c.tokens or 0) + int(tokens)
+        """Count samples (and tokens) consumed; the wrapped DataLoader does this per batch.
+
+        Call it from the training thread (the counters have one writer and take no lock).
+        """
+        self._samples += int(samples)
+        if tokens is not None:
+            self._tokens = (self._tokens or 0) + int(tokens)
 
     def set_epoch(self, epoch: int) -> None:
         """Set the current epoch (0-based); stops the wrapped loader counting epochs itself."""
@@ -283,7 +332,14 @@ class Tracker:
         tokens: int | None = None,
         epoch: int | None = None,
     ) -> None:
-        """Report values the hooks cannot see. A CUDA loss tensor is read lazily, never synced."""
+        """Report values the hooks cannot see.
+
+        `loss` is a number or a one-element tensor. A tensor is taken at most every
+        `_LOSS_EVERY` seconds (each torch call on the training thread costs microseconds at
+        10 ms steps, and the gauge is scraped every few seconds): a CPU one is kept (detached)
+        and read at scrape time, a CUDA one is copied behind the queued work and read once the
+        copy landed, never synchronised.
+        """
         if samples is not None or tokens is not None:
             self.add_samples(samples or 0, tokens)
         if epoch is not None:
@@ -292,30 +348,48 @@ class Tracker:
             self._log_loss(loss)
 
     def _log_loss(self, loss: Any) -> None:
-        if isinstance(loss, int | float):
-            with self._lock:
-                self._c.loss = float(loss)
+        if isinstance(loss, _NUMBERS):
+            self._loss = float(loss)
+            return
+        now = self._now()
+        if now - self._loss_at < _LOSS_EVERY:  # a gauge: a recent loss is as good as this one
+            return
+        self._loss_at = now
+        if self._record is None and (self._cpu_loss or loss.is_cpu):
+            self._cpu_loss = True  # the loss stays on the CPU: no need to ask each step
+            self._loss = loss.detach()
             return
         value = loss.detach()
-        if value.device.type != "cuda":
-            with self._lock:
-                self._c.loss = float(value)
+        if not value.is_cuda:  # another accelerator: read now
+            self._loss = float(value)
             return
         # Copy to pinned host memory behind the work already queued; read when it lands.
         host = value.to("cpu", non_blocking=True)
         event = self._use_cuda_clock().record()
         if event is None:  # a host clock was forced on a CUDA loss: read it plainly
-            with self._lock:
-                self._c.loss = float(value)
+            self._loss = float(value)
             return
         with self._lock:
             self._pending_loss.append((host, event))
             while len(self._pending_loss) > 4:
                 self._pending_loss.popleft()
 
+    def _loss_value(self) -> float | None:
+        loss = self._loss
+        if loss is None or isinstance(loss, float):
+            return loss
+        try:
+            return float(loss.detach())
+        except (TypeError, ValueError, RuntimeError) as err:  # e.g. a tensor of many values
+            if not self._loss_warned:
+                self._loss_warned = True
+                log.warning("gpujob: the logged loss is not one number, not exported: %s", err)
+            return None
+
     def _drain(self) -> None:
         """After training: wait for the last device events so the final steps count."""
         with self._lock:
+            self._flush_locked()
             events = [m[2] for marks in self._pending for m in marks]
             events += [event for _, event in self._pending_loss]
         for event in events:
@@ -325,32 +399,40 @@ class Tracker:
         self.flush()
 
     def snapshot(self) -> Snapshot:
-        """Attribute what is ready, then copy the counters."""
-        heartbeat, current = self._liveness()
+        """Replay the events, attribute what is ready, then copy the counters.
+
+        The heartbeat is the host time of the last event that drew a boundary (every phase
+        change does), put on the wall clock; the current phase is the top of the replayed
+        stack. So liveness costs the training thread nothing beyond its events.
+        """
         with self._lock:
-            self._resolve_locked()
+            self._flush_locked()
+            self._reanchor()
+            timeline = self._timeline
+            heartbeat = self._on_wall_clock(timeline.last_mark_host)
             c = self._c
             cumulative: list[int] = []
             running = 0
             for hits in c.step_hits:
                 running += hits
                 cumulative.append(running)
+            loss = self._loss_value()
             return Snapshot(
                 rank=self.rank,
-                steps=c.steps,
+                steps=timeline.steps,
                 target_steps=self.target_steps,
-                samples=c.samples,
-                tokens=c.tokens,
+                samples=self._samples,
+                tokens=self._tokens,
                 epoch=c.epoch,
-                loss=c.loss,
+                loss=loss,
                 phase_seconds=dict(c.phase_seconds),
                 compute_seconds=c.compute_seconds,
                 step_count=c.step_count,
                 step_sum=c.step_sum,
                 step_buckets=tuple(cumulative),
-                last_step_timestamp=c.last_step_timestamp,
-                heartbeat_timestamp=heartbeat,
-                current_phase=current,
+                last_step_timestamp=self._on_wall_clock(timeline.last_step_host),
+                heartbeat_timestamp=self._anchor[0] if heartbeat is None else heartbeat,
+                current_phase=timeline.stack[-1],
             )
 
     # ----------------------------------------------------------------- wrapping
@@ -410,11 +492,13 @@ class Tracker:
     def _optimizer_end(self, optimizer: object, *, watched: bool = False) -> None:
         if not watched and id(optimizer) in self._step_optimizers:
             return  # its own hooks count it
-        self._pop(contract.PHASE_OPTIMIZER)
         if watched or not self._step_optimizers:
-            self.end_step()
+            self._event(END_OPTIMIZER)
+            if len(self._events) >= self._flush_at:
+                self.flush()
         else:
-            self._mark(self._stack[-1])
+            self._pop(contract.PHASE_OPTIMIZER)
+            self._mark()
 
     def _maybe_use_cuda_clock(self, model: object) -> None:
         parameters = getattr(model, "parameters", None)
@@ -428,8 +512,14 @@ class Tracker:
     def _use_cuda_clock(self) -> Clock:
         with self._lock:
             if not self._clock_fixed and not isinstance(self._clock, CudaEventClock):
-                self._clock = CudaEventClock()
+                self._set_clock(CudaEventClock())
             return self._clock
+
+    def _set_clock(self, clock: Clock) -> None:
+        self._clock = clock
+        host = isinstance(clock, HostClock)
+        self._record = None if host else clock.record
+        self._flush_at = _FLUSH_HOST if host else _FLUSH_CUDA
 
     # ----------------------------------------------------------------- exporter, close
     def start_exporter(
