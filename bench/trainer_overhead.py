@@ -49,6 +49,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gpujob_trainer import contract
 from gpujob_trainer.env import RankInfo
+from gpujob_trainer.timing import CudaEventClock
 from gpujob_trainer.tracker import Tracker
 
 HIDDEN, LAYERS, CLASSES = 256, 4, 10
@@ -101,10 +102,13 @@ class Loop:
         self._source = self._ring
         self.tracker: Tracker | None = None
         self._log = False
+        # One event pool for every tracker attached here: a fresh one would create CUDA events
+        # inside the timed blocks.
+        self._clock = CudaEventClock() if device.type == "cuda" else None
 
     def attach(self, parts: frozenset[str]) -> Tracker:
         self.detach()
-        tracker = Tracker(rank=RankInfo(), hook_optimizers=False)
+        tracker = Tracker(rank=RankInfo(), hook_optimizers=False, clock=self._clock)
         if "model" in parts:
             tracker.wrap_model(self.model)
         if "optimizer" in parts:
