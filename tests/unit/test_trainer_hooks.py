@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -124,6 +125,17 @@ def test_a_wrapper_installed_over_ours_is_left_in_place() -> None:
         x = torch.ones(2, requires_grad=True)
         (x * 2).sum().backward()  # ours passes through to the original
         assert calls == [1] and x.grad is not None
+        # A new tracker wraps theirs; ours, still under theirs, passes through (calling what
+        # it replaced, never itself) and records nothing twice.
+        again = Tracker(rank=RankInfo())
+        model, loader = make_loop(batches=2)
+        train(again, model, loader)
+        assert calls == [1, 1, 1]
+        snap = again.snapshot()
+        assert snap.steps == 2 and snap.phase_seconds["backward"] > 0
+        assert sum(snap.phase_seconds.values()) == pytest.approx(snap.step_sum, rel=1e-9)
+        again.close()
+        assert torch.Tensor.backward is theirs
     finally:
         torch.Tensor.backward = original  # type: ignore[method-assign]
 
@@ -257,27 +269,54 @@ def test_ddp_exposed_comm_wait_is_its_own_phase(tracker: Tracker) -> None:
         dist.destroy_process_group()
 
 
-def test_a_slow_all_reduce_is_comm_wait_not_backward(tracker: Tracker) -> None:
-    """A comm hook whose all-reduce lands 80 ms late: DDP's finalizer waits for it, and
-    that wait must fall after the split, in comm_wait."""
+class _Unused(nn.Module):
+    """Two used layers and an unused one first or last (its parameters get no gradient)."""
+
+    def __init__(self, unused: str) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        if unused == "first":
+            self.spare = nn.Linear(16, 16)
+        self.l1, self.l2 = nn.Linear(16, 32), nn.Linear(32, 4)
+        if unused == "last":
+            self.spare = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l2(torch.relu(self.l1(x)))
+
+
+@pytest.mark.parametrize("unused", ["none", "first", "last"])
+def test_a_slow_all_reduce_is_comm_wait_not_backward(tracker: Tracker, unused: str) -> None:
+    """A comm hook whose all-reduce lands 80 ms late: DDP's finalizer waits for it, and that
+    wait must fall after the split, in comm_wait, also when the first or the last parameter
+    (where the split is hooked) gets no gradient."""
     store = dist.HashStore()
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     delay = 0.08
+    landing = ThreadPoolExecutor(1)  # started once: no thread start inside the backward
+
+    def land(fut: torch.futures.Future[torch.Tensor], value: torch.Tensor) -> None:
+        time.sleep(delay)  # the network, slow
+        fut.set_result(value)
 
     def late(state, bucket):  # type: ignore[no-untyped-def]  # DDP reads real annotations
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-        threading.Timer(delay, fut.set_result, args=(bucket.buffer(),)).start()
+        landing.submit(land, fut, bucket.buffer())
         return fut
 
     try:
         model, loader = make_loop(batches=3)
-        ddp = DDP(model)
+        if unused != "none":
+            model = _Unused(unused)
+        ddp = DDP(model, find_unused_parameters=unused != "none")
         ddp.register_comm_hook(None, late)
         steps = train(tracker, ddp, loader)
         snap = tracker.snapshot()
+        # Split after DDP's finalizer, the wait would be backward and comm_wait ~0.
         assert snap.phase_seconds["comm_wait"] >= steps * delay * 0.9
-        assert snap.phase_seconds["backward"] < steps * delay * 0.5
+        assert snap.phase_seconds["backward"] < snap.phase_seconds["comm_wait"] / 2
     finally:
+        landing.shutdown()
         dist.destroy_process_group()
 
 

@@ -116,27 +116,30 @@ _Listener = tuple[Callable[[], bool], Callable[[], None]]
 
 
 class _BackwardListeners:
-    """`torch.Tensor.backward`, wrapped once per process while any tracker listens.
+    """`torch.Tensor.backward`, wrapped while any tracker listens.
 
     The wrapper marks where a backward starts and ends with nothing registered on each
     step's autograd graph: a hook on every step's output node cost ~25 us per step (its
     registration and the engine's Python pre-hook path); the wrapper is one Python call.
+    Each wrapper calls the function it replaced, so one left buried under another library's
+    wrapper (ours are only removed from the top) passes calls through and never calls
+    itself; a nested call finds the backward already open and records nothing.
     """
 
     def __init__(self) -> None:
         self.listeners: list[_Listener] = []
-        self.original: Callable[..., Any] | None = None
+        self.ours: dict[Any, Callable[..., Any]] = {}
+        """Each wrapper we installed -> what it replaced."""
 
     def add(self, begin: Callable[[], bool], end: Callable[[], None]) -> _Removable:
         import torch  # lazy: only a PyTorch model gets here
 
         entry = (begin, end)
-        if torch.Tensor.backward is not _timed_backward:
-            self.original = torch.Tensor.backward
-            # help() and inspect.signature() still show torch's
-            _timed_backward.__doc__ = self.original.__doc__
-            _timed_backward.__wrapped__ = self.original  # type: ignore[attr-defined]
-            torch.Tensor.backward = _timed_backward  # type: ignore[method-assign]
+        current = torch.Tensor.backward
+        if current not in self.ours:
+            wrapper = _timed(current, self.listeners)
+            self.ours[wrapper] = current
+            torch.Tensor.backward = wrapper  # type: ignore[method-assign]
         self.listeners.append(entry)
         return _Removable(lambda: self.remove(entry))
 
@@ -145,35 +148,40 @@ class _BackwardListeners:
 
         if entry in self.listeners:
             self.listeners.remove(entry)
-        # Restore only what we replaced: a wrapper installed over ours stays, and ours then
-        # passes calls through untouched.
-        if not self.listeners and torch.Tensor.backward is _timed_backward:
-            torch.Tensor.backward = self.original  # type: ignore[method-assign,assignment]
+        current = torch.Tensor.backward
+        # Restore only from the top: a wrapper installed over ours stays, and ours under it
+        # then passes calls through.
+        if not self.listeners and current in self.ours:
+            torch.Tensor.backward = self.ours.pop(current)  # type: ignore[method-assign]
 
 
 _BACKWARD = _BackwardListeners()
 
 
-def _timed_backward(self: Any, *args: Any, **kwargs: Any) -> Any:
-    original = _BACKWARD.original
-    assert original is not None
-    listeners = _BACKWARD.listeners
-    if not listeners:
-        return original(self, *args, **kwargs)
-    if len(listeners) == 1:  # the usual process: one tracker, no list to build
-        begin, end = listeners[0]
-        if not begin():
+def _timed(original: Callable[..., Any], listeners: list[_Listener]) -> Callable[..., Any]:
+    """A `Tensor.backward` that tells `listeners` where each backward starts and ends."""
+
+    def backward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not listeners:
             return original(self, *args, **kwargs)
+        if len(listeners) == 1:  # the usual process: one tracker, no list to build
+            begin, end = listeners[0]
+            if not begin():
+                return original(self, *args, **kwargs)
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                end()
+        opened = [end for begin, end in listeners if begin()]
         try:
             return original(self, *args, **kwargs)
         finally:
-            end()
-    opened = [end for begin, end in listeners if begin()]
-    try:
-        return original(self, *args, **kwargs)
-    finally:
-        for end in opened:
-            end()
+            for end in opened:
+                end()
+
+    backward.__doc__ = original.__doc__  # help() and inspect.signature() still show torch's
+    backward.__wrapped__ = original  # type: ignore[attr-defined]
+    return backward
 
 
 class _Removable:
@@ -187,15 +195,16 @@ def attach_model(tracker: Tracker, model: Any) -> list[Any]:
     """Install forward and backward timing on `model`; returns removable handles.
 
     Forward: pre/post hooks on the model. Backward: `Tensor.backward` (see
-    `_BackwardListeners`) opens the backward phase. A post-accumulate-grad hook on the first
-    trainable parameter (used by nearly every model, and one of the last gradients computed)
-    queues an autograd final callback. Final callbacks run in the order queued once the graph
-    is done; DDP queues its finalizer (which waits for every all-reduce) when its last bucket
-    is ready, so no earlier than that parameter's gradient, and a tensor's post-accumulate
-    hooks run before the post hooks of its AccumulateGrad node where DDP's hook sits. So the
-    callback runs when the rank's own backward compute is over and before DDP waits; it
-    switches to comm_wait, and the return of `Tensor.backward` ends that. A model whose first
-    parameter gets no gradient in a step counts that step's wait as backward.
+    `_BackwardListeners`) opens the backward phase. Post-accumulate-grad hooks on the first
+    and the last trainable parameter: whichever gradient is ready first queues an autograd
+    final callback. Final callbacks run in the order queued once the graph is done; DDP
+    queues its finalizer (which waits for every all-reduce) when its last bucket is ready, so
+    no earlier than that gradient, and a tensor's post-accumulate hooks run before the post
+    hooks of its AccumulateGrad node where DDP's hook sits. So the callback runs when the
+    rank's own backward compute is over and before DDP waits; it switches to comm_wait, and
+    the return of `Tensor.backward` ends that. Two parameters, because a model may leave
+    either unused in a step (an auxiliary head, an embedding a config switches off); a step
+    in which neither gets a gradient counts its wait as backward.
     """
     import torch  # lazy: only a PyTorch model gets here
 
@@ -259,15 +268,14 @@ def attach_model(tracker: Tracker, model: Any) -> list[Any]:
             record = tracker._record
             events.extend((now(), exit_fwd, None if record is None else record()))
 
-    first = next((p for p in model.parameters() if p.requires_grad), None)
-    handles = [
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    watched = {id(p): p for p in trainable[:1] + trainable[-1:]}  # first and last, once
+    return [
         model.register_forward_pre_hook(forward_pre),
         model.register_forward_hook(forward_post),
         _BACKWARD.add(begin, end),
+        *(_param_hook(p, grad_ready) for p in watched.values()),
     ]
-    if first is not None:
-        handles.append(_param_hook(first, grad_ready))
-    return handles
 
 
 def _param_hook(param: Any, hook: Callable[[Any], None]) -> _Removable:
