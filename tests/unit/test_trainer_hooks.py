@@ -293,7 +293,8 @@ def test_a_slow_all_reduce_is_comm_wait_not_backward(tracker: Tracker, unused: s
     store = dist.HashStore()
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     delay = 0.08
-    landing = ThreadPoolExecutor(1)  # started once: no thread start inside the backward
+    landing = ThreadPoolExecutor(1)
+    landing.submit(lambda: None).result()  # its thread starts now, not inside a backward
 
     def land(fut: torch.futures.Future[torch.Tensor], value: torch.Tensor) -> None:
         time.sleep(delay)  # the network, slow
@@ -312,9 +313,11 @@ def test_a_slow_all_reduce_is_comm_wait_not_backward(tracker: Tracker, unused: s
         ddp.register_comm_hook(None, late)
         steps = train(tracker, ddp, loader)
         snap = tracker.snapshot()
-        # Split after DDP's finalizer, the wait would be backward and comm_wait ~0.
+        # comm_wait only grows between the split and the end of backward: in any step split
+        # after DDP's finalizer the wait would be backward, and this total would fall short
+        # by 80 ms. (No bound on backward itself: on a loaded machine a preempted backward
+        # is long for reasons of its own.)
         assert snap.phase_seconds["comm_wait"] >= steps * delay * 0.9
-        assert snap.phase_seconds["backward"] < snap.phase_seconds["comm_wait"] / 2
     finally:
         landing.shutdown()
         dist.destroy_process_group()
