@@ -4,9 +4,10 @@
 - Model: forward pre/post hooks time the forward (inside `tracker.phase("eval")` or
   "checkpoint" a forward belongs to that phase instead). `torch.Tensor.backward`, wrapped
   while a tracker listens, opens the backward phase and closes it on return, after DDP has
-  waited for every all-reduce. In between, the gradient of the model's first trainable
-  parameter queues an autograd final callback that switches to comm_wait: it runs once the
-  graph is done (the rank's own backward compute is over) and before DDP's finalizer.
+  waited for every all-reduce. In between, the first gradient of the model's first or last
+  trainable parameter queues an autograd final callback that switches to comm_wait: it runs
+  once the graph is done (the rank's own backward compute is over) and before DDP's
+  finalizer.
   No comm hook is registered, so a user's own comm hook keeps working.
 - Optimizer: step pre/post hooks (global, or on watched instances) time `step()`, whose
   end ends the training step.

@@ -247,7 +247,11 @@ class Tracker:
 
     def end_step(self) -> None:
         """End the current step. Called by the optimizer hook; call it yourself without one."""
-        self._event(END_STEP)
+        self._end(END_STEP)
+
+    def _end(self, op: Op) -> None:
+        """Record a step's end; replay here when nothing scraped for a long while."""
+        self._event(op)
         if len(self._events) >= self._flush_at:
             self.flush()
 
@@ -493,9 +497,7 @@ class Tracker:
         if not watched and id(optimizer) in self._step_optimizers:
             return  # its own hooks count it
         if watched or not self._step_optimizers:
-            self._event(END_OPTIMIZER)
-            if len(self._events) >= self._flush_at:
-                self.flush()
+            self._end(END_OPTIMIZER)
         else:
             self._pop(contract.PHASE_OPTIMIZER)
             self._mark()
