@@ -112,7 +112,9 @@ class Loop:
         if "model" in parts:
             tracker.wrap_model(self.model)
         if "optimizer" in parts:
-            tracker.watch_optimizer(self.opt)
+            # What `wrap_model` installs in the README's loop (`hook_optimizers=True`): the
+            # global step hooks, which see every optimizer in the process.
+            tracker._install_optimizer_hooks()
         if "loader" in parts:
             self._source = iter(tracker.wrap_loader(self._ring))
         self._log = "log" in parts
