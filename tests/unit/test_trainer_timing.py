@@ -11,7 +11,7 @@ import pytest
 from gpujob_trainer import contract
 from gpujob_trainer.env import RankInfo
 from gpujob_trainer.exporter import render_snapshot
-from gpujob_trainer.hooks import batch_size
+from gpujob_trainer.hooks import batch_size, optimizer_hooks
 from gpujob_trainer.timing import (
     END_OPTIMIZER,
     END_STEP,
@@ -89,9 +89,11 @@ def run_step(tracker: Tracker, t: FakeTime, seconds: dict[str, float]) -> None:
     tracker._switch("backward", "comm_wait")
     t.advance(seconds.get("comm_wait", 0.0))
     tracker._exit("comm_wait")
-    tracker._optimizer_begin(object())
+    begin, end = optimizer_hooks(tracker, watched=False)
+    opt = object()
+    begin(opt, (), {})
     t.advance(seconds.get("optimizer", 0.0))
-    tracker._optimizer_end(object())
+    end(opt, (), {})
 
 
 STEP = {
@@ -187,15 +189,17 @@ def test_watched_optimizer_alone_ends_steps() -> None:
     tracker, t = make_tracker()
     gen, disc = object(), object()
     tracker._step_optimizers.add(id(gen))  # what watch_optimizer(gen) records
+    every_pre, every_post = optimizer_hooks(tracker, watched=False)
+    own_pre, own_post = optimizer_hooks(tracker, watched=True)
     for opt in (disc, gen, disc, gen):
         # the global hooks see both; the watched one's own hooks see it too
-        tracker._optimizer_begin(opt)
+        every_pre(opt, (), {})
         if opt is gen:
-            tracker._optimizer_begin(opt, watched=True)
+            own_pre(opt, (), {})
         t.advance(0.01)
         if opt is gen:
-            tracker._optimizer_end(opt, watched=True)
-        tracker._optimizer_end(opt)
+            own_post(opt, (), {})
+        every_post(opt, (), {})
     snap = tracker.snapshot()
     assert snap.steps == 2
     assert snap.phase_seconds["optimizer"] == pytest.approx(0.04)

@@ -1,13 +1,13 @@
 """Hooks that move a tracker between phases without changes to the training loop.
 
 - DataLoader: a wrapper times each `next()` (data_wait) and counts the batch's samples.
-- Model: forward pre/post hooks time the forward (inside `tracker.phase("eval")` or
-  "checkpoint" a forward belongs to that phase instead). `torch.Tensor.backward`, wrapped
+- Model: the model's `forward`, replaced on the instance, times the forward (inside
+  `tracker.phase("eval")` or "checkpoint" a forward belongs to that phase instead). `torch.Tensor.backward`, wrapped
   while a tracker listens, opens the backward phase and closes it on return, after DDP has
-  waited for every all-reduce. In between, the first gradient of the model's first or last
-  trainable parameter queues an autograd final callback that switches to comm_wait: it runs
-  once the graph is done (the rank's own backward compute is over) and before DDP's
-  finalizer.
+  waited for every all-reduce. In between, the gradient of the model's last trainable
+  parameter (or its first, once the last went without one) queues an autograd final
+  callback that switches to comm_wait: it runs once the graph is done (the rank's own
+  backward compute is over) and before DDP's finalizer.
   No comm hook is registered, so a user's own comm hook keeps working.
 - Optimizer: step pre/post hooks (global, or on watched instances) time `step()`, whose
   end ends the training step.
@@ -74,6 +74,7 @@ class InstrumentedLoader(Generic[T]):
         tracker = self._tracker
         events, now = tracker._events, tracker._now
         count, tokens_fn = self._samples_fn, self._tokens_fn
+        default_count = count is batch_size
         enter, leave = ENTERS[contract.PHASE_DATA_WAIT], EXITS[contract.PHASE_DATA_WAIT]
         while True:
             if tracker._held:  # an evaluation's batches: its time is eval, no training samples
@@ -92,7 +93,12 @@ class InstrumentedLoader(Generic[T]):
             finally:
                 record = tracker._record
                 events.extend((now(), leave, None if record is None else record()))
-            tracker._samples += count(batch)
+            if default_count and isinstance(batch, _SEQUENCES) and batch:
+                # batch_size() inline for the usual (inputs, labels): two calls fewer a step
+                shape = getattr(batch[0], "shape", None)
+                tracker._samples += int(shape[0]) if shape else count(batch)
+            else:
+                tracker._samples += count(batch)
             if tokens_fn is not None:
                 tracker._tokens = (tracker._tokens or 0) + int(tokens_fn(batch))
             yield batch
@@ -195,24 +201,24 @@ class _Removable:
 def attach_model(tracker: Tracker, model: Any) -> list[Any]:
     """Install forward and backward timing on `model`; returns removable handles.
 
-    Forward: pre/post hooks on the model. Backward: `Tensor.backward` (see
-    `_BackwardListeners`) opens the backward phase. Post-accumulate-grad hooks on the first
-    and the last trainable parameter: whichever gradient is ready first queues an autograd
-    final callback. Final callbacks run in the order queued once the graph is done; DDP
-    queues its finalizer (which waits for every all-reduce) when its last bucket is ready, so
-    no earlier than that gradient, and a tensor's post-accumulate hooks run before the post
-    hooks of its AccumulateGrad node where DDP's hook sits. So the callback runs when the
-    rank's own backward compute is over and before DDP waits; it switches to comm_wait, and
-    the return of `Tensor.backward` ends that. Two parameters, because a model may leave
-    either unused in a step (an auxiliary head, an embedding a config switches off); a step
-    in which neither gets a gradient counts its wait as backward.
+    Forward: `model.forward`, replaced on the instance (`_TimedForward`). Backward:
+    `Tensor.backward` (see `_BackwardListeners`) opens the backward phase. A post-accumulate-grad hook on the last
+    trainable parameter: its gradient queues an autograd final callback. Final callbacks run
+    in the order queued once the graph is done; DDP queues its finalizer (which waits for
+    every all-reduce) when its last bucket is ready, so no earlier than that gradient, and a
+    tensor's post-accumulate hooks run before the post hooks of its AccumulateGrad node where
+    DDP's hook sits. So the callback runs when the rank's own backward compute is over and
+    before DDP waits; it switches to comm_wait, and the return of `Tensor.backward` ends
+    that. A model may leave that parameter unused (an auxiliary head, a layer a config
+    switches off): a backward that ends without its gradient hooks the first parameter too,
+    and whichever of the two is ready first queues the callback from then on. A step in
+    which neither gets a gradient counts its wait as backward.
     """
     import torch  # lazy: only a PyTorch model gets here
 
     queue_callback = torch.autograd.Variable._execution_engine.queue_callback
     backward, comm = contract.PHASE_BACKWARD, contract.PHASE_COMM_WAIT
     events, now = tracker._events, tracker._now
-    enter_fwd, exit_fwd = ENTERS[contract.PHASE_FORWARD], EXITS[contract.PHASE_FORWARD]
     enter_bwd, exit_bwd, exit_comm = ENTERS[backward], EXITS[backward], EXITS[comm]
     to_comm: Op = (SWITCH, backward, comm)
     # Each hook appends its event inline (see Tracker._event): a method call more per event
@@ -231,6 +237,8 @@ def attach_model(tracker: Tracker, model: Any) -> list[Any]:
         record = tracker._record
         op = exit_comm if state == _COMM else exit_bwd
         events.extend((now(), op, None if record is None else record()))
+        if state == _OPEN and spare:  # the watched parameter got no gradient: watch the other
+            watch.add(spare.pop())
 
     def split() -> None:  # the graph is done; DDP's finalizer has not run yet
         record = tracker._record
@@ -255,39 +263,143 @@ def attach_model(tracker: Tracker, model: Any) -> list[Any]:
             tracker._bwd = _LATE_QUEUED
             queue_callback(split)
 
-    def forward_pre(module: Any, args: Any) -> None:
-        if tracker._bwd >= _LATE_QUEUED:  # a late backward that never finished (it raised)
-            tracker._bwd = _IDLE
-            tracker._pop(comm)
-            tracker._pop(backward)
-        if not tracker._held:  # inside eval/checkpoint the forward is that phase's time
-            record = tracker._record
-            events.extend((now(), enter_fwd, None if record is None else record()))
-
-    def forward_post(module: Any, args: Any, output: Any) -> None:
-        if not tracker._held:
-            record = tracker._record
-            events.extend((now(), exit_fwd, None if record is None else record()))
-
     trainable = [p for p in model.parameters() if p.requires_grad]
-    watched = {id(p): p for p in trainable[:1] + trainable[-1:]}  # first and last, once
+    watch = _ParamHooks(grad_ready)
+    if trainable:
+        watch.add(trainable[-1])
+    spare = trainable[:1] if len(trainable) > 1 else []
+    """The first parameter, hooked too once a backward ends with no gradient for the last:
+    each hook is a call from autograd into Python every step, so the second waits until
+    needed (the one step that finds the last unused counts its wait as backward)."""
     return [
-        model.register_forward_pre_hook(forward_pre),
-        model.register_forward_hook(forward_post),
+        _TimedForward.install(tracker, model),
         _BACKWARD.add(begin, end),
-        *(_param_hook(p, grad_ready) for p in watched.values()),
+        watch,
     ]
 
 
-def _param_hook(param: Any, hook: Callable[[Any], None]) -> _Removable:
-    handle = param.register_post_accumulate_grad_hook(hook)
+class _TimedForward:
+    """The model's `forward`, set on the instance: times each training forward.
 
-    def remove() -> None:
-        handle.remove()
-        if not param._post_accumulate_grad_hooks:  # else autograd still calls into Python
-            param._post_accumulate_grad_hooks = None
+    An instance attribute rather than forward hooks: any forward hook sends every call of the
+    model through `Module._call_impl`'s slow path (~6 us a step here); this is one call.
+    `Module.__call__` finds it as it finds any `forward`. It stands in for the bound method it
+    replaced: `inspect.signature` follows `__wrapped__`, other attributes (`__func__`,
+    `__self__`) come from it, and a copy of the model (`copy.deepcopy`, an EMA copy, a
+    pickle) gets the model's own forward bound to the copy, untimed, never the original's.
+    """
 
-    return _Removable(remove)
+    def __init__(self, tracker: Tracker, inner: Callable[..., Any]) -> None:
+        self.__wrapped__ = inner
+        self._tracker: Tracker | None = tracker
+        """None once removed: a wrapper set over ours meanwhile still calls ours, which then
+        passes calls through (removing it would drop the other wrapper)."""
+        self._events, self._now = tracker._events, tracker._now
+        self._enter, self._exit = ENTERS[contract.PHASE_FORWARD], EXITS[contract.PHASE_FORWARD]
+
+    @classmethod
+    def install(cls, tracker: Tracker, model: Any) -> _Removable:
+        own = model.__dict__
+        before = own.get("forward")
+        forward = own["forward"] = cls(tracker, model.forward)
+
+        def remove() -> None:
+            forward._tracker = None
+            if own.get("forward") is forward:
+                if before is None:
+                    del own["forward"]
+                else:
+                    own["forward"] = before
+
+        return _Removable(remove)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # Inline, like the hooks below: this runs every step.
+        tracker = self._tracker
+        if tracker is None or tracker._held:  # inside eval/checkpoint: that phase's time
+            return self.__wrapped__(*args, **kwargs)
+        if tracker._bwd >= _LATE_QUEUED:  # a late backward that never finished (it raised)
+            tracker._bwd = _IDLE
+            tracker._pop(contract.PHASE_COMM_WAIT)
+            tracker._pop(contract.PHASE_BACKWARD)
+        record, events = tracker._record, self._events
+        events.extend((self._now(), self._enter, None if record is None else record()))
+        try:
+            return self.__wrapped__(*args, **kwargs)
+        finally:
+            record = tracker._record
+            events.extend((self._now(), self._exit, None if record is None else record()))
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "__wrapped__":  # not set yet: no recursion
+            raise AttributeError(name)
+        return getattr(self.__wrapped__, name)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        import copy
+
+        return copy.deepcopy(self.__wrapped__, memo)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return self.__wrapped__.__reduce_ex__(protocol)
+
+
+class _ParamHooks:
+    """Post-accumulate-grad hooks on some parameters, added over time, removed together."""
+
+    def __init__(self, hook: Callable[[Any], None]) -> None:
+        self._hook = hook
+        self._handles: list[tuple[Any, Any]] = []
+        self._removed = False
+
+    def add(self, param: Any) -> None:
+        if not self._removed:  # a backward that ends after close() adds nothing
+            self._handles.append((param, param.register_post_accumulate_grad_hook(self._hook)))
+
+    def remove(self) -> None:
+        self._removed = True
+        for param, handle in self._handles:
+            handle.remove()
+            if not param._post_accumulate_grad_hooks:  # else autograd still calls into Python
+                param._post_accumulate_grad_hooks = None
+        self._handles.clear()
+
+
+_StepHook = Callable[[Any, Any, Any], None]
+
+
+def optimizer_hooks(tracker: Tracker, *, watched: bool) -> tuple[_StepHook, _StepHook]:
+    """Step pre/post hooks: an optimizer's step is the optimizer phase, and its end ends the
+    training step.
+
+    `watched`: the hooks of one instance (`Tracker.watch_optimizer`). Otherwise the global
+    hooks, which see every optimizer: once any is watched, they leave the watched ones to
+    their own hooks and count another's step as optimizer time that ends no training step.
+    Both record inline: these run every step.
+    """
+    events, now = tracker._events, tracker._now
+    watching = tracker._step_optimizers  # never rebound
+    phase = contract.PHASE_OPTIMIZER
+    enter = ENTERS[phase]
+
+    def pre(optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not watched and watching and id(optimizer) in watching:
+            return  # its own hooks count it
+        record = tracker._record
+        events.extend((now(), enter, None if record is None else record()))
+
+    def post(optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not watched and watching:
+            if id(optimizer) not in watching:
+                tracker._pop(phase)  # a step of another optimizer: time, not a step's end
+                tracker._mark()
+            return
+        record = tracker._record
+        events.extend((now(), END_OPTIMIZER, None if record is None else record()))
+        if len(events) >= tracker._flush_at:
+            tracker.flush()
+
+    return pre, post
 
 
 def attach_optimizers(tracker: Tracker) -> list[Any]:
@@ -297,29 +409,11 @@ def attach_optimizers(tracker: Tracker) -> list[Any]:
         register_optimizer_step_pre_hook,
     )
 
-    def pre(optimizer: Any, args: Any, kwargs: Any) -> None:
-        tracker._optimizer_begin(optimizer)
-
-    def post(optimizer: Any, args: Any, kwargs: Any) -> None:
-        tracker._optimizer_end(optimizer)
-
+    pre, post = optimizer_hooks(tracker, watched=False)
     return [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
 
 
 def attach_optimizer(tracker: Tracker, optimizer: Any) -> list[Any]:
     """Step hooks on one optimizer instance, whose step ends a training step."""
-
-    events, now = tracker._events, tracker._now
-    enter = ENTERS[contract.PHASE_OPTIMIZER]
-
-    def pre(opt: Any, args: Any, kwargs: Any) -> None:
-        record = tracker._record
-        events.extend((now(), enter, None if record is None else record()))
-
-    def post(opt: Any, args: Any, kwargs: Any) -> None:
-        record = tracker._record
-        events.extend((now(), END_OPTIMIZER, None if record is None else record()))
-        if len(events) >= tracker._flush_at:
-            tracker.flush()
-
+    pre, post = optimizer_hooks(tracker, watched=True)
     return [optimizer.register_step_pre_hook(pre), optimizer.register_step_post_hook(post)]

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from gpujob_trainer import contract
 from gpujob_trainer.env import RankInfo, total_steps_from_env
 from gpujob_trainer.timing import (
-    END_OPTIMIZER,
     END_STEP,
     ENTERS,
     EXITS,
@@ -344,21 +343,18 @@ class Tracker:
         and read at scrape time, a CUDA one is copied behind the queued work and read once the
         copy landed, never synchronised.
         """
+        if loss is not None:  # inline: most steps call this with a loss tensor and no more
+            if isinstance(loss, _NUMBERS):
+                self._loss = float(loss)
+            elif self._now() - self._loss_at >= _LOSS_EVERY:  # else a recent one will do
+                self._take_loss(loss)
         if samples is not None or tokens is not None:
             self.add_samples(samples or 0, tokens)
         if epoch is not None:
             self.set_epoch(epoch)
-        if loss is not None:
-            self._log_loss(loss)
 
-    def _log_loss(self, loss: Any) -> None:
-        if isinstance(loss, _NUMBERS):
-            self._loss = float(loss)
-            return
-        now = self._now()
-        if now - self._loss_at < _LOSS_EVERY:  # a gauge: a recent loss is as good as this one
-            return
-        self._loss_at = now
+    def _take_loss(self, loss: Any) -> None:
+        self._loss_at = self._now()
         if self._record is None and (self._cpu_loss or loss.is_cpu):
             self._cpu_loss = True  # the loss stays on the CPU: no need to ask each step
             self._loss = loss.detach()
@@ -488,19 +484,6 @@ class Tracker:
 
         self._handles.extend(hooks.attach_optimizers(self))
         self._optimizer_hooks_installed = True
-
-    def _optimizer_begin(self, optimizer: object, *, watched: bool = False) -> None:
-        if watched or id(optimizer) not in self._step_optimizers:
-            self._enter(contract.PHASE_OPTIMIZER)
-
-    def _optimizer_end(self, optimizer: object, *, watched: bool = False) -> None:
-        if not watched and id(optimizer) in self._step_optimizers:
-            return  # its own hooks count it
-        if watched or not self._step_optimizers:
-            self._end(END_OPTIMIZER)
-        else:
-            self._pop(contract.PHASE_OPTIMIZER)
-            self._mark()
 
     def _maybe_use_cuda_clock(self, model: object) -> None:
         parameters = getattr(model, "parameters", None)
