@@ -110,6 +110,43 @@ def test_the_timed_forward_stands_in_for_the_models_own(tracker: Tracker) -> Non
         assert len(tracker._events) == before + 6  # only the original's call was timed
 
 
+@pytest.mark.parametrize(
+    "compile_first", [True, False], ids=["compile-then-wrap", "wrap-then-compile"]
+)
+def test_a_compiled_model_is_timed(compile_first: bool) -> None:
+    """torch.compile either side of wrap_model: steps and forward time counted, and a
+    compiled model wrapped afterwards keeps its graph whole (the clock is read outside it)."""
+    import torch._dynamo as dynamo
+    from torch._dynamo.utils import counters
+
+    dynamo.reset()
+    counters.clear()
+    tracker = Tracker(rank=RankInfo())
+    model, loader = make_loop(batches=3)
+    if compile_first:
+        compiled = torch.compile(model, backend="eager")
+        tracker.wrap_model(compiled)
+    else:
+        tracker.wrap_model(model)
+        compiled = torch.compile(model, backend="eager")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    try:
+        for x, y in tracker.wrap_loader(loader):
+            loss = nn.functional.cross_entropy(compiled(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        snap = tracker.snapshot()
+        assert snap.steps == 3
+        assert snap.phase_seconds[contract.PHASE_FORWARD] > 0
+        assert snap.phase_seconds[contract.PHASE_BACKWARD] > 0
+        if compile_first:
+            assert not counters["graph_break"]
+    finally:
+        tracker.close()
+        dynamo.reset()
+
+
 def test_a_forward_that_raises_leaves_no_phase_open(tracker: Tracker) -> None:
     model, loader = make_loop(batches=2)
     tracker.wrap_model(model)
