@@ -88,6 +88,7 @@ def test_close_removes_every_hook(tracker: Tracker) -> None:
     assert tracker.snapshot().steps == 2
     assert not model._forward_hooks and not model._forward_pre_hooks
     assert "forward" not in model.__dict__  # the class's own forward again
+    assert "_replicate_for_data_parallel" not in model.__dict__
 
 
 def test_the_timed_forward_stands_in_for_the_models_own(tracker: Tracker) -> None:
@@ -108,6 +109,22 @@ def test_the_timed_forward_stands_in_for_the_models_own(tracker: Tracker) -> Non
         assert not torch.equal(model(x), copy_(x))
         assert "forward" not in copy_.__dict__ or copy_.forward.__self__ is copy_
         assert len(tracker._events) == before + 6  # only the original's call was timed
+
+
+def test_a_data_parallel_replica_runs_its_own_forward(tracker: Tracker) -> None:
+    """nn.DataParallel replicates a module by copying its __dict__ (on CUDA only, so the
+    replication step is called here directly): a replica must not inherit our forward, which
+    is bound to the original module and its weights."""
+    model, _ = make_loop(batches=1)
+    tracker.wrap_model(model)
+    replica = model._replicate_for_data_parallel()
+    assert "forward" not in replica.__dict__
+    assert "_replicate_for_data_parallel" not in replica.__dict__
+    assert replica.forward.__self__ is replica
+    assert model.forward.__self__ is model and "forward" in model.__dict__  # still timed
+    before = len(tracker._events)
+    model(torch.randn(2, 16))
+    assert len(tracker._events) == before + 6
 
 
 @pytest.mark.parametrize(

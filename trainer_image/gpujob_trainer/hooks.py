@@ -278,19 +278,59 @@ def attach_model(tracker: Tracker, model: Any) -> list[Any]:
     ]
 
 
-class _TimedForward:
+class _StandIn:
+    """A callable set on a model instance in place of one of its methods.
+
+    It stands in for the bound method it replaced: `inspect.signature` follows `__wrapped__`,
+    other attributes (`__func__`, `__self__`) come from it, and a copy of the model
+    (`copy.deepcopy`, an EMA copy, a pickle) gets the model's own method bound to the copy,
+    never ours bound to the original.
+    """
+
+    def __init__(self, inner: Callable[..., Any]) -> None:
+        self.__wrapped__ = inner
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "__wrapped__":  # not set yet: no recursion
+            raise AttributeError(name)
+        return getattr(self.__wrapped__, name)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        import copy
+
+        return copy.deepcopy(self.__wrapped__, memo)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return self.__wrapped__.__reduce_ex__(protocol)
+
+
+def _set_on(model: Any, name: str, value: Any) -> tuple[Any, Callable[[], None]]:
+    """Set `name` in the instance's own attributes; returns what was there (None: nothing)
+    and how to undo it. Undoing leaves alone a value someone set over ours since."""
+    own = model.__dict__
+    before = own.get(name)
+    own[name] = value
+
+    def undo() -> None:
+        if own.get(name) is value:
+            if before is None:
+                del own[name]
+            else:
+                own[name] = before
+
+    return before, undo
+
+
+class _TimedForward(_StandIn):
     """The model's `forward`, set on the instance: times each training forward.
 
     An instance attribute rather than forward hooks: any forward hook sends every call of the
     model through `Module._call_impl`'s slow path (~6 us a step here); this is one call.
-    `Module.__call__` finds it as it finds any `forward`. It stands in for the bound method it
-    replaced: `inspect.signature` follows `__wrapped__`, other attributes (`__func__`,
-    `__self__`) come from it, and a copy of the model (`copy.deepcopy`, an EMA copy, a
-    pickle) gets the model's own forward bound to the copy, untimed, never the original's.
+    `Module.__call__` finds it as it finds any `forward`.
     """
 
     def __init__(self, tracker: Tracker, inner: Callable[..., Any]) -> None:
-        self.__wrapped__ = inner
+        super().__init__(inner)
         self._tracker: Tracker | None = tracker
         """None once removed: a wrapper set over ours meanwhile still calls ours, which then
         passes calls through (removing it would drop the other wrapper)."""
@@ -299,17 +339,20 @@ class _TimedForward:
 
     @classmethod
     def install(cls, tracker: Tracker, model: Any) -> _Removable:
-        own = model.__dict__
-        before = own.get("forward")
-        forward = own["forward"] = cls(tracker, model.forward)
+        forward = cls(tracker, model.forward)
+        forward_before, unset_forward = _set_on(model, "forward", forward)
+        undo = [unset_forward]
+        replicate = getattr(model, _REPLICATE, None)
+        if replicate is not None:  # an nn.Module: DataParallel may replicate it
+            replicas = _UntimedReplicas(replicate)
+            replicate_before, unset_replicate = _set_on(model, _REPLICATE, replicas)
+            replicas.own = {"forward": forward_before, _REPLICATE: replicate_before}
+            undo.append(unset_replicate)
 
         def remove() -> None:
             forward._tracker = None
-            if own.get("forward") is forward:
-                if before is None:
-                    del own["forward"]
-                else:
-                    own["forward"] = before
+            for step in undo:
+                step()
 
         return _Removable(remove)
 
@@ -330,18 +373,32 @@ class _TimedForward:
             record = tracker._record
             events.extend((self._now(), self._exit, None if record is None else record()))
 
-    def __getattr__(self, name: str) -> Any:
-        if name == "__wrapped__":  # not set yet: no recursion
-            raise AttributeError(name)
-        return getattr(self.__wrapped__, name)
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
-        import copy
+_REPLICATE = "_replicate_for_data_parallel"
 
-        return copy.deepcopy(self.__wrapped__, memo)
 
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        return self.__wrapped__.__reduce_ex__(protocol)
+class _UntimedReplicas(_StandIn):
+    """The model's `_replicate_for_data_parallel`, set beside the timed forward.
+
+    `nn.DataParallel` builds a replica per device by copying the module's `__dict__`, which
+    would give each replica our forward, bound to the original module and its weights on the
+    first device. A replica gets the attributes the model had before us instead: it runs its
+    own weights, untimed (replicas run on DataParallel's threads; time the DataParallel itself
+    by wrapping it, as the README does with DDP).
+    """
+
+    own: dict[str, Any]
+    """Each attribute we set on the model -> what it had before (None: nothing)."""
+
+    def __call__(self) -> Any:
+        replica = self.__wrapped__()
+        attributes = replica.__dict__
+        for name, before in self.own.items():
+            if before is None:
+                attributes.pop(name, None)
+            else:
+                attributes[name] = before
+        return replica
 
 
 class _ParamHooks:
