@@ -148,7 +148,13 @@ def test_without_gang_scheduling_half_a_gang_holds_gpus(
     gkube.apply(waiting_job("second", b, "None"))
     (a.parent / f"{a.name}0").touch()
     wait_until(lambda: gpus_held(gkube, "second") == 4, 60, "half of second bound")
-    assert running_reason(gkube, "second") in ("Unschedulable", "PodsPending")
+    # The status may still carry the reason of its previous reconcile (PodsCreating: the
+    # pods were being created) when the scheduler binds: wait for the operator to catch up.
+    wait_until(
+        lambda: running_reason(gkube, "second") in ("Unschedulable", "PodsPending"),
+        60,
+        "second's reason Unschedulable or PodsPending",
+    )
     assert job_status(gkube, "second")["gang"]["mechanism"] == "None"
     assert len(bound(gkube, "second")) == 1
     (a.parent / f"{a.name}1").touch()
