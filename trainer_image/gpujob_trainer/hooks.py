@@ -2,12 +2,12 @@
 
 - DataLoader: a wrapper times each `next()` (data_wait) and counts the batch's samples.
 - Model: the model's `forward`, replaced on the instance, times the forward (inside
-  `tracker.phase("eval")` or "checkpoint" a forward belongs to that phase instead). `torch.Tensor.backward`, wrapped
-  while a tracker listens, opens the backward phase and closes it on return, after DDP has
-  waited for every all-reduce. In between, the gradient of the model's last trainable
-  parameter (or its first, once the last went without one) queues an autograd final
-  callback that switches to comm_wait: it runs once the graph is done (the rank's own
-  backward compute is over) and before DDP's finalizer.
+  `tracker.phase("eval")` or "checkpoint" a forward belongs to that phase instead).
+  `torch.Tensor.backward`, wrapped while a tracker listens, opens the backward phase and
+  closes it on return, after DDP has waited for every all-reduce. In between, the gradient
+  of the model's last trainable parameter (or its first, once the last went without one)
+  queues an autograd final callback that switches to comm_wait: it runs once the graph is
+  done (the rank's own backward compute is over) and before DDP's finalizer.
   No comm hook is registered, so a user's own comm hook keeps working.
 - Optimizer: step pre/post hooks (global, or on watched instances) time `step()`, whose
   end ends the training step.
@@ -202,8 +202,9 @@ def attach_model(tracker: Tracker, model: Any) -> list[Any]:
     """Install forward and backward timing on `model`; returns removable handles.
 
     Forward: `model.forward`, replaced on the instance (`_TimedForward`). Backward:
-    `Tensor.backward` (see `_BackwardListeners`) opens the backward phase. A post-accumulate-grad hook on the last
-    trainable parameter: its gradient queues an autograd final callback. Final callbacks run
+    `Tensor.backward` (see `_BackwardListeners`) opens the backward phase. A
+    post-accumulate-grad hook on the last trainable parameter: its gradient queues an
+    autograd final callback. Final callbacks run
     in the order queued once the graph is done; DDP queues its finalizer (which waits for
     every all-reduce) when its last bucket is ready, so no earlier than that gradient, and a
     tensor's post-accumulate hooks run before the post hooks of its AccumulateGrad node where
@@ -313,12 +314,17 @@ def _set_on(model: Any, name: str, value: Any) -> tuple[Any, Callable[[], None]]
 
     def undo() -> None:
         if own.get(name) is value:
-            if before is None:
-                del own[name]
-            else:
-                own[name] = before
+            _put_back(own, name, before)
 
     return before, undo
+
+
+def _put_back(attributes: dict[str, Any], name: str, before: Any) -> None:
+    """Give `name` the value it had before us (None: none of its own)."""
+    if before is None:
+        attributes.pop(name, None)
+    else:
+        attributes[name] = before
 
 
 class _TimedForward(_StandIn):
@@ -344,10 +350,8 @@ class _TimedForward(_StandIn):
         undo = [unset_forward]
         replicate = getattr(model, _REPLICATE, None)
         if replicate is not None:  # an nn.Module: DataParallel may replicate it
-            replicas = _UntimedReplicas(replicate)
-            replicate_before, unset_replicate = _set_on(model, _REPLICATE, replicas)
-            replicas.own = {"forward": forward_before, _REPLICATE: replicate_before}
-            undo.append(unset_replicate)
+            before = {"forward": forward_before, _REPLICATE: model.__dict__.get(_REPLICATE)}
+            undo.append(_set_on(model, _REPLICATE, _UntimedReplicas(replicate, before))[1])
 
         def remove() -> None:
             forward._tracker = None
@@ -387,17 +391,15 @@ class _UntimedReplicas(_StandIn):
     by wrapping it, as the README does with DDP).
     """
 
-    own: dict[str, Any]
-    """Each attribute we set on the model -> what it had before (None: nothing)."""
+    def __init__(self, inner: Callable[..., Any], before: dict[str, Any]) -> None:
+        super().__init__(inner)
+        self._before = before
+        """Each attribute we set on the model -> what it had before (None: nothing)."""
 
     def __call__(self) -> Any:
         replica = self.__wrapped__()
-        attributes = replica.__dict__
-        for name, before in self.own.items():
-            if before is None:
-                attributes.pop(name, None)
-            else:
-                attributes[name] = before
+        for name, before in self._before.items():
+            _put_back(replica.__dict__, name, before)
         return replica
 
 

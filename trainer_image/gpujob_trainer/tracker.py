@@ -245,12 +245,11 @@ class Tracker:
             self._anchor = (wall, host)
 
     def end_step(self) -> None:
-        """End the current step. Called by the optimizer hook; call it yourself without one."""
-        self._end(END_STEP)
+        """End the current step. Called by the optimizer hook; call it yourself without one.
 
-    def _end(self, op: Op) -> None:
-        """Record a step's end; replay here when nothing scraped for a long while."""
-        self._event(op)
+        Replays here when nothing scraped for a long while (the optimizer hook does the same).
+        """
+        self._event(END_STEP)
         if len(self._events) >= self._flush_at:
             self.flush()
 
