@@ -22,7 +22,6 @@ import re
 import resource
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from gpujob_localcluster.ports import free_port
 from gpujob_operator.analysis import Settings
 from gpujob_operator.monitor import JobMonitor
 from gpujob_operator.scrape import Scraper, ScrapeTarget
@@ -173,12 +173,6 @@ async def operator_rounds(
 def proc_cpu(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
 
 
 def stats(port: int) -> dict[str, int]:

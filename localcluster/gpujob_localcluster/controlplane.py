@@ -14,7 +14,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 import yaml
 
 from gpujob_localcluster.pki import API_SERVER_SANS, Identity, Pki
+from gpujob_localcluster.ports import free_port
 from gpujob_localcluster.tools import bin_dir
 
 log = logging.getLogger("gpujob.localcluster")
@@ -45,13 +45,6 @@ GANG_RUNTIME_CONFIG = "scheduling.k8s.io/v1alpha3=true,scheduling.k8s.io/v1beta1
 
 class ClusterError(RuntimeError):
     """The local control plane could not start or is in a state we refuse to touch."""
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def proc_state(pid: int) -> str | None:

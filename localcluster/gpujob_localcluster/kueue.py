@@ -33,9 +33,9 @@ from gpujob_localcluster.controlplane import (
     ClusterError,
     ControlPlane,
     _http_ok,
-    free_port,
     wait_for,
 )
+from gpujob_localcluster.ports import free_port
 from gpujob_localcluster.tools import REPO_ROOT
 
 log = logging.getLogger("gpujob.localcluster")

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from gpujob_localcluster.cluster import LocalCluster
-from gpujob_localcluster.controlplane import free_port
+from gpujob_localcluster.ports import free_port
 from gpujob_operator import alerts, dashboards
 from tests.integration.conftest import wait_job_phase
 from tests.support.chart import find, render
@@ -158,7 +158,7 @@ def stack(
                         "launcher": "none",
                         "procsPerNode": PROCS,
                         "totalSteps": 10**6,
-                        "metricsPort": min(free_port(), 65000),
+                        "metricsPort": free_port(PROCS),
                     },
                     "monitoring": {"scrapeIntervalSeconds": 2},
                 },

@@ -10,7 +10,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpujob_localcluster.controlplane import free_port
+from gpujob_localcluster.ports import free_port
 from tests.support.incluster import rbac_denials
 from tests.support.waiting import wait_until
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from typing import TypeVar
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpujob_localcluster.nodeagent import become_subreaper, descendants
+from gpujob_localcluster.ports import free_port
 from gpujob_trainer import contract
 
 RUN_MARKER_ENV = "GPUJOB_TEST_RUN"
@@ -33,22 +33,8 @@ LOOPBACK = "127.0.0.1"
 
 
 def free_port_run(count: int) -> int:
-    """A base port such that base..base+count-1 were all free just now."""
-    for _ in range(100):
-        with contextlib.ExitStack() as stack:
-            first = stack.enter_context(socket.socket())
-            first.bind((LOOPBACK, 0))
-            base = first.getsockname()[1]
-            if base + count > 65535:
-                continue
-            try:
-                for offset in range(1, count):
-                    s = stack.enter_context(socket.socket())
-                    s.bind((LOOPBACK, base + offset))
-            except OSError:
-                continue
-            return int(base)
-    raise RuntimeError("no run of free ports")
+    """A base port such that base..base+count-1 were all free just now (see `ports`)."""
+    return free_port(count)
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float, interval: float = 0.1) -> T:

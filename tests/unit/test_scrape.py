@@ -4,13 +4,13 @@ refusing, oversized and foreign endpoints, all in one round; and the global boun
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 
 from aiohttp import web
 
+from gpujob_localcluster.ports import free_port
 from gpujob_operator.expfmt import WANTED, parse
 from gpujob_operator.scrape import ErrorKind, Scraper, ScrapeTarget
 from gpujob_operator.window import NEEDED, R_STEPS, frame
@@ -68,9 +68,7 @@ async def server(state: dict[str, int]) -> AsyncIterator[str]:
 
 
 def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port()  # nothing listens there, and no outgoing connection takes it
 
 
 def run(coro: Callable[[], Awaitable[None]]) -> None:
