@@ -8,8 +8,6 @@ import logging
 import os
 from typing import Any, cast
 
-import kopf
-
 from gpujob_operator import opmetrics
 
 
@@ -21,6 +19,8 @@ def run(
     metrics_addr: str = "0.0.0.0",
 ) -> None:
     """Start kopf with the gpujob handlers, watching ``namespaces`` or the whole cluster."""
+    import kopf  # here, not at import: `gpujob diagnose` runs where kopf is not installed
+
     from gpujob_operator import handlers  # registers the handlers
 
     logging.basicConfig(

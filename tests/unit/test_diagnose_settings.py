@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -101,3 +104,31 @@ def test_the_cli_refuses_before_scraping(capsys: pytest.CaptureFixture[str]) -> 
     rc = cli.main(["diagnose", "127.0.0.1:1", "--threshold=nope=1"])
     assert rc == 64
     assert "gpujob diagnose: --threshold nope: unknown" in capsys.readouterr().err
+
+
+def test_diagnose_needs_neither_kopf_nor_the_kubernetes_client(tmp_path: Path) -> None:
+    """`gpujob diagnose` runs on a trainer's node or a laptop, where only the trainer's
+    packages are: importing the operator's kopf handlers there failed before it scraped."""
+    blocker = tmp_path / "sitecustomize.py"
+    blocker.write_text(
+        "import sys\n"
+        "class _NoOperatorDeps:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('kopf', 'kubernetes'):\n"
+        "            raise ImportError(f'{name} is not installed here')\n"
+        "sys.meta_path.insert(0, _NoOperatorDeps())\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, *args], capture_output=True, text=True, env=env, timeout=60
+        )
+
+    assert "is not installed here" in run("-c", "import kopf").stderr  # the blocker works
+    out = run(
+        *("-m", "gpujob_operator.cli", "diagnose", "127.0.0.1:1"),
+        *("--window=1", "--interval=0.5", "--timeout=1"),
+    )
+    assert "Traceback" not in out.stderr, out.stderr
+    assert "WaitingForRanks" in out.stdout, out.stdout
