@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ from gpujob_trainer.timing import (
     Mark,
     Timeline,
     attribute,
+    current_stream_reader,
 )
 from gpujob_trainer.tracker import Tracker
 
@@ -50,9 +52,11 @@ class FakeEvent:
     device_time: float | None = None
     done: bool = False
     records: int = 0
+    stream: Any = None
 
-    def record(self) -> None:
+    def record(self, stream: Any = None) -> None:
         self.records += 1
+        self.stream = stream
 
     def query(self) -> bool:
         return self.done
@@ -232,6 +236,61 @@ def test_cuda_steps_are_attributed_lazily_from_events() -> None:
     n = len(made)
     run_step(tracker, t, STEP)
     assert len(made) < n + marks_per_step
+
+
+def test_events_are_recorded_on_the_callers_current_stream() -> None:
+    current = ["s0"]
+    clock = CudaEventClock(event_factory=FakeEvent, current_stream=lambda: current[0])
+    first = clock.record()
+    current[0] = "side"
+    assert (first.stream, clock.record().stream) == ("s0", "side")
+    clock.release(first)
+    assert clock.record() is first and first.stream == "side"  # a pooled event follows too
+
+
+class FakeTorchC:
+    """The two C entry points `current_stream_reader` uses, with a device and raw handles."""
+
+    def __init__(self) -> None:
+        self.device, self.raw = 0, {0: 100, 1: 200}
+
+    def _cuda_getDevice(self) -> int:
+        return self.device
+
+    def _cuda_getCurrentRawStream(self, device: int) -> int:
+        return self.raw[device]
+
+
+def test_current_stream_reader_makes_one_stream_object_per_stream() -> None:
+    c = FakeTorchC()
+    made: list[tuple[int, int]] = []
+
+    def public(device: int) -> tuple[int, int]:
+        made.append((device, c.raw[device]))
+        return made[-1]
+
+    fake = SimpleNamespace(_C=c, cuda=SimpleNamespace(current_stream=public))
+    current = current_stream_reader(fake, cache_limit=3)
+    assert current() == (0, 100) and current() == (0, 100)
+    assert len(made) == 1  # the Stream object is reused while the stream stays current
+    c.device = 1
+    assert current() == (1, 200)
+    c.raw[1] = 201  # `with torch.cuda.stream(s)`: another stream is current
+    assert current() == (1, 201)
+    c.raw[1] = 200
+    assert current() == (1, 200) and len(made) == 3
+    for handle in range(300, 310):  # streams made without end do not grow the cache
+        c.raw[1] = handle
+        assert current() == (1, handle)
+    assert len(made) == 13
+
+
+def test_current_stream_reader_falls_back_to_the_public_call() -> None:
+    def public(device: int | None = None) -> str:
+        return "public"
+
+    fake = SimpleNamespace(_C=object(), cuda=SimpleNamespace(current_stream=public))
+    assert current_stream_reader(fake)() == "public"
 
 
 def test_cuda_attribution_waits_for_every_event_of_a_step() -> None:

@@ -137,27 +137,69 @@ class HostClock:
         return None
 
 
+def current_stream_reader(torch: Any, cache_limit: int = 256) -> Callable[[], Any]:
+    """A `torch.cuda.current_stream()` that costs two C calls and a dict lookup.
+
+    The public call resolves the device index through several Python layers and builds a new
+    Stream object each time: 8.6 us a call on an H200 host, more than recording the event
+    itself (3.3 us), nine times a step. The device and the raw stream handle identify the
+    stream; its Stream object is made once. Falls back to the public call on a torch
+    without those C entry points.
+    """
+    get_device = getattr(torch._C, "_cuda_getDevice", None)
+    get_raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    public: Callable[..., Any] = torch.cuda.current_stream
+    if get_device is None or get_raw is None:
+        return public
+    streams: dict[tuple[int, int], Any] = {}
+
+    def current() -> Any:
+        device = get_device()
+        key = (device, get_raw(device))
+        stream = streams.get(key)
+        if stream is None:
+            if len(streams) >= cache_limit:  # a loop that makes streams without end
+                streams.clear()
+            stream = streams[key] = public(device)
+        return stream
+
+    return current
+
+
 class CudaEventClock:
     """CUDA events from a small pool, recorded on the caller's current stream.
 
-    `event_factory` makes a timing event; tests pass a fake. Events are only ever queried, so
-    the training loop is never blocked by its own instrumentation.
+    `event_factory` makes a timing event and `current_stream` names the stream to record on
+    (None: the event's own default); tests pass fakes. Events are only ever queried, so the
+    training loop is never blocked by its own instrumentation.
     """
 
-    def __init__(self, event_factory: Callable[[], Any] | None = None, pool_limit: int = 1024):
+    def __init__(
+        self,
+        event_factory: Callable[[], Any] | None = None,
+        pool_limit: int = 1024,
+        current_stream: Callable[[], Any] | None = None,
+    ):
         if event_factory is None:
             import torch  # lazy: only a CUDA job gets here
 
             def event_factory() -> Any:
                 return torch.cuda.Event(enable_timing=True)
 
+            if current_stream is None:
+                current_stream = current_stream_reader(torch)
         self._factory = event_factory
+        self._stream = current_stream
         self._pool: list[Any] = []
         self._pool_limit = pool_limit
 
     def record(self) -> Any:
         event = self._pool.pop() if self._pool else self._factory()
-        event.record()
+        stream = self._stream
+        if stream is None:
+            event.record()
+        else:
+            event.record(stream())
         return event
 
     def ready(self, event: Any) -> bool:
