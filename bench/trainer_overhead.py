@@ -279,21 +279,41 @@ def fixed_cost(device: torch.device, max_seconds: float) -> dict[str, Any]:
     return out
 
 
-def calibrate(base: nn.Module, device: torch.device, target: float) -> int:
-    """A batch size whose bare step takes about `target` seconds (CPU time on CPU)."""
+def next_batch(seen: Sequence[tuple[int, float]], target: float, grow: int = 64) -> int:
+    """The batch to try next for a `target`-second step, from (batch, seconds) seen so far.
+
+    A step is a fixed cost (launches, Python) plus a per-sample cost: proportional scaling
+    alone crawls when the fixed cost dominates (a GPU step is launch-bound at small batches),
+    so two points give the line to solve. Growth is capped per try.
+    """
+    batch, seconds = seen[-1]
+    guess = batch * target / seconds
+    if len(seen) >= 2:
+        (b1, t1), (b2, t2) = seen[-2], seen[-1]
+        if b2 != b1 and (t2 - t1) / (b2 - b1) > 0:
+            guess = b2 + (target - t2) * (b2 - b1) / (t2 - t1)
+    return max(1, round(min(guess, batch * grow)))
+
+
+def calibrate(base: nn.Module, device: torch.device, target: float, tries: int = 12) -> int:
+    """A batch size whose bare step takes about `target` seconds (CPU time on CPU), within 5%
+    where `tries` allow."""
     batch = 64
     clock = time.process_time if device.type == "cpu" else time.perf_counter
     sync = _sync(device)
-    for _ in range(4):
+    seen: list[tuple[int, float]] = []
+    for _ in range(tries):
         loop = Loop(base, batch, device)
         loop.run(3)
         sync()
         t0 = clock()
         loop.run(10)
         sync()
-        per_step = (clock() - t0) / 10
-        batch = max(1, round(batch * target / per_step))
-    return batch
+        seen.append((batch, (clock() - t0) / 10))
+        if abs(seen[-1][1] / target - 1) < 0.05:
+            break
+        batch = next_batch(seen, target)
+    return min(seen, key=lambda s: abs(s[1] / target - 1))[0]
 
 
 def ratio(
