@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -84,6 +85,56 @@ def primitives(reps: int) -> list[tuple[str, float]]:
     return rows
 
 
+PROBES = ("model, host clock", "no-op grad hook", "no-op hook+callback", "no-op fwd wrapper")
+"""Pieces of the model part alone: its hooks with host timing (no events), a no-op
+post-accumulate-grad hook on the last parameter (autograd calls into Python from its device
+thread), the same queueing a no-op final callback, and a no-op forward wrapper."""
+
+
+def probe_loop(bench: Any) -> Any:
+    """The overhead bench's Loop, which also attaches the PROBES by name."""
+    from gpujob_trainer.timing import HostClock
+
+    class Probe(bench.Loop):  # type: ignore[misc,name-defined]
+        undo: list[Callable[[], None]] = []
+
+        def attach(self, parts: frozenset[str]) -> Any:
+            (name,) = parts if len(parts) == 1 else (None,)
+            if name not in PROBES:
+                return super().attach(parts)
+            self.detach()
+            model = self.model
+            if name == "model, host clock":
+                tracker = super().attach(frozenset({"model"}))
+                tracker._clock_fixed = True
+                tracker._set_clock(HostClock())
+                return tracker
+            last = [p for p in model.parameters() if p.requires_grad][-1]
+            queue = torch.autograd.Variable._execution_engine.queue_callback
+            if name == "no-op grad hook":
+                handle = last.register_post_accumulate_grad_hook(lambda p: None)
+                self.undo.append(handle.remove)
+            elif name == "no-op hook+callback":
+                handle = last.register_post_accumulate_grad_hook(lambda p: queue(lambda: None))
+                self.undo.append(handle.remove)
+            else:
+                inner = model.forward
+
+                def forward(*args: Any, **kwargs: Any) -> Any:
+                    return inner(*args, **kwargs)
+
+                model.__dict__["forward"] = forward
+                self.undo.append(lambda: model.__dict__.pop("forward", None))
+            return None
+
+        def detach(self) -> None:
+            while self.undo:
+                self.undo.pop()()
+            super().detach()
+
+    return Probe
+
+
 def near_empty_step(steps: int, part_seconds: float, dev: torch.device) -> str:
     """The near-empty instrumented step of the overhead bench: the microseconds each part
     adds (bare and each part in rotation), then a cProfile of the whole, with the number
@@ -101,11 +152,12 @@ def near_empty_step(steps: int, part_seconds: float, dev: torch.device) -> str:
         "nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1
     )
     try:
-        loop = bench.Loop(bench.make_model(dev, width=8, layers=1), 1, dev)
+        loop = probe_loop(bench)(bench.make_model(dev, width=8, layers=1), 1, dev)
         loop.run(50)
         variants: dict[str, frozenset[str] | None] = {bench.BARE: None}
         variants.update({part: frozenset({part}) for part in sorted(bench.PARTS)})
         variants[bench.ALL] = bench.PARTS
+        variants.update({probe: frozenset({probe}) for probe in PROBES})
         rounds = bench.rotate(
             loop,
             variants,
@@ -122,9 +174,9 @@ def near_empty_step(steps: int, part_seconds: float, dev: torch.device) -> str:
         for name in list(variants)[1:]:
             wall = statistics.median(rounds.added(name))
             cpu = statistics.median(rounds.added(name, "cpu"))
-            lines.append(f"  + {name:14s} {1e6 * wall:7.1f} us wall {1e6 * cpu:7.1f} us CPU")
+            lines.append(f"  + {name:20s} {1e6 * wall:7.1f} us wall {1e6 * cpu:7.1f} us CPU")
 
-        tracker = loop.attach(bench.PARTS)
+        tracker = bench.Loop.attach(loop, bench.PARTS)
         counted = [0]
         record = tracker._record
 
