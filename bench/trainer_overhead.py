@@ -8,9 +8,11 @@ Three measurements, each with a 95% confidence interval:
    thousand rounds: what the hooks add to a real step, in wall and in process CPU time (CPU
    time is what a loaded machine's preemptions do not inflate);
 3. ratio: the same loop at realistic ~10 ms steps (CPU) or the batch giving that (CUDA),
-   bare and instrumented, round after round until the interval on the median
-   instrumented/bare ratio is narrower than `--ci-width` (default 0.005, the target's size)
-   or `--max-seconds` runs out.
+   bare and instrumented, in blocks of `--block` steps (default 4), round after round until
+   the interval on the median instrumented/bare ratio is narrower than `--ci-width`
+   (default 0.005, the target's size) or `--max-seconds` runs out. Each block follows a
+   fresh attach and one untimed step: `--block 1` times the second step after
+   instrumenting, every time, with the new hook objects still cold in the caches.
 
 One model, one optimizer and one set of batches serve every variant: between timed blocks
 the instrumentation is attached (a fresh tracker wraps the model, the optimizer and the
@@ -323,6 +325,7 @@ def ratio(
     ci_width: float,
     max_seconds: float,
     by_part: bool = False,
+    block: int = 4,
 ) -> dict[str, Any]:
     """Instrumented/bare step time (and, `by_part`, each part alone and an A/A control)."""
     variants: dict[str, frozenset[str] | None] = {BARE: None, ALL: PARTS}
@@ -340,7 +343,7 @@ def ratio(
     rounds = rotate(
         loop,
         variants,
-        5 if cuda else 1,
+        block,
         min_rounds=200,
         max_rounds=1_000_000,
         max_seconds=max_seconds,
@@ -348,6 +351,7 @@ def ratio(
         sync=_sync(device),
     )
     out: dict[str, Any] = {"rounds": len(rounds.wall[BARE]), "seconds": rounds.seconds}
+    out["block"] = block
     out["bare_ms"] = 1000 * statistics.median(rounds.wall[BARE])
     for name in variants:
         if name != BARE:
@@ -396,6 +400,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--max-seconds", type=float, default=90.0, help="time cap per ratio measurement")
     p.add_argument("--fixed-seconds", type=float, default=20.0, help="time cap, fixed cost")
     p.add_argument(
+        "--block",
+        type=int,
+        default=4,
+        help="steps per timed block at the realistic step: each block follows a fresh attach "
+        "and one untimed step, so 1 times the first steps after instrumenting",
+    )
+    p.add_argument(
         "--by-part",
         action="store_true",
         help="also each instrumented part alone (where the cost lies), and an A/A control "
@@ -428,12 +439,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         for target in args.targets:
             predicted = 1 + added[0] / (1e6 * target)
             batch = calibrate(base, device, target)
-            r = ratio(base, device, batch, args.ci_width, args.max_seconds, args.by_part)
+            r = ratio(
+                base, device, batch, args.ci_width, args.max_seconds, args.by_part, args.block
+            )
             lo, hi = r[ALL][1], r[ALL][2]
             verdict = "resolved" if hi - lo < args.ci_width else "NOT resolved (time cap)"
             line = (
                 f"step ~{target * 1000:.0f} ms (batch {batch}, bare {r['bare_ms']:.2f} ms, "
-                f"{r['rounds']} rounds in {r['seconds']:.0f} s): "
+                f"{r['rounds']} rounds of {r['block']} steps in {r['seconds']:.0f} s): "
                 f"{_ci('instrumented/bare wall', r[ALL], '.4f')}"
             )
             if "cpu" in r:
