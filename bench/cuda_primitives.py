@@ -96,7 +96,9 @@ def probe_loop(bench: Any) -> Any:
     from gpujob_trainer.timing import HostClock
 
     class Probe(bench.Loop):  # type: ignore[misc,name-defined]
-        undo: list[Callable[[], None]] = []
+        def __init__(self, *args: Any) -> None:
+            self.undo: list[Callable[[], None]] = []
+            super().__init__(*args)
 
         def attach(self, parts: frozenset[str]) -> Any:
             (name,) = parts if len(parts) == 1 else (None,)

@@ -297,25 +297,33 @@ def next_batch(seen: Sequence[tuple[int, float]], target: float, grow: int = 64)
     return max(1, round(min(guess, batch * grow)))
 
 
-def calibrate(base: nn.Module, device: torch.device, target: float, tries: int = 12) -> int:
-    """A batch size whose bare step takes about `target` seconds (CPU time on CPU), within 5%
-    where `tries` allow."""
-    batch = 64
+def search_batch(
+    measure: Callable[[int], float], target: float, tries: int = 12
+) -> tuple[int, float]:
+    """The (batch, seconds) closest to a `target`-second step among up to `tries` measured,
+    stopping once one is within 5%."""
+    seen = [(64, measure(64))]
+    while len(seen) < tries and abs(seen[-1][1] / target - 1) >= 0.05:
+        batch = next_batch(seen, target)
+        seen.append((batch, measure(batch)))
+    return min(seen, key=lambda s: abs(s[1] / target - 1))
+
+
+def calibrate(base: nn.Module, device: torch.device, target: float) -> int:
+    """A batch size whose bare step takes about `target` seconds (CPU time on CPU)."""
     clock = time.process_time if device.type == "cpu" else time.perf_counter
     sync = _sync(device)
-    seen: list[tuple[int, float]] = []
-    for _ in range(tries):
+
+    def measure(batch: int) -> float:
         loop = Loop(base, batch, device)
         loop.run(3)
         sync()
         t0 = clock()
         loop.run(10)
         sync()
-        seen.append((batch, (clock() - t0) / 10))
-        if abs(seen[-1][1] / target - 1) < 0.05:
-            break
-        batch = next_batch(seen, target)
-    return min(seen, key=lambda s: abs(s[1] / target - 1))[0]
+        return (clock() - t0) / 10
+
+    return search_batch(measure, target)[0]
 
 
 def ratio(

@@ -32,11 +32,6 @@ T = TypeVar("T")
 LOOPBACK = "127.0.0.1"
 
 
-def free_port_run(count: int) -> int:
-    """A base port such that base..base+count-1 were all free just now (see `ports`)."""
-    return free_port(count)
-
-
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float, interval: float = 0.1) -> T:
     """Poll `probe` until it returns a value (not None) or the deadline passes."""
     deadline = time.monotonic() + timeout
@@ -193,7 +188,7 @@ def torchrun_example(
     args: Sequence[str], tmp_path: Path, nproc: int = 2, env: dict[str, str] | None = None
 ) -> Iterator[TrainerRun]:
     """Start the example under torchrun (CPU, gloo) with lingering exporters; kill on exit."""
-    base = free_port_run(nproc)
+    base = free_port(nproc)
     log_path = tmp_path / f"torchrun-{base}.log"
     inherited = {k: v for k, v in os.environ.items() if k not in contract.ENV_TRAINER}
     marker = uuid.uuid4().hex

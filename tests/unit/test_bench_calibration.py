@@ -3,26 +3,13 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from trainer_overhead import next_batch
-
-
-def search(
-    step_seconds: Callable[[int], float], target: float, tries: int = 12
-) -> tuple[int, float]:
-    seen = [(64, step_seconds(64))]
-    for _ in range(tries - 1):
-        if abs(seen[-1][1] / target - 1) < 0.05:
-            break
-        batch = next_batch(seen, target)
-        seen.append((batch, step_seconds(batch)))
-    return seen[-1]
+from trainer_overhead import next_batch, search_batch
 
 
 @pytest.mark.parametrize(
@@ -34,7 +21,7 @@ def search(
     ],
 )
 def test_the_search_lands_within_five_percent(fixed: float, per_sample: float) -> None:
-    batch, seconds = search(lambda b: fixed + per_sample * b, 0.01)
+    batch, seconds = search_batch(lambda b: fixed + per_sample * b, 0.01)
     assert seconds == pytest.approx(0.01, rel=0.05), batch
 
 
