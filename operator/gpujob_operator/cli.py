@@ -12,10 +12,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub = p.add_subparsers(dest="cmd", required=True)
     op = sub.add_parser("operator", help="run the operator")
-    from gpujob_operator import main as op_main
+    from gpujob_operator.runtime import main as op_main
 
     op_main.add_arguments(op)
-    from gpujob_operator import diagnose
+    from gpujob_operator.monitoring import diagnose
 
     diag = sub.add_parser("diagnose", help="scrape trainer endpoints; print progress and verdict")
     diagnose.add_arguments(diag)

@@ -2,7 +2,7 @@
 
 A gang restart is three kinds of writes: the status (restarts+1, attempt+1), the deletes of
 the old gang, the creates of the new one. ``GPUJOB_FAULT_EXIT_AT`` makes the operator exit
-137 exactly at one boundary (``gpujob_operator.faults``), so the kill lands where a crash
+137 exactly at one boundary (``gpujob_operator.runtime.faults``), so the kill lands where a crash
 hurts most, not wherever a timer happened to fire. The job is brought to Running by one
 operator; a second one, armed with the fault, takes over and dies in the restart; a third
 finishes it. What must hold: every pod was created once (2 + 2), no pod of the new attempt
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpujob_operator.faults import ENV, EXIT_CODE
+from gpujob_operator.runtime.faults import ENV, EXIT_CODE
 from tests.chaos.harness import ChaosOperator, Ledger, PodRecorder, gated_script, shell_job
 from tests.integration.conftest import job_status, wait_job_phase
 from tests.support.kube import Kube

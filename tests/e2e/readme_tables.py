@@ -5,10 +5,10 @@ README.md holds each table between ``<!-- BEGIN GENERATED: key -->`` and
 module renders. ``python -m tests.e2e.readme_tables`` rewrites them in place.
 
 - trainer metrics: :mod:`gpujob_trainer.contract` (names, types, units, labels, help);
-- operator metrics: what :class:`gpujob_operator.opmetrics.JobMetrics` actually exports for a
+- operator metrics: what :class:`gpujob_operator.observability.opmetrics.JobMetrics` actually exports for a
   job whose status has every field, collected from its registry (so types and labels are the
   exported ones, not a second spelling);
-- dashboards: :data:`gpujob_operator.dashboards.DASHBOARDS`; alerts: :mod:`gpujob_operator.alerts`.
+- dashboards: :data:`gpujob_operator.observability.dashboards.DASHBOARDS`; alerts: :mod:`gpujob_operator.observability.alerts`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-from gpujob_operator import alerts, dashboards, opmetrics
+from gpujob_operator.observability import alerts, dashboards, opmetrics
 from gpujob_trainer import contract
 
 README: Final = Path(__file__).resolve().parents[2] / "README.md"

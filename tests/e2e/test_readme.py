@@ -14,7 +14,9 @@ import shlex
 from pathlib import Path
 from typing import Final
 
-from gpujob_operator import analysis, api, conditions
+from gpujob_operator import api
+from gpujob_operator.api import conditions
+from gpujob_operator.monitoring import analysis
 from tests.e2e import commands as c
 from tests.e2e import readme_tables
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpujob_operator import builders
-from gpujob_operator import crd as crd_module
+from gpujob_operator.api import crd as crd_module
+from gpujob_operator.lifecycle import builders
 from tests.support.format_cases import all_cases, job_with
 from tests.support.kube import GET_COLUMNS, Kube
 from tests.support.waiting import wait_until

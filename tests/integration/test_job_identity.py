@@ -13,8 +13,8 @@ from typing import Any
 
 from kubernetes import config
 
-from gpujob_operator.kube import Kube as ApiKube
-from gpujob_operator.reconciler import JobLoop
+from gpujob_operator.runtime.jobloop import JobLoop
+from gpujob_operator.runtime.kube import Kube as ApiKube
 from tests.integration.conftest import job_status, wait_job_phase
 from tests.integration.test_operator_lifecycle import events, job_pods
 from tests.support.jobs import python_job as job

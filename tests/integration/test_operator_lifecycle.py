@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpujob_operator import faults
+from gpujob_operator.runtime import faults
 from tests.integration.conftest import job_status, wait_job_phase
 from tests.support.jobs import python_job as job
 from tests.support.kube import Kube

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from gpujob_operator import alerts
+from gpujob_operator.observability import alerts
 from tests.support.prometheus import REPO, promtool
 
 JOB = {"namespace": "ml", "job_name": "bert"}

@@ -23,7 +23,7 @@ import yaml
 
 from gpujob_localcluster.cluster import LocalCluster
 from gpujob_localcluster.ports import free_port
-from gpujob_operator import alerts, dashboards
+from gpujob_operator.observability import alerts, dashboards
 from tests.integration.conftest import wait_job_phase
 from tests.support.chart import find, render
 from tests.support.kube import Kube

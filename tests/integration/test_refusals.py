@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpujob_operator import conditions as c
+from gpujob_operator.api import conditions as c
 from tests.integration.conftest import apply_quota, job_status, wait_job_phase
 from tests.integration.test_operator_lifecycle import job_pods
 from tests.support.faultproxy import Fault, FaultProxy, pod_creates

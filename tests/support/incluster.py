@@ -21,7 +21,7 @@ import yaml
 
 from gpujob_localcluster.cluster import LocalCluster
 from gpujob_localcluster.tools import bin_dir
-from gpujob_operator import peers
+from gpujob_operator.runtime import peers
 from tests.support.jobs import python_job
 from tests.support.waiting import wait_until
 

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from trainer_harness import TrainerRun, scrape, torchrun_example, wait_for
 
-from gpujob_operator import analysis as an
 from gpujob_operator import cli
-from gpujob_operator.diagnose import diagnose, targets_from_urls
-from gpujob_operator.monitor import JobMonitor, MonitorUpdate
+from gpujob_operator.monitoring import analysis as an
+from gpujob_operator.monitoring.diagnose import diagnose, targets_from_urls
+from gpujob_operator.monitoring.monitor import JobMonitor, MonitorUpdate
 from gpujob_trainer import contract
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]

@@ -15,7 +15,7 @@ import pytest
 from test_diagnose_runs import BASE, HEALTHY, diagnose_until, urls, wait_warm
 from trainer_harness import torchrun_example
 
-from gpujob_operator import analysis as an
+from gpujob_operator.monitoring import analysis as an
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from gpujob_operator import analysis as an
-from gpujob_operator import api, expfmt
-from gpujob_operator.window import Window, frame
+from gpujob_operator import api
+from gpujob_operator.monitoring import analysis as an
+from gpujob_operator.monitoring import expfmt
+from gpujob_operator.monitoring.window import Window, frame
 from gpujob_trainer import contract
 
 PAYLOADS = Path(__file__).resolve().parents[1] / "data" / "payloads"

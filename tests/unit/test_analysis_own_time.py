@@ -11,8 +11,9 @@ from dataclasses import replace
 
 import pytest
 
-from gpujob_operator import analysis as an
-from gpujob_operator import api, opmetrics
+from gpujob_operator import api
+from gpujob_operator.monitoring import analysis as an
+from gpujob_operator.observability import opmetrics
 from tests.unit.test_analysis import GIB, SETTINGS, Job, RankSim, run, two_ranks, verdict
 
 
@@ -227,7 +228,7 @@ def test_frequent_checkpoints_outside_the_window_still_count() -> None:
 
 
 def test_diagnose_prints_the_breakdown() -> None:
-    from gpujob_operator import diagnose
+    from gpujob_operator.monitoring import diagnose
 
     job = two_ranks()
     _lockstep(job, slow=1, extra=0.2)

@@ -13,7 +13,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from gpujob_operator import api, crd
+from gpujob_operator import api
+from gpujob_operator.api import crd
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = sorted((ROOT / "crds" / "samples").glob("*.yaml"))
@@ -284,8 +285,8 @@ def test_core_imports_no_kopf_no_client_no_http_no_torch() -> None:
     """The pure core stays pure: plain data in, plain data out."""
     code = (
         "import sys\n"
-        "import gpujob_operator.api, gpujob_operator.crd, gpujob_operator.conditions\n"
-        "import gpujob_operator.builders, gpujob_operator.planner, gpujob_operator.display\n"
+        "import gpujob_operator.api, gpujob_operator.api.crd, gpujob_operator.api.conditions\n"
+        "import gpujob_operator.lifecycle.builders, gpujob_operator.lifecycle.planner, gpujob_operator.api.display\n"
         "bad = ('kopf', 'kubernetes', 'aiohttp', 'requests', 'httpx', 'urllib3', 'torch')\n"
         "print(','.join(m for m in bad if m in sys.modules))\n"
     )

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from gpujob_operator import apierrors
-from gpujob_operator import conditions as c
+from gpujob_operator.api import conditions as c
+from gpujob_operator.lifecycle import refusals
 
 
 def status(code: int, reason: str, message: str, **details: Any) -> str:
@@ -65,7 +65,7 @@ PSA = (
 def test_classifies_the_servers_refusals(
     code: int, reason: str, message: str, expected: str, permanent: bool
 ) -> None:
-    r = apierrors.classify(code, status(code, reason, message))
+    r = refusals.classify(code, status(code, reason, message))
     assert (r.reason, r.permanent) == (expected, permanent)
     assert r.message == message and r.code == code
     assert expected in c.REFUSAL_REASONS
@@ -73,25 +73,25 @@ def test_classifies_the_servers_refusals(
 
 def test_invalid_objects_other_than_pods_are_the_operators() -> None:
     body = status(422, "Invalid", 'Service "x" is invalid: metadata.name: Invalid value')
-    assert apierrors.classify(422, body, kind="service").reason == c.INVALID_OBJECT
+    assert refusals.classify(422, body, kind="service").reason == c.INVALID_OBJECT
 
 
 def test_retry_after_comes_from_the_header_or_the_status_details() -> None:
     body = status(429, "TooManyRequests", "slow down", retryAfterSeconds=7)
-    assert apierrors.classify(429, body).retry_after == 7.0
-    assert apierrors.classify(429, body, {"Retry-After": "3"}).retry_after == 3.0
-    assert apierrors.classify(500, status(500, "InternalError", "x")).retry_after is None
+    assert refusals.classify(429, body).retry_after == 7.0
+    assert refusals.classify(429, body, {"Retry-After": "3"}).retry_after == 3.0
+    assert refusals.classify(500, status(500, "InternalError", "x")).retry_after is None
 
 
 def test_a_body_that_is_not_a_status_still_gives_a_message() -> None:
-    r = apierrors.classify(502, "<html>Bad Gateway</html>")
+    r = refusals.classify(502, "<html>Bad Gateway</html>")
     assert r.reason == c.API_SERVER_ERROR and r.message == "<html>Bad Gateway</html>"
-    assert apierrors.classify(503, None).message == "HTTP 503"
+    assert refusals.classify(503, None).message == "HTTP 503"
 
 
 def test_long_messages_are_truncated() -> None:
-    r = apierrors.classify(422, status(422, "Invalid", "x" * 5000))
-    assert len(r.message) == apierrors.MESSAGE_MAX_CHARS and r.message.endswith("...")
+    r = refusals.classify(422, status(422, "Invalid", "x" * 5000))
+    assert len(r.message) == refusals.MESSAGE_MAX_CHARS and r.message.endswith("...")
 
 
 class FakeApiException(Exception):
@@ -104,13 +104,13 @@ class FakeApiException(Exception):
 
 def test_classify_exception_reads_api_exceptions_and_network_errors() -> None:
     exc = FakeApiException(403, status(403, "Forbidden", QUOTA), {"Retry-After": "2"})
-    r = apierrors.classify_exception(exc)
+    r = refusals.classify_exception(exc)
     assert (r.reason, r.retry_after) == (c.QUOTA_EXCEEDED, 2.0)
-    assert apierrors.classify_exception(ConnectionRefusedError("refused")).reason == (
+    assert refusals.classify_exception(ConnectionRefusedError("refused")).reason == (
         c.API_UNREACHABLE
     )
-    assert apierrors.classify_exception(TimeoutError()).reason == c.API_UNREACHABLE
-    bug = apierrors.classify_exception(KeyError("metadata"))
+    assert refusals.classify_exception(TimeoutError()).reason == c.API_UNREACHABLE
+    bug = refusals.classify_exception(KeyError("metadata"))
     assert bug.reason == c.API_ERROR and not bug.expected
 
 
@@ -119,5 +119,5 @@ def test_classify_exception_reads_the_real_client_exception() -> None:
 
     exc = ApiException(status=422, reason="Unprocessable Entity")
     exc.body = status(422, "Invalid", 'Pod "x" is invalid: spec.volumes[0].name: Required value')
-    r = apierrors.classify_exception(exc)
+    r = refusals.classify_exception(exc)
     assert r.reason == c.INVALID_POD_TEMPLATE and "spec.volumes[0].name" in r.message

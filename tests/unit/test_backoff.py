@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpujob_operator import backoff
+from gpujob_operator.lifecycle import backoff
 
 
 def test_exponential_doubles_from_the_base_up_to_the_cap() -> None:

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from gpujob_operator import api, builders
+from gpujob_operator import api
+from gpujob_operator.lifecycle import builders
 
 
 def job(**spec: Any) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpujob_operator import alerts, dashboards
+from gpujob_operator.observability import alerts, dashboards
 from tests.support.chart import CHART, MODES, find, helm, render, template, values_file
 
 

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from gpujob_operator import faults
+from gpujob_operator.runtime import faults
 
-CALL = "from gpujob_operator.faults import fault_point; fault_point({!r}); print('passed')"
+CALL = "from gpujob_operator.runtime.faults import fault_point; fault_point({!r}); print('passed')"
 
 
 @pytest.mark.parametrize(

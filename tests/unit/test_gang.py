@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from gpujob_operator import api, gang, planner
-from gpujob_operator import conditions as c
-from gpujob_operator.planner import Plan
+from gpujob_operator import api
+from gpujob_operator.api import conditions as c
+from gpujob_operator.lifecycle import gang, planner
+from gpujob_operator.lifecycle.planner import Plan
 from tests.unit.test_planner import Sim, cond, make_job
 
 FLAVOR = {
@@ -472,7 +473,7 @@ def test_workload_status_patches_apply_only_to_the_version_they_were_computed_fr
 def test_a_refused_kueue_workload_shows_the_refusal_and_waits_for_its_retry() -> None:
     from datetime import timedelta
 
-    from gpujob_operator.apierrors import Refusal, Refused
+    from gpujob_operator.lifecycle.refusals import Refusal, Refused
 
     sim = GangSim(kueue_job())
     refusal = Refusal(c.OPERATOR_FORBIDDEN, False, "workloads is forbidden", 403)

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from gpujob_operator import builders, gangprobe
 from gpujob_operator.api import parse_spec
+from gpujob_operator.lifecycle import builders, gangprobe
 
 
 @pytest.mark.parametrize(

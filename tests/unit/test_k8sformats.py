@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from gpujob_operator import api
-from gpujob_operator import k8sformats as kf
+from gpujob_operator.api import k8sformats as kf
 from tests.support.format_cases import all_cases, job_with
 
 

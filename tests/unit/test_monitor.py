@@ -4,11 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpujob_operator import analysis as an
-from gpujob_operator import api, expfmt
-from gpujob_operator import conditions as c
-from gpujob_operator.monitor import JobMonitor, MonitorUpdate, exited_ranks, scrape_targets
-from gpujob_operator.scrape import ErrorKind, ScrapeResult, ScrapeTarget
+from gpujob_operator import api
+from gpujob_operator.api import conditions as c
+from gpujob_operator.monitoring import analysis as an
+from gpujob_operator.monitoring import expfmt
+from gpujob_operator.monitoring.monitor import (
+    JobMonitor,
+    MonitorUpdate,
+    exited_ranks,
+    scrape_targets,
+)
+from gpujob_operator.monitoring.scrape import ErrorKind, ScrapeResult, ScrapeTarget
 from tests.unit.test_analysis import T0, Job, RankSim
 
 SPEC = {

@@ -7,7 +7,7 @@ import urllib.request
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpujob_operator import opmetrics as om
+from gpujob_operator.observability import opmetrics as om
 
 STATUS = {
     "phase": "Running",

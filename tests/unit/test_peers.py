@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from gpujob_operator import peers
+from gpujob_operator.runtime import peers
 
 NOW = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
 

@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from gpujob_operator import api, backoff, planner
-from gpujob_operator import conditions as c
-from gpujob_operator.apierrors import Refused
-from gpujob_operator.planner import ObservedPod, Plan, observe_pod
+from gpujob_operator import api
+from gpujob_operator.api import conditions as c
+from gpujob_operator.lifecycle import backoff, planner
+from gpujob_operator.lifecycle.planner import ObservedPod, Plan, observe_pod
+from gpujob_operator.lifecycle.refusals import Refused
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 

@@ -1,6 +1,6 @@
 """The planner's side of refusals and backoff: what a refused create and a gang restart look like.
 
-The shell (reconciler) remembers the latest refused create (:class:`apierrors.Refused`) and
+The shell (reconciler) remembers the latest refused create (:class:`refusals.Refused`) and
 hands it to the pure planner; these tests play that shell with the planner tests' ``Sim``.
 """
 
@@ -8,18 +8,19 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from gpujob_operator import api, apierrors, backoff
-from gpujob_operator import conditions as c
+from gpujob_operator import api
+from gpujob_operator.api import conditions as c
+from gpujob_operator.lifecycle import backoff, refusals
 from tests.unit.test_planner import T0, Sim, cond, make_job
 
-QUOTA = apierrors.Refusal(
+QUOTA = refusals.Refusal(
     c.QUOTA_EXCEEDED,
     False,
     'pods "bert-node-1" is forbidden: exceeded quota: gpu, requested: requests.nvidia.com/gpu=8, '
     "used: requests.nvidia.com/gpu=8, limited: requests.nvidia.com/gpu=8",
     403,
 )
-INVALID = apierrors.Refusal(
+INVALID = refusals.Refusal(
     c.INVALID_POD_TEMPLATE,
     True,
     'Pod "bert-node-0" is invalid: metadata.annotations: Too long: may not be more than 262144 bytes',
@@ -28,14 +29,14 @@ INVALID = apierrors.Refusal(
 
 
 def refused(
-    r: apierrors.Refusal, target: str, since_s: float, retry_s: float, tries: int = 1
-) -> apierrors.Refused:
-    return apierrors.Refused(
+    r: refusals.Refusal, target: str, since_s: float, retry_s: float, tries: int = 1
+) -> refusals.Refused:
+    return refusals.Refused(
         r, target, T0 + timedelta(seconds=since_s), T0 + timedelta(seconds=retry_s), tries
     )
 
 
-def refused_whole_gang(sim: Sim, r: apierrors.Refusal, retry_s: float = 2.0) -> None:
+def refused_whole_gang(sim: Sim, r: refusals.Refusal, retry_s: float = 2.0) -> None:
     """The first pass planned the gang; the dry run refused it, so nothing exists."""
     p = sim.reconcile()
     assert len(p.create_pods) == 2
@@ -110,7 +111,7 @@ def test_a_partial_gang_is_deleted_after_the_grace_so_a_waiting_job_holds_nothin
 
 
 def planner_grace() -> float:
-    from gpujob_operator import planner
+    from gpujob_operator.lifecycle import planner
 
     return planner.GANG_GRACE_SECONDS
 
@@ -141,7 +142,7 @@ def test_a_refused_service_waits_for_its_retry_too() -> None:
     assert p.create_service is not None
     sim.pods.clear()
     sim.service = False
-    throttled = apierrors.Refusal(c.API_THROTTLED, False, "too many requests", 429)
+    throttled = refusals.Refusal(c.API_THROTTLED, False, "too many requests", 429)
     sim.refused = refused(throttled, "service bert", 0, 4)
     p = sim.reconcile()
     assert p.create_service is None and not p.create_pods

@@ -10,9 +10,9 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
-from gpujob_operator import conditions as c
-from gpujob_operator import reconciler
-from gpujob_operator.gang import ObjectRef
+from gpujob_operator.api import conditions as c
+from gpujob_operator.lifecycle.gang import ObjectRef
+from gpujob_operator.runtime import jobloop
 from tests.unit.test_planner import make_job
 
 FORBIDDEN = (
@@ -62,7 +62,7 @@ class RefusingKube:
 def test_a_refused_workload_creates_no_pod_and_the_status_says_why() -> None:
     kube = RefusingKube()
     events: list[tuple[str, str, str]] = []
-    loop = reconciler.JobLoop(kube, lambda job, t, r, m: events.append((t, r, m)))  # type: ignore[arg-type]
+    loop = jobloop.JobLoop(kube, lambda job, t, r, m: events.append((t, r, m)))  # type: ignore[arg-type]
     job = make_job(nodes=2, gpusPerNode=4, scheduling={"gang": "Native"})
     asyncio.run(loop.reconcile(job, []))
     assert kube.created_objects == ["bert"] and kube.created_pods == []

@@ -11,9 +11,9 @@ from pathlib import Path
 from aiohttp import web
 
 from gpujob_localcluster.ports import free_port
-from gpujob_operator.expfmt import WANTED, parse
-from gpujob_operator.scrape import ErrorKind, Scraper, ScrapeTarget
-from gpujob_operator.window import NEEDED, R_STEPS, frame
+from gpujob_operator.monitoring.expfmt import WANTED, parse
+from gpujob_operator.monitoring.scrape import ErrorKind, Scraper, ScrapeTarget
+from gpujob_operator.monitoring.window import NEEDED, R_STEPS, frame
 
 PAYLOAD = (
     Path(__file__).resolve().parents[1] / "data" / "payloads" / "healthy-scrape2-rank1.prom"
@@ -256,7 +256,7 @@ def split(data: bytes, size: int) -> list[bytes]:
 def test_a_chunked_body_is_decoded_as_it_arrives_not_reparsed() -> None:
     """1 MB in 16 KiB chunks: each read decodes only the new bytes, so what stays buffered
     is bounded by one chunk header (today's quadratic re-parse kept, and re-read, it all)."""
-    from gpujob_operator.scrape import _Conn
+    from gpujob_operator.monitoring.scrape import _Conn
 
     body = (PAYLOAD * (2**20 // len(PAYLOAD) + 1))[: 2**20]
 
@@ -282,7 +282,7 @@ def test_a_chunked_body_is_decoded_as_it_arrives_not_reparsed() -> None:
 def test_chunked_bodies_split_anywhere_decode_the_same() -> None:
     import random
 
-    from gpujob_operator.scrape import _Conn
+    from gpujob_operator.monitoring.scrape import _Conn
 
     rng = random.Random(7)
     message = (

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpujob_operator import analysis as an
-from gpujob_operator.verdicts import VerdictState, step
+from gpujob_operator.monitoring import analysis as an
+from gpujob_operator.monitoring.hysteresis import VerdictState, step
 
 
 def v(name: str) -> an.Verdict:

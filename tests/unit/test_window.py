@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpujob_operator import expfmt
-from gpujob_operator.window import (
+from gpujob_operator.monitoring import expfmt
+from gpujob_operator.monitoring.window import (
     G_MEM_USED,
     G_POWER,
     G_THROTTLE,
@@ -172,7 +172,7 @@ def test_memory_of_a_thousand_jobs_of_eight_ranks_is_bounded_and_steady() -> Non
     """Full windows (9 rows per series) of 1,000 jobs x 8 ranks through the scraper's own
     path (its series cache counted), and no growth once the windows are full: anything kept
     per scrape (rows, series, cache entries keyed on values) would show as growth."""
-    import gpujob_operator.window as window_module
+    import gpujob_operator.monitoring.window as window_module
 
     jobs, fill_rounds, more_rounds = 100, 9, 9
     payloads = _fleet_payloads(fill_rounds + more_rounds)
@@ -316,7 +316,7 @@ def test_parse_caches_stay_small_whatever_the_labels() -> None:
     import random
     import tracemalloc
 
-    from gpujob_operator import expfmt as ef
+    from gpujob_operator.monitoring import expfmt as ef
 
     rng = random.Random(3)
 

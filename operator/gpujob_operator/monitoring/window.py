@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
-from gpujob_operator.expfmt import Sample, common_prefix, parse, sample_names
+from gpujob_operator.monitoring.expfmt import Sample, common_prefix, parse, sample_names
 from gpujob_trainer import contract
 
 NAN: Final = math.nan

@@ -40,10 +40,10 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from gpujob_operator import api
-from gpujob_operator import conditions as c
-from gpujob_operator.conditions import format_time
-from gpujob_operator.display import format_duration
-from gpujob_operator.window import (
+from gpujob_operator.api import conditions as c
+from gpujob_operator.api.conditions import format_time
+from gpujob_operator.api.display import format_duration
+from gpujob_operator.monitoring.window import (
     G_ECC,
     G_MEM_TOTAL,
     G_MEM_USED,

@@ -1,12 +1,12 @@
 """The GPUTrainingJob API: pydantic v2 models of spec and status.
 
-This module is the single source of truth. :mod:`gpujob_operator.crd` turns it into the
+This module is the single source of truth. :mod:`gpujob_operator.api.crd` turns it into the
 CRD's OpenAPI schema (descriptions feed ``kubectl explain``), so every field carries a
 ``description``, and every server-side rule (CEL ``x-kubernetes-validations``) has a
 pydantic twin here so a manifest the API server refuses is refused by the model too. The
 pod-facing part of the spec (env, resources, ``template``) lives in
-:mod:`gpujob_operator.podspec` and is re-exported here; rules are written once with both
-twins (:mod:`gpujob_operator.rules`).
+:mod:`gpujob_operator.api.podtemplate` and is re-exported here; rules are written once with both
+twins (:mod:`gpujob_operator.api.rules`).
 
 Wire format is camelCase; Python attributes are snake_case. Dump with
 ``model_dump(mode="json", exclude_none=True)`` (aliases are the default).
@@ -29,17 +29,17 @@ from pydantic import (
     model_validator,
 )
 
-from gpujob_operator import rules as R
-from gpujob_operator.apibase import Model as _Model
-from gpujob_operator.apibase import Ruled as _Ruled
-from gpujob_operator.apibase import quantity_value as _q
-from gpujob_operator.conditions import format_time
-from gpujob_operator.podspec import GPU_RESOURCE as GPU_RESOURCE
-from gpujob_operator.podspec import VOLUME_SOURCES as VOLUME_SOURCES
-from gpujob_operator.podspec import EnvVar as EnvVar
-from gpujob_operator.podspec import PodTemplate as PodTemplate
-from gpujob_operator.podspec import ResourceRequirements as ResourceRequirements
-from gpujob_operator.podspec import Toleration as Toleration
+from gpujob_operator.api import rules as R
+from gpujob_operator.api.base import Model as _Model
+from gpujob_operator.api.base import Ruled as _Ruled
+from gpujob_operator.api.base import quantity_value as _q
+from gpujob_operator.api.conditions import format_time
+from gpujob_operator.api.podtemplate import GPU_RESOURCE as GPU_RESOURCE
+from gpujob_operator.api.podtemplate import VOLUME_SOURCES as VOLUME_SOURCES
+from gpujob_operator.api.podtemplate import EnvVar as EnvVar
+from gpujob_operator.api.podtemplate import PodTemplate as PodTemplate
+from gpujob_operator.api.podtemplate import ResourceRequirements as ResourceRequirements
+from gpujob_operator.api.podtemplate import Toleration as Toleration
 from gpujob_trainer import contract
 
 GROUP: Final = "gpujob.dev"

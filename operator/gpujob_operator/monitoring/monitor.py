@@ -23,14 +23,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
-from gpujob_operator import analysis as an
-from gpujob_operator import api, guard, verdicts
-from gpujob_operator import conditions as c
-from gpujob_operator.builders import LABEL_NODE_RANK
-from gpujob_operator.display import render_display
-from gpujob_operator.ownership import controller_uid, owned
-from gpujob_operator.scrape import ErrorKind, ScrapeResult, ScrapeTarget
-from gpujob_operator.window import MAX_SERIES, Window, frame
+from gpujob_operator import api
+from gpujob_operator.api import conditions as c
+from gpujob_operator.api.children import controller_uid, owned
+from gpujob_operator.api.display import render_display
+from gpujob_operator.lifecycle.builders import LABEL_NODE_RANK
+from gpujob_operator.monitoring import analysis as an
+from gpujob_operator.monitoring import guard, hysteresis
+from gpujob_operator.monitoring.scrape import ErrorKind, ScrapeResult, ScrapeTarget
+from gpujob_operator.monitoring.window import MAX_SERIES, Window, frame
 from gpujob_trainer import contract
 
 REFRESH_SECONDS: Final = 60.0
@@ -189,7 +190,7 @@ class JobMonitor:
         )
         self._rejected: set[str] = set()
         """Kinds of rejected input already reported by an Event (once per kind and attempt)."""
-        self.verdict = verdicts.VerdictState()
+        self.verdict = hysteresis.VerdictState()
         self._metrics_ok: bool | None = None
         self._first_seen: float | None = None
         self._finished = False
@@ -200,7 +201,7 @@ class JobMonitor:
     def reset(self) -> None:
         """Forget the window and verdict (after a gang restart or a resume)."""
         self.window.clear()
-        self.verdict = verdicts.VerdictState()
+        self.verdict = hysteresis.VerdictState()
         self._metrics_ok = None
         self._first_seen = None
         self._finished = False
@@ -263,7 +264,7 @@ class JobMonitor:
         )
         change = None
         if urgent or step is None or self._last_step is None or step > self._last_step:
-            self.verdict, change = verdicts.step(
+            self.verdict, change = hysteresis.step(
                 self.verdict, result.verdict, now, self.settings.hysteresis_windows
             )
         self._last_step = step if step is not None else self._last_step
@@ -445,7 +446,7 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def _verdict_event(change: verdicts.Change) -> Event:
+def _verdict_event(change: hysteresis.Change) -> Event:
     v = change.verdict
     was = f" (was {change.previous})" if change.previous else ""
     message = f"{v.verdict}{was}: {v.summary}"

@@ -42,11 +42,12 @@ from typing import Any, Final, Literal
 
 from pydantic import ValidationError
 
-from gpujob_operator import api, backoff, builders, gang
-from gpujob_operator import conditions as c
-from gpujob_operator.apierrors import Refused
-from gpujob_operator.display import render_display
-from gpujob_operator.ownership import controller_uid
+from gpujob_operator import api
+from gpujob_operator.api import conditions as c
+from gpujob_operator.api.children import controller_uid
+from gpujob_operator.api.display import render_display
+from gpujob_operator.lifecycle import backoff, builders, gang
+from gpujob_operator.lifecycle.refusals import Refused
 
 GANG_GRACE_SECONDS: Final = 10.0
 """How long pods of an incomplete, refused gang may hold resources before they are deleted."""

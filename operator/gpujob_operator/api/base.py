@@ -1,6 +1,6 @@
 """Base models and annotated types shared by the API's modules (api.py, podspec.py).
 
-Why a module of its own: the pod-facing models (:mod:`gpujob_operator.podspec`) and the job
+Why a module of its own: the pod-facing models (:mod:`gpujob_operator.api.podtemplate`) and the job
 models (:mod:`gpujob_operator.api`) share these bases, and api.py imports podspec.
 """
 
@@ -12,8 +12,8 @@ from typing import Annotated, Any, ClassVar, Self
 from pydantic import AliasGenerator, BaseModel, ConfigDict, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
 
-from gpujob_operator import k8sformats as kf
-from gpujob_operator import rules as R
+from gpujob_operator.api import k8sformats as kf
+from gpujob_operator.api import rules as R
 
 
 class Model(BaseModel):
@@ -29,7 +29,7 @@ class Model(BaseModel):
 
 
 class Ruled(Model):
-    """A spec model with :class:`~gpujob_operator.rules.Rule` s: both twins come from ``RULES``.
+    """A spec model with :class:`~gpujob_operator.api.rules.Rule` s: both twins come from ``RULES``.
 
     Each subclass lists its rules once in ``RULES`` and puts their CEL in its schema with
     ``model_config = ConfigDict(json_schema_extra=R.validations(*RULES))``.

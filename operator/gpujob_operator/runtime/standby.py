@@ -23,7 +23,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from gpujob_operator import peers
+from gpujob_operator.runtime import peers
 
 log = logging.getLogger("gpujob.standby")
 

@@ -21,7 +21,7 @@ from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
 from pydantic.alias_generators import to_snake
 from pydantic_core import core_schema
 
-from gpujob_operator import k8sformats as kf
+from gpujob_operator.api import k8sformats as kf
 
 # How each format is explained in messages (the user sees these from kubectl apply).
 QUALIFIED_NAME: Final = (

@@ -24,7 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from gpujob_operator import api, builders
+from gpujob_operator import api
+from gpujob_operator.lifecycle import builders
 
 # ---- native: scheduling.k8s.io Workload / PodGroup -----------------------------------------
 

@@ -16,7 +16,7 @@ when the API server answers 404 for the job (a status write, or the GET a quiet 
 every `RECHECK_SECONDS`).
 
 Every API error is classified (:mod:`apierrors`): a refused create of the gang or its
-Service is remembered (:class:`apierrors.Refused`) and handed to the planner, which shows it
+Service is remembered (:class:`refusals.Refused`) and handed to the planner, which shows it
 in the status and decides when to retry; any other failed call backs the whole pass off
 exponentially with jitter. Both log one line per error (no traceback for an expected
 refusal) and count it in ``gpujob_operator_api_errors_total{call, reason}``.
@@ -39,19 +39,21 @@ from typing import Any, Final
 
 from kubernetes.client.rest import ApiException
 
-from gpujob_operator import api, apierrors, backoff, gang, gangprobe, opmetrics, planner
-from gpujob_operator import conditions as c
-from gpujob_operator.faults import (
+from gpujob_operator import api
+from gpujob_operator.api import conditions as c
+from gpujob_operator.api.children import job_uid
+from gpujob_operator.lifecycle import backoff, gang, gangprobe, planner, refusals
+from gpujob_operator.monitoring.monitor import JobMonitor, exited_ranks, json_safe
+from gpujob_operator.monitoring.scrape import ErrorKind, Scraper
+from gpujob_operator.observability import opmetrics
+from gpujob_operator.observability.opmetrics import METRICS
+from gpujob_operator.runtime.faults import (
     AFTER_STATUS_WRITE,
     BETWEEN_POD_CREATES,
     BETWEEN_POD_DELETES,
     fault_point,
 )
-from gpujob_operator.kube import Kube, api_reason
-from gpujob_operator.monitor import JobMonitor, exited_ranks, json_safe
-from gpujob_operator.opmetrics import METRICS
-from gpujob_operator.ownership import job_uid
-from gpujob_operator.scrape import ErrorKind, Scraper
+from gpujob_operator.runtime.kube import Kube, api_reason
 
 log = logging.getLogger("gpujob.reconciler")
 
@@ -108,7 +110,7 @@ class JobLoop:
     service_seen_at: float = -1e9
     last_written: dict[str, Any] | None = None
     reconciles: int = 0
-    refused: apierrors.Refused | None = None
+    refused: refusals.Refused | None = None
     """The latest refused create of this job's gang or Service (None after a success)."""
     failures: int = 0
     """Passes in a row that failed with an API error (the loop's own backoff)."""
@@ -347,7 +349,7 @@ class JobLoop:
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            refusal = apierrors.classify_exception(e, kind=kind)
+            refusal = refusals.classify_exception(e, kind=kind)
             if not refusal.expected:
                 raise
             self._refuse(target, refusal)
@@ -371,7 +373,7 @@ class JobLoop:
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            refusal = apierrors.classify_exception(e)
+            refusal = refusals.classify_exception(e)
             if not refusal.expected:
                 raise
             if refusal.permanent:
@@ -381,14 +383,14 @@ class JobLoop:
             return True
         return False
 
-    def _refuse(self, target: str, refusal: apierrors.Refusal) -> None:
+    def _refuse(self, target: str, refusal: refusals.Refusal) -> None:
         """Remember a refused create for the planner, with the retry time of its backoff."""
         now = datetime.now(UTC)
         prev = self.refused
         tries = (prev.tries if prev is not None else 0) + 1
         same = prev is not None and prev.refusal.reason == refusal.reason
         delay = self.retry.delay(tries, random.random(), refusal.retry_after)
-        self.refused = apierrors.Refused(
+        self.refused = refusals.Refused(
             refusal,
             target,
             since=prev.since if same and prev is not None else now,
@@ -398,7 +400,7 @@ class JobLoop:
         self._log_refusal(self.call, refusal, delay, target)
 
     def _log_refusal(
-        self, call: str, refusal: apierrors.Refusal, delay: float, target: str = ""
+        self, call: str, refusal: refusals.Refusal, delay: float, target: str = ""
     ) -> None:
         """One line per API error (no traceback for an expected one) and one count."""
         METRICS.observe_api_error(call, refusal.reason)
@@ -590,7 +592,7 @@ class JobLoop:
     def _side_failure(self, call: str, e: Exception, failures: int) -> float:
         """A failure off the lifecycle path (scrape-and-status, the existence check): an
         expected API error is one line and a count, a bug a traceback; the delay backs off."""
-        refusal = apierrors.classify_exception(e)
+        refusal = refusals.classify_exception(e)
         delay = self.retry.delay(failures, random.random(), refusal.retry_after)
         if refusal.expected:
             self._log_refusal(call, refusal, delay)
@@ -602,7 +604,7 @@ class JobLoop:
     def _failed(self, e: Exception) -> float:
         """A pass failed: classify, log, count, and back off (exponential, jittered, capped)."""
         self.failures += 1
-        refusal = apierrors.classify_exception(e)
+        refusal = refusals.classify_exception(e)
         delay = self.retry.delay(self.failures, random.random(), refusal.retry_after)
         METRICS.observe_reconcile(0.0, opmetrics.error_reason(e))
         if refusal.expected:

@@ -27,9 +27,9 @@ from types import TracebackType
 from typing import Final
 from urllib.parse import urlsplit
 
-from gpujob_operator import expfmt, guard
-from gpujob_operator.expfmt import common_prefix
-from gpujob_operator.window import NEEDED, Frame, frame, frame_payload
+from gpujob_operator.monitoring import expfmt, guard
+from gpujob_operator.monitoring.expfmt import common_prefix
+from gpujob_operator.monitoring.window import NEEDED, Frame, frame, frame_payload
 from gpujob_trainer import contract
 
 DEFAULT_CONCURRENCY: Final = 256

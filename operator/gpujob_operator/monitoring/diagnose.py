@@ -21,10 +21,10 @@ import yaml
 from pydantic import ValidationError
 
 from gpujob_operator import api
-from gpujob_operator.analysis import Settings
-from gpujob_operator.display import format_duration, format_percent, format_rate
-from gpujob_operator.monitor import JobMonitor, MonitorUpdate
-from gpujob_operator.scrape import Scraper, ScrapeTarget
+from gpujob_operator.api.display import format_duration, format_percent, format_rate
+from gpujob_operator.monitoring.analysis import Settings
+from gpujob_operator.monitoring.monitor import JobMonitor, MonitorUpdate
+from gpujob_operator.monitoring.scrape import Scraper, ScrapeTarget
 from gpujob_trainer import contract
 
 

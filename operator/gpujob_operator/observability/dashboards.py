@@ -1,9 +1,9 @@
 """Grafana dashboards of the chart, generated from code: fleet, job, operator health.
 
 Why code: every query names metrics from :mod:`gpujob_trainer.contract` and
-:mod:`gpujob_operator.opmetrics`, and tests check each name against what is actually
+:mod:`gpujob_operator.observability.opmetrics`, and tests check each name against what is actually
 exported and evaluate each query against a real Prometheus. The committed JSON under
-``charts/gpujob/dashboards/`` is the output of ``python -m gpujob_operator.dashboards``; a
+``charts/gpujob/dashboards/`` is the output of ``python -m gpujob_operator.generate``; a
 unit test fails when it drifts from this module.
 
 Template variables: ``datasource`` (any Prometheus), ``namespace`` and ``job`` (from the
@@ -12,15 +12,13 @@ operator's ``gpujob_job_phase`` series). Queries use ``$__rate_interval`` for ra
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from gpujob_operator import opmetrics as om
+from gpujob_operator.observability import opmetrics as om
 from gpujob_trainer import contract as c
 
 OPERATOR_JOB: Final = "gpujob-operator"
@@ -1002,37 +1000,6 @@ def queries(dashboard: dict[str, Any]) -> Iterator[tuple[str, str]]:
             yield f"variable {var['name']}", var["definition"]
 
 
-def repo_root() -> Path:
-    return Path(__file__).resolve().parents[2]
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Write (or with --check, compare) the committed dashboard JSON."""
-    p = argparse.ArgumentParser(
-        prog="python -m gpujob_operator.dashboards", description=main.__doc__
-    )
-    p.add_argument("--check", action="store_true", help="fail if the committed files differ")
-    args = p.parse_args(argv)
-    folder = repo_root() / DASHBOARD_DIR
-    stale = []
-    for name, text in render_all().items():
-        path = folder / name
-        if args.check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(str(path))
-        else:
-            folder.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-    if stale:
-        print(
-            "stale dashboards (run python -m gpujob_operator.dashboards):",
-            *stale,
-            sep="\n  ",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def artefacts() -> dict[Path, str]:
+    """Every committed dashboard JSON of the chart."""
+    return {DASHBOARD_DIR / name: text for name, text in render_all().items()}

@@ -21,7 +21,7 @@ from array import array
 from dataclasses import dataclass, replace
 from typing import Final
 
-from gpujob_operator import window as w
+from gpujob_operator.monitoring import window as w
 from gpujob_trainer import contract
 
 MAX_GPUS_PER_ENDPOINT: Final = 64

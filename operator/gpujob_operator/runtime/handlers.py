@@ -19,10 +19,12 @@ from typing import Any
 
 import kopf
 
-from gpujob_operator import api, builders, gang, peers, standby
-from gpujob_operator.kube import Kube
-from gpujob_operator.reconciler import JobLoop
-from gpujob_operator.scrape import Scraper
+from gpujob_operator import api
+from gpujob_operator.lifecycle import builders, gang
+from gpujob_operator.monitoring.scrape import Scraper
+from gpujob_operator.runtime import peers, standby
+from gpujob_operator.runtime.jobloop import JobLoop
+from gpujob_operator.runtime.kube import Kube
 
 log = logging.getLogger("gpujob.handlers")
 

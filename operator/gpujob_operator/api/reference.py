@@ -6,19 +6,17 @@ never disagree with what the API server validates. ``--check`` fails on drift.
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gpujob_operator import crd
+from gpujob_operator.api import crd
 
 DOC_PATH = Path("docs") / "api.md"
 HEADER = """# GPUTrainingJob API reference
 
-Generated from the pydantic model (`operator/gpujob_operator/api.py`) by
-`python -m gpujob_operator.apidocs`; do not edit by hand. `kubectl explain gputrainingjob.spec`
+Generated from the pydantic model (`operator/gpujob_operator/api/`) by
+`python -m gpujob_operator.generate`; do not edit by hand. `kubectl explain gputrainingjob.spec`
 shows the same descriptions.
 
 """
@@ -96,25 +94,6 @@ def render() -> str:
     return "".join(out)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpujob_operator.apidocs", description=__doc__)
-    parser.add_argument("--check", action="store_true", help="fail if docs/api.md differs")
-    args = parser.parse_args(argv)
-    path = crd.repo_root() / DOC_PATH
-    text = render()
-    if args.check:
-        if not path.exists() or path.read_text() != text:
-            print(
-                f"{DOC_PATH} drifted from the model: run `python -m gpujob_operator.apidocs`",
-                file=sys.stderr,
-            )
-            return 1
-        return 0
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    print(f"wrote {DOC_PATH}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def artefacts() -> dict[Path, str]:
+    """The committed API reference."""
+    return {DOC_PATH: render()}

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from gpujob_operator import conditions as c
+from gpujob_operator.api import conditions as c
 
 MESSAGE_MAX_CHARS: Final = 1024
 

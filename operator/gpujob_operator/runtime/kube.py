@@ -16,7 +16,8 @@ from typing import Any, cast
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from gpujob_operator import api, gang
+from gpujob_operator import api
+from gpujob_operator.lifecycle import gang
 
 log = logging.getLogger("gpujob.kube")
 

@@ -3,7 +3,7 @@
 Env, resources and ``spec.template`` (labels, tolerations, affinity, volumes, security
 contexts, ...), typed after core/v1 and checked as strictly as core/v1 checks a pod, by CEL
 rules in the CRD (so ``kubectl apply`` refuses, naming the field) and by their pydantic twins
-(:mod:`gpujob_operator.rules`). :mod:`gpujob_operator.api` holds the job around them and
+(:mod:`gpujob_operator.api.rules`). :mod:`gpujob_operator.api` holds the job around them and
 re-exports these models.
 """
 
@@ -16,12 +16,12 @@ from typing import Annotated, Any, ClassVar, Final, Literal, Self
 from pydantic import ConfigDict, Field, create_model, model_validator
 from pydantic.alias_generators import to_snake
 
-from gpujob_operator import k8sformats as kf
-from gpujob_operator import rules as R
-from gpujob_operator.apibase import Model as _Model
-from gpujob_operator.apibase import Passthrough, PositiveQuantity, ResourceQuantity
-from gpujob_operator.apibase import Ruled as _Ruled
-from gpujob_operator.apibase import quantity_value as _q
+from gpujob_operator.api import k8sformats as kf
+from gpujob_operator.api import rules as R
+from gpujob_operator.api.base import Model as _Model
+from gpujob_operator.api.base import Passthrough, PositiveQuantity, ResourceQuantity
+from gpujob_operator.api.base import Ruled as _Ruled
+from gpujob_operator.api.base import quantity_value as _q
 
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 

@@ -8,7 +8,7 @@ import logging
 import os
 from typing import Any, cast
 
-from gpujob_operator import opmetrics
+from gpujob_operator.observability import opmetrics
 
 
 def run(
@@ -21,7 +21,7 @@ def run(
     """Start kopf with the gpujob handlers, watching ``namespaces`` or the whole cluster."""
     import kopf  # here, not at import: `gpujob diagnose` runs where kopf is not installed
 
-    from gpujob_operator import handlers  # registers the handlers
+    from gpujob_operator.runtime import handlers  # registers the handlers
 
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
