@@ -34,9 +34,11 @@ unit: venv ## run only the unit tests (no cluster)
 chaos: venv tools ## the chaos tier (~15 min, not in make test): operator kills, control-plane restarts, node loss, hostile endpoints
 	@$(PY) -m pytest tests/chaos -m chaos $(PYTEST_ARGS)
 
-lint: venv ## ruff + mypy
+lint: venv ## ruff, mypy, the import contracts (the operator's layers) and generated artefacts
 	@V=$$($(VENV_CMD)); $$V/bin/ruff check . && $$V/bin/ruff format --check . && \
-	  $$V/bin/mypy operator/gpujob_operator trainer_image/gpujob_trainer localcluster/gpujob_localcluster
+	  $$V/bin/mypy operator/gpujob_operator trainer_image/gpujob_trainer localcluster/gpujob_localcluster && \
+	  $$V/bin/lint-imports --no-cache && \
+	  $$V/bin/python -m gpujob_operator.generate --check
 
 fmt: venv ## format the code
 	@V=$$($(VENV_CMD)); $$V/bin/ruff check --fix . ; $$V/bin/ruff format .

@@ -1,16 +1,65 @@
-"""Which objects belong to which job: only the controller ownerReference says (pure).
+"""The job's children: their names, their labels, and which ones are the job's (pure).
+
+Pods are ``<job>-node-<rank>`` (a stable DNS name; the attempt is a label), the headless
+Service is ``<job>``, and every child carries the job's labels and a controller
+ownerReference to it.
+
+Ownership: only the controller ownerReference says which objects belong to which job.
 
 Labels and names are not proof: a job deleted and re-created under the same name finds the
 old job's pods still carrying its labels (until the garbage collector removes them, or for
 good after `kubectl delete --cascade=orphan`). Counting them would mark the new job
 Succeeded with no pod of its own, or restart it for a pod it never had. So the planner,
-the monitor and the reconciler look only at pods whose controller is the job's UID.
+the monitor and the job loop look only at pods whose controller is the job's UID.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Final
+
+from gpujob_operator.api.job import API_VERSION, KIND
+
+LABEL_PREFIX: Final = "gpujob.dev/"
+LABEL_JOB_NAME: Final = "gpujob.dev/job-name"
+LABEL_NODE_RANK: Final = "gpujob.dev/node-rank"
+LABEL_ATTEMPT: Final = "gpujob.dev/attempt"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+MANAGED_BY: Final = "gpujob-operator"
+
+
+def pod_name(job_name: str, node_rank: int) -> str:
+    """Deterministic pod name (also its hostname) of a node rank."""
+    return f"{job_name}-node-{node_rank}"
+
+
+def master_addr(job_name: str) -> str:
+    """DNS name of rank 0 through the headless Service: ``<job>-node-0.<job>``."""
+    return f"{pod_name(job_name, 0)}.{job_name}"
+
+
+def job_meta(job: Mapping[str, Any]) -> tuple[str, str, str]:
+    """(name, namespace, uid) of a job body."""
+    meta = job.get("metadata") or {}
+    return str(meta["name"]), str(meta.get("namespace") or "default"), str(meta.get("uid") or "")
+
+
+def owner_reference(job: Mapping[str, Any]) -> dict[str, Any]:
+    """Controller owner reference to the job, so children are garbage-collected with it."""
+    name, _, uid = job_meta(job)
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def selector_labels(job_name: str) -> dict[str, str]:
+    """Labels selecting every pod of the job, whatever the attempt."""
+    return {LABEL_JOB_NAME: job_name}
 
 
 def controller_uid(obj: Mapping[str, Any]) -> str | None:

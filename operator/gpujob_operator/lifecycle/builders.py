@@ -34,53 +34,26 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from gpujob_operator import api
+from gpujob_operator.api.children import (
+    LABEL_ATTEMPT,
+    LABEL_JOB_NAME,
+    LABEL_MANAGED_BY,
+    LABEL_NODE_RANK,
+    LABEL_PREFIX,
+    MANAGED_BY,
+    job_meta,
+    master_addr,
+    owner_reference,
+    pod_name,
+    selector_labels,
+)
 from gpujob_trainer.contract import ENV_METRICS_ADDR
 
-LABEL_PREFIX: Final = "gpujob.dev/"
-LABEL_JOB_NAME: Final = "gpujob.dev/job-name"
-LABEL_NODE_RANK: Final = "gpujob.dev/node-rank"
-LABEL_ATTEMPT: Final = "gpujob.dev/attempt"
-LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
-MANAGED_BY: Final = "gpujob-operator"
 CONTAINER_NAME: Final = "trainer"
 SHM_VOLUME: Final = "gpujob-shm"
 RENDEZVOUS_PORT_NAME: Final = "rendezvous"
 
 _PYTHON = re.compile(r"python(3(\.\d+)?)?")
-
-
-def pod_name(job_name: str, node_rank: int) -> str:
-    """Deterministic pod name (also its hostname) of a node rank."""
-    return f"{job_name}-node-{node_rank}"
-
-
-def master_addr(job_name: str) -> str:
-    """DNS name of rank 0 through the headless Service: ``<job>-node-0.<job>``."""
-    return f"{pod_name(job_name, 0)}.{job_name}"
-
-
-def job_meta(job: Mapping[str, Any]) -> tuple[str, str, str]:
-    """(name, namespace, uid) of a job body."""
-    meta = job.get("metadata") or {}
-    return str(meta["name"]), str(meta.get("namespace") or "default"), str(meta.get("uid") or "")
-
-
-def owner_reference(job: Mapping[str, Any]) -> dict[str, Any]:
-    """Controller owner reference to the job, so children are garbage-collected with it."""
-    name, _, uid = job_meta(job)
-    return {
-        "apiVersion": api.API_VERSION,
-        "kind": api.KIND,
-        "name": name,
-        "uid": uid,
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
-def selector_labels(job_name: str) -> dict[str, str]:
-    """Labels selecting every pod of the job, whatever the attempt."""
-    return {LABEL_JOB_NAME: job_name}
 
 
 def _spec(job: Mapping[str, Any], spec: api.GPUTrainingJobSpec | None) -> api.GPUTrainingJobSpec:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from gpujob_operator import api
-from gpujob_operator.lifecycle import builders
+from gpujob_operator.api import children
 
 # ---- native: scheduling.k8s.io Workload / PodGroup -----------------------------------------
 
@@ -106,15 +106,15 @@ def queue_name(job: Mapping[str, Any]) -> str | None:
 
 
 def _owned_meta(job: Mapping[str, Any], name: str) -> dict[str, Any]:
-    job_name, namespace, _ = builders.job_meta(job)
+    job_name, namespace, _ = children.job_meta(job)
     return {
         "name": name,
         "namespace": namespace,
         "labels": {
-            builders.LABEL_JOB_NAME: job_name,
-            builders.LABEL_MANAGED_BY: builders.MANAGED_BY,
+            children.LABEL_JOB_NAME: job_name,
+            children.LABEL_MANAGED_BY: children.MANAGED_BY,
         },
-        "ownerReferences": [builders.owner_reference(job)],
+        "ownerReferences": [children.owner_reference(job)],
     }
 
 
@@ -131,7 +131,7 @@ def build_native_workload(
     job: Mapping[str, Any], spec: api.GPUTrainingJobSpec, version: str
 ) -> dict[str, Any]:
     """The job's ``scheduling.k8s.io`` Workload: one gang template of ``nodes`` pods."""
-    name, _, _ = builders.job_meta(job)
+    name, _, _ = children.job_meta(job)
     return {
         "apiVersion": f"{SCHEDULING_GROUP}/{version}",
         "kind": "Workload",
@@ -152,9 +152,9 @@ def build_pod_group(
     job: Mapping[str, Any], spec: api.GPUTrainingJobSpec, attempt: int, version: str
 ) -> dict[str, Any]:
     """The PodGroup of gang attempt ``attempt`` (minCount = nodes), from the Workload's template."""
-    name, _, _ = builders.job_meta(job)
+    name, _, _ = children.job_meta(job)
     meta = _owned_meta(job, pod_group_name(name, attempt))
-    meta["labels"][builders.LABEL_ATTEMPT] = str(attempt)
+    meta["labels"][children.LABEL_ATTEMPT] = str(attempt)
     pg_spec: dict[str, Any] = {
         "workloadRef": {
             "workloadName": native_workload_name(name),
@@ -192,7 +192,7 @@ def pod_group_waiting(pod_group: Mapping[str, Any] | None) -> tuple[str, str] | 
 
 def kueue_workload_name(job: Mapping[str, Any]) -> str:
     """``gpujob-<job>-<uid hash>``: a job re-created under the same name gets a new Workload."""
-    name, _, uid = builders.job_meta(job)
+    name, _, uid = children.job_meta(job)
     digest = hashlib.sha256(uid.encode()).hexdigest()[:5]
     return f"gpujob-{name}-{digest}"
 

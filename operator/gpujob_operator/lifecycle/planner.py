@@ -43,6 +43,7 @@ from typing import Any, Final, Literal
 from pydantic import ValidationError
 
 from gpujob_operator import api
+from gpujob_operator.api import children
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import controller_uid
 from gpujob_operator.api.display import render_display
@@ -128,10 +129,10 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
     labels = meta.get("labels") or {}
     status = pod.get("status") or {}
     name = str(meta.get("name", ""))
-    node_rank = _int_or_none(labels.get(builders.LABEL_NODE_RANK))
+    node_rank = _int_or_none(labels.get(children.LABEL_NODE_RANK))
     if node_rank is None and "-node-" in name:
         node_rank = _int_or_none(name.rsplit("-node-", 1)[1])
-    attempt = _int_or_none(labels.get(builders.LABEL_ATTEMPT)) or 0
+    attempt = _int_or_none(labels.get(children.LABEL_ATTEMPT)) or 0
 
     statuses = list(status.get("containerStatuses") or [])
     main = next((s for s in statuses if s.get("name") == builders.CONTAINER_NAME), None)
@@ -351,13 +352,13 @@ class _Builder:
     ) -> None:
         self.body = body
         self.now = now
-        self.name, self.namespace, _ = builders.job_meta(body)
+        self.name, self.namespace, _ = children.job_meta(body)
         self.spec = api.parse_spec(body["spec"])
         self.generation = _int_or_none((body.get("metadata") or {}).get("generation"))
         self.old_status: dict[str, Any] = copy.deepcopy(dict(body.get("status") or {}))
         self.old_conds: list[dict[str, Any]] = list(self.old_status.get("conditions") or [])
         self.conds: list[dict[str, Any]] = [dict(x) for x in self.old_conds]
-        uid = builders.job_meta(body)[2]
+        uid = children.job_meta(body)[2]
         # Only pods this job controls are its own; others (an earlier job of the same name,
         # orphans) are never counted, deleted or adopted, only waited for if in the way.
         mine = [p for p in pods if (p.controller_uid or "") == uid]
@@ -564,7 +565,7 @@ class _Builder:
             lost = self.lost_rank(current)
             if lost is not None:
                 cause = c.POD_LOST
-                lost_name = builders.pod_name(self.name, lost)
+                lost_name = children.pod_name(self.name, lost)
                 failure = {
                     "pod": lost_name,
                     "attempt": self.attempt,
@@ -929,7 +930,7 @@ class _Builder:
         elif missing and not blocked:
             self.creates = [self.build_pod(r) for r in missing]
             self.start_time = self.start_time or c.format_time(self.now)
-            names = ", ".join(builders.pod_name(self.name, r) for r in missing)
+            names = ", ".join(children.pod_name(self.name, r) for r in missing)
             self.event("Normal", c.PODS_CREATING, f"creating {names} (attempt {self.attempt})")
             if refused is None:
                 self.next_attempt = None
@@ -988,7 +989,7 @@ class _Builder:
 
     def names_taken(self, ranks: Sequence[int]) -> list[ObservedPod]:
         """Pods not this job's that hold the names its missing ranks need."""
-        wanted = {builders.pod_name(self.name, r) for r in ranks}
+        wanted = {children.pod_name(self.name, r) for r in ranks}
         return [p for p in self.foreign if p.name in wanted]
 
     def taken_message(self, taken: Sequence[ObservedPod]) -> str:

@@ -25,9 +25,8 @@ from typing import Any, Final, Literal
 
 from gpujob_operator import api
 from gpujob_operator.api import conditions as c
-from gpujob_operator.api.children import controller_uid, owned
+from gpujob_operator.api.children import LABEL_NODE_RANK, controller_uid, owned
 from gpujob_operator.api.display import render_display
-from gpujob_operator.lifecycle.builders import LABEL_NODE_RANK
 from gpujob_operator.monitoring import analysis as an
 from gpujob_operator.monitoring import guard, hysteresis
 from gpujob_operator.monitoring.scrape import ErrorKind, ScrapeResult, ScrapeTarget

@@ -20,7 +20,8 @@ from typing import Any
 import kopf
 
 from gpujob_operator import api
-from gpujob_operator.lifecycle import builders, gang
+from gpujob_operator.api import children
+from gpujob_operator.lifecycle import gang
 from gpujob_operator.monitoring.scrape import Scraper
 from gpujob_operator.runtime import peers, standby
 from gpujob_operator.runtime.jobloop import JobLoop
@@ -88,7 +89,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.peering.lifetime = peers.lifetime(os.environ.get(peers.ENV_LIFETIME))
 
 
-@kopf.index("pods", labels={builders.LABEL_JOB_NAME: kopf.PRESENT})  # type: ignore[arg-type]
+@kopf.index("pods", labels={children.LABEL_JOB_NAME: kopf.PRESENT})  # type: ignore[arg-type]
 def job_pods(
     namespace: str, labels: Mapping[str, str], body: kopf.Body, **_: Any
 ) -> dict[Any, Any]:
@@ -97,14 +98,14 @@ def job_pods(
     (which also waits for foreign pods holding its pod names) and the monitor."""
     global SERVED
     SERVED = True
-    return {(namespace, labels[builders.LABEL_JOB_NAME]): dict(body)}
+    return {(namespace, labels[children.LABEL_JOB_NAME]): dict(body)}
 
 
-@kopf.on.event("pods", labels={builders.LABEL_JOB_NAME: kopf.PRESENT})  # type: ignore[arg-type]
+@kopf.on.event("pods", labels={children.LABEL_JOB_NAME: kopf.PRESENT})  # type: ignore[arg-type]
 def pod_changed(namespace: str, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> None:
     """Wake the job's loop; it re-reads the index. A pod marked for disruption is noted
     first: it may be gone from the index before the loop's next pass."""
-    loop = LOOPS.get((namespace, labels[builders.LABEL_JOB_NAME]))
+    loop = LOOPS.get((namespace, labels[children.LABEL_JOB_NAME]))
     if loop is not None:
         loop.saw_pod(body)
         loop.wake.set()
@@ -154,7 +155,7 @@ async def job_event(
 
 def kueue_workload_changed(namespace: str, labels: Mapping[str, str], **_: Any) -> None:
     """Kueue admitted, evicted or requeued a job's Workload: wake the job's loop."""
-    loop = LOOPS.get((namespace, labels[builders.LABEL_JOB_NAME]))
+    loop = LOOPS.get((namespace, labels[children.LABEL_JOB_NAME]))
     if loop is not None:
         loop.wake.set()
 
@@ -166,7 +167,7 @@ if os.environ.get("GPUJOB_KUEUE", "") == "1":
         gang.KUEUE_GROUP,
         gang.KUEUE_VERSION,
         "workloads",
-        labels={builders.LABEL_JOB_NAME: kopf.PRESENT},
+        labels={children.LABEL_JOB_NAME: kopf.PRESENT},
     )(kueue_workload_changed)  # type: ignore[arg-type]
 
 
@@ -191,7 +192,7 @@ async def _index_caught_up(
     then take the gang's pods for lost and restart it a second time. Compared by pod uid; a
     new job (no pods) passes at once. After the deadline the loop starts anyway (logged).
     """
-    selector = f"{builders.LABEL_JOB_NAME}={name}"
+    selector = f"{children.LABEL_JOB_NAME}={name}"
     deadline = asyncio.get_running_loop().time() + INDEX_SYNC_SECONDS
     while True:
         listed: Any = await asyncio.to_thread(
