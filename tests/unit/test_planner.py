@@ -14,6 +14,8 @@ import pytest
 
 from gpujob_operator import api
 from gpujob_operator.api import conditions as c
+from gpujob_operator.api.events import Event
+from gpujob_operator.api.patches import minimal_patch
 from gpujob_operator.lifecycle import backoff, planner
 from gpujob_operator.lifecycle.planner import ObservedPod, Plan, observe_pod
 from gpujob_operator.lifecycle.refusals import Refused
@@ -49,7 +51,7 @@ class Sim:
         self.pods: dict[str, dict[str, Any]] = {}
         self.service = False
         self.now = T0
-        self.events: list[planner.Event] = []
+        self.events: list[Event] = []
         self.deleted_job = False
         self.refused: Refused | None = None
         # No restart backoff unless a test asks for one: the others step time themselves.
@@ -74,7 +76,7 @@ class Sim:
 
     def reconcile(self, log_tails: dict[str, str] | None = None) -> Plan:
         p = self.plan(log_tails)
-        patch = planner.merge_patch(self.job.get("status") or {}, p.status)
+        patch = minimal_patch(self.job.get("status") or {}, p.status)
         self.job["status"] = apply_merge_patch(self.job.get("status") or {}, patch)
         assert self.job["status"] == p.status
         for name in p.delete_pods:
@@ -140,7 +142,7 @@ class Sim:
 
 
 def apply_merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386, to check planner.merge_patch against."""
+    """RFC 7386, to check minimal_patch against."""
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
     out = dict(target) if isinstance(target, dict) else {}
@@ -895,10 +897,10 @@ def test_observe_pod_scheduling_init_failure_and_defaults() -> None:
 def test_merge_patch_round_trips_and_deletes_with_null() -> None:
     old = {"a": 1, "b": {"c": 2, "d": 3}, "e": [1, 2], "gone": {"x": 1}}
     new = {"a": 1, "b": {"c": 20}, "e": [1], "f": "new"}
-    patch = planner.merge_patch(old, new)
+    patch = minimal_patch(old, new)
     assert patch == {"b": {"c": 20, "d": None}, "e": [1], "f": "new", "gone": None}
     assert apply_merge_patch(old, patch) == new
-    assert planner.merge_patch(new, new) == {}
+    assert minimal_patch(new, new) == {}
 
 
 def test_success_completes_the_progress_it_carries() -> None:

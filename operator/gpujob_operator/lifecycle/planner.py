@@ -38,7 +38,7 @@ import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from pydantic import ValidationError
 
@@ -47,6 +47,7 @@ from gpujob_operator.api import children
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import controller_uid
 from gpujob_operator.api.display import render_display
+from gpujob_operator.api.events import Event, EventType
 from gpujob_operator.lifecycle import backoff, builders, gang
 from gpujob_operator.lifecycle.refusals import Refused
 
@@ -56,7 +57,6 @@ RESTART_BACKOFF: Final = backoff.Policy(backoff.RESTART_BASE_SECONDS, backoff.RE
 LOG_TAIL_MAX_CHARS: Final = 4096
 MESSAGE_MAX_CHARS: Final = 1024
 
-EventType = Literal["Normal", "Warning"]
 _PULL_ERRORS: Final = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName"})
 _CONFIG_ERRORS: Final = frozenset({"CreateContainerConfigError", "CreateContainerError"})
 _TERMINATED_PHASES: Final = frozenset({"Succeeded", "Failed"})
@@ -200,21 +200,12 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
 
 
 @dataclass(frozen=True)
-class Event:
-    """A Kubernetes Event to emit on the job."""
-
-    type: EventType
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True)
 class Plan:
     """Actions for the I/O shell; apply status, then deletes, then creates.
 
     ``status`` is the complete new status (camelCase, JSON-ready); fields owned by others
     (progress, bottleneck, gpus, Stalled/MetricsAvailable/BottleneckDetected conditions)
-    are carried over from the input. Use :func:`merge_patch` to patch only what changed.
+    are carried over from the input. Use :func:`~gpujob_operator.api.patches.minimal_patch` to patch only what changed.
     ``requeue_after`` is the number of seconds until a time-based transition (deadline,
     TTL) is due, or None.
     """
@@ -1188,20 +1179,3 @@ def plan(
         delete_objects=b.delete_refs,
         status_patches=b.patches,
     )
-
-
-def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
-    """RFC 7386 merge patch turning ``old`` into ``new`` (nulls delete; lists replace)."""
-    patch: dict[str, Any] = {}
-    for key in old:
-        if key not in new:
-            patch[key] = None
-    for key, value in new.items():
-        before = old.get(key)
-        if isinstance(value, Mapping) and isinstance(before, Mapping):
-            sub = merge_patch(before, value)
-            if sub:
-                patch[key] = sub
-        elif key not in old or before != value:
-            patch[key] = copy.deepcopy(value)
-    return patch

@@ -21,12 +21,14 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from gpujob_operator import api
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import LABEL_NODE_RANK, controller_uid, owned
 from gpujob_operator.api.display import render_display
+from gpujob_operator.api.events import Event
+from gpujob_operator.api.patches import replacing_patch
 from gpujob_operator.monitoring import analysis as an
 from gpujob_operator.monitoring import guard, hysteresis
 from gpujob_operator.monitoring.scrape import ErrorKind, ScrapeResult, ScrapeTarget
@@ -104,15 +106,6 @@ def exited_ranks(pods: Iterable[Mapping[str, Any]], uid: str | None = None) -> i
     return sum(1 for pod in mine if (pod.get("status") or {}).get("phase") == "Succeeded")
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
-    """A Kubernetes Event to post on the job."""
-
-    type: Literal["Normal", "Warning"]
-    reason: str
-    message: str
-
-
 @dataclass(slots=True)
 class _PatchClock:
     last: float = -math.inf
@@ -165,7 +158,7 @@ class MonitorUpdate:
         patch: dict[str, Any] = {}
         for key in ("progress", "bottleneck", "gpus", "display"):
             if key in new and new[key] != old.get(key):
-                patch[key] = _merge_patch(old.get(key), new[key])
+                patch[key] = replacing_patch(old.get(key), new[key])
         if new["conditions"] != old.get("conditions"):
             patch["conditions"] = new["conditions"]
         return json_safe(patch) or None
@@ -519,14 +512,3 @@ def _conditions_changed(old: Any, new: Any) -> bool:
 
 def _differs(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     return any(old.get(k) != new.get(k) for k in ("progress", "bottleneck", "gpus", "conditions"))
-
-
-def _merge_patch(old: Any, new: Any) -> Any:
-    """`new` as a merge patch over `old`: keys gone from a mapping become null."""
-    if not isinstance(new, dict) or not isinstance(old, dict):
-        return new
-    out: dict[str, Any] = {k: _merge_patch(old.get(k), v) for k, v in new.items()}
-    for k in old:
-        if k not in new:
-            out[k] = None
-    return out

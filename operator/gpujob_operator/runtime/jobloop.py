@@ -42,6 +42,7 @@ from kubernetes.client.rest import ApiException
 from gpujob_operator import api
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import job_uid
+from gpujob_operator.api.patches import minimal_patch
 from gpujob_operator.lifecycle import backoff, gang, gangprobe, planner, refusals
 from gpujob_operator.monitoring.monitor import JobMonitor, exited_ranks, json_safe
 from gpujob_operator.monitoring.scrape import ErrorKind, Scraper
@@ -212,7 +213,7 @@ class JobLoop:
         if plan.phase in (c.PHASE_SUCCEEDED, c.PHASE_FAILED, c.PHASE_SUSPENDED):
             self.refused = None  # nothing is created any more; a resume starts afresh
         old_status = {k: v for k, v in (job.get("status") or {}).items() if k != "kopf"}
-        patch = planner.merge_patch(old_status, plan.status)
+        patch = minimal_patch(old_status, plan.status)
         self.call = "patch_status"
         if patch:
             await self._write_status(ns, name, patch)
