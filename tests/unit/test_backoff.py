@@ -36,11 +36,3 @@ def test_the_servers_retry_after_is_a_floor_but_never_past_the_cap() -> None:
     assert policy.delay(1, hint=7.0) == 7.0
     assert policy.delay(6, hint=7.0) == 32.0
     assert policy.delay(1, hint=3600.0) == 60.0
-
-
-def test_policies_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert backoff.restart_policy() == backoff.Policy(10.0, 360.0)
-    monkeypatch.setenv("GPUJOB_RETRY_BASE_SECONDS", "0.25")
-    monkeypatch.setenv("GPUJOB_RETRY_MAX_SECONDS", "nonsense")
-    p = backoff.retry_policy()
-    assert (p.base, p.cap) == (0.25, backoff.RETRY_MAX_SECONDS)

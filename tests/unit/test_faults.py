@@ -1,4 +1,4 @@
-"""Fault points end the process only when the environment names them."""
+"""Fault points end the process only when the settings (from the environment) name them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,11 @@ import pytest
 
 from gpujob_operator.runtime import faults
 
-CALL = "from gpujob_operator.runtime.faults import fault_point; fault_point({!r}); print('passed')"
+CALL = (
+    "import os; from gpujob_operator.runtime.faults import fault_point; "
+    "from gpujob_operator.runtime.settings import from_env; "
+    "fault_point(from_env(os.environ).fault_exit_at, {!r}); print('passed')"
+)
 
 
 @pytest.mark.parametrize(

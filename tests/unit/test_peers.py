@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 
-import pytest
-
 from gpujob_operator.runtime import peers
 
 NOW = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
@@ -36,10 +34,3 @@ def test_a_dead_peer_does_not_count() -> None:
     status = {"old": entry(-10, 25), "me": entry(-20, 0)}
     assert peers.is_active(status, "me", -20, NOW)
     assert peers.is_active({}, "me", -20, NOW)
-
-
-def test_lifetime_from_the_environment() -> None:
-    assert peers.lifetime(None) == peers.DEFAULT_LIFETIME
-    assert peers.lifetime("20") == 20
-    with pytest.raises(ValueError, match="at least 10"):
-        peers.lifetime("3")

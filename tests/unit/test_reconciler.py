@@ -7,7 +7,8 @@ from typing import Any, cast
 
 import pytest
 
-from gpujob_operator.runtime.jobloop import JobLoop, next_tick
+from gpujob_operator.runtime.jobloop import JobLoop
+from gpujob_operator.runtime.metricstask import next_tick
 
 
 def test_each_job_scrapes_on_its_own_phase_of_the_interval() -> None:

@@ -8,7 +8,6 @@ batch/v1 Job's pod failure backoff), so a short network blip cannot use up ``bac
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Final
 
@@ -52,25 +51,7 @@ class Policy:
         return max(wait, min(hint or 0.0, self.cap))
 
 
-def _env(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        return default
-
-
-def retry_policy() -> Policy:
-    """API retries; ``GPUJOB_RETRY_BASE_SECONDS`` / ``GPUJOB_RETRY_MAX_SECONDS`` override."""
-    return Policy(
-        _env("GPUJOB_RETRY_BASE_SECONDS", RETRY_BASE_SECONDS),
-        _env("GPUJOB_RETRY_MAX_SECONDS", RETRY_MAX_SECONDS),
-        RETRY_JITTER,
-    )
-
-
-def restart_policy() -> Policy:
-    """Gang restarts; ``GPUJOB_RESTART_BACKOFF_BASE_SECONDS`` / ``..._MAX_SECONDS`` override."""
-    return Policy(
-        _env("GPUJOB_RESTART_BACKOFF_BASE_SECONDS", RESTART_BASE_SECONDS),
-        _env("GPUJOB_RESTART_BACKOFF_MAX_SECONDS", RESTART_MAX_SECONDS),
-    )
+RETRY: Final = Policy(RETRY_BASE_SECONDS, RETRY_MAX_SECONDS, RETRY_JITTER)
+"""Failed API calls, unless the operator's settings say otherwise."""
+RESTART: Final = Policy(RESTART_BASE_SECONDS, RESTART_MAX_SECONDS)
+"""Gang restarts, unless the operator's settings say otherwise."""

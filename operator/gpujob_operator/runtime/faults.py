@@ -1,9 +1,10 @@
 """Fault injection for tests: die at a named write boundary, as a crash or OOM kill would.
 
 The chaos and integration tests start the operator with ``GPUJOB_FAULT_EXIT_AT=<boundary>``
-and the process ends with exit code 137 (SIGKILL's) the first time it reaches that boundary,
+(read once at start-up into the settings, which hand it to each job loop as ``armed``) and
+the process ends with exit code 137 (SIGKILL's) the first time it reaches that boundary,
 with no cleanup, no flush and no graceful shutdown: exactly the states a real crash leaves.
-Unset (always, in production) a fault point costs one environment lookup.
+Unarmed (always, in production) a fault point costs one comparison.
 
 Boundaries of a gang restart, in the order the reconciler writes:
 ``after-status-write`` (status written, pods not yet touched), ``between-pod-deletes``,
@@ -24,9 +25,9 @@ BETWEEN_POD_CREATES: Final = "between-pod-creates"
 BOUNDARIES: Final = (AFTER_STATUS_WRITE, BETWEEN_POD_DELETES, BETWEEN_POD_CREATES)
 
 
-def fault_point(name: str) -> None:
-    """Exit the process at once (code 137) when ``GPUJOB_FAULT_EXIT_AT`` names this point."""
-    if os.environ.get(ENV) == name:
+def fault_point(armed: str | None, name: str) -> None:
+    """Exit the process at once (code 137) when the armed boundary is this point."""
+    if armed == name:
         sys.stderr.write(f"gpujob fault injection: exiting at {name}\n")
         sys.stderr.flush()
         os._exit(EXIT_CODE)

@@ -1,4 +1,4 @@
-"""kopf wiring: settings, the pod index, one reconcile daemon per job, wake-ups.
+"""kopf wiring: kopf's settings, the pod index, one job loop per job, wake-ups.
 
 Level-based (kopf's "reconciliation" pattern): handlers never carry state machines;
 each job's daemon observes the job and the index of its pods, asks the pure planner
@@ -12,7 +12,6 @@ import asyncio
 import logging
 import os
 import signal
-import socket
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -26,19 +25,18 @@ from gpujob_operator.monitoring.scrape import Scraper
 from gpujob_operator.runtime import peers, standby
 from gpujob_operator.runtime.jobloop import JobLoop
 from gpujob_operator.runtime.kube import Kube
+from gpujob_operator.runtime.settings import Settings
 
 log = logging.getLogger("gpujob.handlers")
 
 PREFIX = "gpujob.dev"
 LOOPS: dict[tuple[str, str], JobLoop] = {}
-DEFAULT_GANG = os.environ.get("GPUJOB_DEFAULT_GANG", api.GANG_NONE)
-"""The gang mechanism of jobs that choose none (spec.scheduling.gang unset, no queue label)."""
-if DEFAULT_GANG not in (api.GANG_NONE, api.GANG_NATIVE, api.GANG_KUEUE):
-    raise SystemExit(f"GPUJOB_DEFAULT_GANG must be None, Native or Kueue, not {DEFAULT_GANG!r}")
-IDENTITY = peers.identity(os.environ.get("POD_ID"), socket.gethostname(), os.getpid())
-"""This replica's kopf peering identity (``main`` hands it to kopf)."""
+SETTINGS = Settings()
+"""The process's settings; ``install`` sets them before kopf starts."""
+IDENTITY = ""
+"""This replica's kopf peering identity (``install`` sets it; ``main`` hands it to kopf)."""
 NAMESPACES: list[str] = []
-"""The watched namespaces (empty: the whole cluster); set by ``main`` before kopf starts."""
+"""The watched namespaces (empty: the whole cluster)."""
 _GUARD: asyncio.Task[None] | None = None
 SERVED = False
 """Whether kopf has handed this replica any pod or job (its indexes hold something)."""
@@ -46,14 +44,32 @@ _KUBE: Kube | None = None
 _SCRAPER: Scraper | None = None
 
 
+def install(settings: Settings, namespaces: list[str], identity: str) -> None:
+    """Configure the handlers for this process, before kopf starts.
+
+    Decorated handlers register when this module is imported (kopf's way); the one that
+    depends on a setting, the Kueue Workload watch, registers here, only where Kueue is
+    installed (chart: kueue.enabled): watching an API that is not served, or without RBAC
+    for it, would only fill the log with errors.
+    """
+    global SETTINGS, IDENTITY
+    SETTINGS = settings
+    IDENTITY = identity
+    NAMESPACES[:] = namespaces
+    if settings.kueue:
+        kopf.on.event(
+            gang.KUEUE_GROUP,
+            gang.KUEUE_VERSION,
+            "workloads",
+            labels={children.LABEL_JOB_NAME: kopf.PRESENT},
+        )(kueue_workload_changed)  # type: ignore[arg-type]
+
+
 def scraper() -> Scraper:
     """One scraper for every job: one HTTP session and one global bound on concurrency."""
     global _SCRAPER
     if _SCRAPER is None:
-        _SCRAPER = Scraper(
-            concurrency=int(os.environ.get("GPUJOB_SCRAPE_CONCURRENCY", "64")),
-            timeout=float(os.environ.get("GPUJOB_SCRAPE_TIMEOUT", "5")),
-        )
+        _SCRAPER = Scraper(concurrency=SETTINGS.scrape_concurrency, timeout=SETTINGS.scrape_timeout)
     return _SCRAPER
 
 
@@ -75,18 +91,18 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     )
     settings.posting.enabled = True
     settings.posting.level = logging.WARNING  # our own Events are posted explicitly
-    settings.watching.server_timeout = int(os.environ.get("GPUJOB_WATCH_SERVER_TIMEOUT", "300"))
+    settings.watching.server_timeout = SETTINGS.watch_server_timeout
     settings.watching.client_timeout = settings.watching.server_timeout + 30
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
-    settings.batching.worker_limit = int(os.environ.get("GPUJOB_WORKER_LIMIT", "200"))
-    settings.peering.standalone = os.environ.get("GPUJOB_PEERING", "") == ""
+    settings.batching.worker_limit = SETTINGS.worker_limit
+    settings.peering.standalone = SETTINGS.standalone
     if not settings.peering.standalone:
-        settings.peering.name = os.environ["GPUJOB_PEERING"]
+        settings.peering.name = SETTINGS.peering
         settings.peering.mandatory = True
-        settings.peering.clusterwide = os.environ.get("GPUJOB_PEERING_CLUSTERWIDE", "") == "1"
+        settings.peering.clusterwide = SETTINGS.peering_clusterwide
         settings.peering.priority = peers.priority(time.time())
-        settings.peering.lifetime = peers.lifetime(os.environ.get(peers.ENV_LIFETIME))
+        settings.peering.lifetime = SETTINGS.peering_lifetime
 
 
 @kopf.index("pods", labels={children.LABEL_JOB_NAME: kopf.PRESENT})  # type: ignore[arg-type]
@@ -94,7 +110,7 @@ def job_pods(
     namespace: str, labels: Mapping[str, str], body: kopf.Body, **_: Any
 ) -> dict[Any, Any]:
     """Pods by (namespace, job name label): every pod that claims the name. Which of them are
-    the job's is decided by their controller ownerReference (ownership.py), in the planner
+    the job's is decided by their controller ownerReference (api/children.py), in the planner
     (which also waits for foreign pods holding its pod names) and the monitor."""
     global SERVED
     SERVED = True
@@ -146,7 +162,15 @@ async def job_event(
     if loop is None:
         await _index_caught_up(namespace, name, lambda: list(job_pods.get(key, [])))
         loop = LOOPS[key] = JobLoop(
-            kube(), _post_event, scraper(), default_gang=DEFAULT_GANG, on_exit=_forget
+            kube(),
+            _post_event,
+            scraper(),
+            default_gang=SETTINGS.default_gang,
+            retry=SETTINGS.retry,
+            restart_backoff=SETTINGS.restart_backoff,
+            gang_grace_seconds=SETTINGS.gang_grace_seconds,
+            fault_at=SETTINGS.fault_exit_at,
+            on_exit=_forget,
         )
         loop.start(dict(body), lambda: list(job_pods.get(key, [])))
     else:
@@ -158,17 +182,6 @@ def kueue_workload_changed(namespace: str, labels: Mapping[str, str], **_: Any) 
     loop = LOOPS.get((namespace, labels[children.LABEL_JOB_NAME]))
     if loop is not None:
         loop.wake.set()
-
-
-if os.environ.get("GPUJOB_KUEUE", "") == "1":
-    # Only where Kueue is installed (chart: kueue.enabled): watching an API that is not
-    # served, or without RBAC for it, would only fill the log with errors.
-    kopf.on.event(
-        gang.KUEUE_GROUP,
-        gang.KUEUE_VERSION,
-        "workloads",
-        labels={children.LABEL_JOB_NAME: kopf.PRESENT},
-    )(kueue_workload_changed)  # type: ignore[arg-type]
 
 
 def _forget(loop: JobLoop) -> None:

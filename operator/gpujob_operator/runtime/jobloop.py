@@ -25,36 +25,33 @@ refusal) and count it in ``gpujob_operator_api_errors_total{call, reason}``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import logging
-import os
 import random
 import time
-import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
-from kubernetes.client.rest import ApiException
-
 from gpujob_operator import api
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import job_uid
 from gpujob_operator.api.patches import minimal_patch
-from gpujob_operator.lifecycle import backoff, gang, gangprobe, planner, refusals
-from gpujob_operator.monitoring.monitor import JobMonitor, exited_ranks, json_safe
-from gpujob_operator.monitoring.scrape import ErrorKind, Scraper
+from gpujob_operator.lifecycle import backoff, gangprobe, planner, refusals
+from gpujob_operator.monitoring.monitor import json_safe
+from gpujob_operator.monitoring.scrape import Scraper
 from gpujob_operator.observability import opmetrics
 from gpujob_operator.observability.opmetrics import METRICS
+from gpujob_operator.runtime import gangstate
 from gpujob_operator.runtime.faults import (
     AFTER_STATUS_WRITE,
     BETWEEN_POD_CREATES,
     BETWEEN_POD_DELETES,
     fault_point,
 )
-from gpujob_operator.runtime.kube import Kube, api_reason
+from gpujob_operator.runtime.kube import JobGone, Kube
+from gpujob_operator.runtime.metricstask import MetricsTask
 
 log = logging.getLogger("gpujob.reconciler")
 
@@ -64,8 +61,6 @@ IDLE_RESYNC_SECONDS = 300.0
 SERVICE_RECHECK_SECONDS = 300.0
 """How long a seen Service is trusted without a GET (a thousand jobs, one GET each per pass)."""
 DEBOUNCE_SECONDS = 0.05
-DISCOVERY_RECHECK_SECONDS = 60.0
-"""How long "this API is not served" is trusted before discovery is asked again."""
 RECHECK_SECONDS = 120.0
 """A loop that wrote nothing for this long GETs its job: a missed DELETED must end it."""
 
@@ -80,19 +75,8 @@ def _rv(obj: Mapping[str, Any] | None) -> int:
         return 0
 
 
-def _env_seconds(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        return default
-
-
 GONE_MAX: Final = 1024
 """Disrupted pods a loop remembers at most (a gang has one per node; this only bounds it)."""
-
-
-class JobGone(Exception):
-    """The job no longer exists (404), or another object now has its name."""
 
 
 @dataclass
@@ -103,11 +87,6 @@ class JobLoop:
     post_event: EventPoster
     scraper: Scraper | None = None
     wake: asyncio.Event = field(default_factory=asyncio.Event)
-    monitor: JobMonitor | None = None
-    monitored: tuple[int, int] | None = (
-        None  # (generation, attempt) the monitor's window belongs to
-    )
-    next_scrape: float = 0.0
     service_seen_at: float = -1e9
     last_written: dict[str, Any] | None = None
     reconciles: int = 0
@@ -117,30 +96,33 @@ class JobLoop:
     """Passes in a row that failed with an API error (the loop's own backoff)."""
     call: str = ""
     """The API call in flight, for the error's log line and metric."""
-    retry: backoff.Policy = field(default_factory=backoff.retry_policy)
-    restart_backoff: backoff.Policy = field(default_factory=backoff.restart_policy)
-    gang_grace_seconds: float = field(default_factory=lambda: _env_seconds(
-        "GPUJOB_GANG_GRACE_SECONDS", planner.GANG_GRACE_SECONDS))  # fmt: skip
+    retry: backoff.Policy = backoff.RETRY
+    restart_backoff: backoff.Policy = backoff.RESTART
+    gang_grace_seconds: float = planner.GANG_GRACE_SECONDS
+    fault_at: str | None = None
+    """The write boundary at which this process dies (tests: GPUJOB_FAULT_EXIT_AT)."""
     body: dict[str, Any] = field(default_factory=dict)
     default_gang: str = api.GANG_NONE
     on_exit: Callable[[JobLoop], None] | None = None
     """Called once when the loop ends by itself (its job is gone): forget it."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     """Held while status is read, computed and written (lifecycle or metrics)."""
-    scrape_wake: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     checked_at: float = field(default_factory=time.monotonic)
     """When the API server last confirmed the job exists (a write or a GET)."""
     ended: bool = False
     gone: dict[str, planner.ObservedPod] = field(default_factory=dict, repr=False)
     """Pods seen marked for disruption (DisruptionTarget), by name, kept for the planner in
     case they vanish before a pass sees them; pruned once their attempt is over."""
-    scrape_failures: int = 0
-    """Failed scrape-and-status passes in a row (their backoff)."""
     resync_seconds: float = RESYNC_SECONDS
     recheck_seconds: float = RECHECK_SECONDS
     _pods: Callable[[], list[Mapping[str, Any]]] = field(default=lambda: [], repr=False)
     _task: asyncio.Task[None] | None = field(default=None, repr=False)
     _scrape_task: asyncio.Task[None] | None = field(default=None, repr=False)
+    metrics: MetricsTask = field(init=False, repr=False)
+    """The second task: scrape and judge the ranks on its own clock (:mod:`.metricstask`)."""
+
+    def __post_init__(self) -> None:
+        self.metrics = MetricsTask(self)
 
     @property
     def uid(self) -> str:
@@ -218,11 +200,11 @@ class JobLoop:
         if patch:
             await self._write_status(ns, name, patch)
             if plan.delete_pods or plan.create_pods:
-                fault_point(AFTER_STATUS_WRITE)
+                fault_point(self.fault_at, AFTER_STATUS_WRITE)
         self.call = "delete_pod"
         for i, pod in enumerate(plan.delete_pods):
             if i:
-                fault_point(BETWEEN_POD_DELETES)
+                fault_point(self.fault_at, BETWEEN_POD_DELETES)
             await self.kube.delete_pod(ns, pod)
         self.call = "delete_gang_object"
         for ref in plan.delete_objects:
@@ -257,62 +239,8 @@ class JobLoop:
         return plan
 
     async def observe_gang(self, job: Mapping[str, Any]) -> planner.GangObservation:
-        """Read what the planner needs of the job's gang admission objects.
-
-        Native: the served scheduling.k8s.io version (discovery, cached) and, while the gang
-        is not running, its PodGroup (the scheduler's reason). Kueue: the job's Workload
-        and the ResourceFlavors its admission names.
-        """
-        try:
-            spec = api.parse_spec(job["spec"])
-        except ValueError:
-            return planner.GangObservation(default=self.default_gang)
-        mech = gang.mechanism(job, spec, self.default_gang)
-        try:
-            return await self._observe_gang(job, mech)
-        except ApiException as e:
-            if e.status not in (403, 404):
-                raise
-            return planner.GangObservation(self.default_gang, error=f"{e.status} {api_reason(e)}")
-
-    async def _observe_gang(self, job: Mapping[str, Any], mech: str) -> planner.GangObservation:
-        meta, status = job["metadata"], job.get("status") or {}
-        ns, name = meta["namespace"], meta["name"]
-        if mech == api.GANG_NATIVE:
-            version = await served_version(self.kube)
-            pod_group = None
-            if version and status.get("phase") in (None, c.PHASE_PENDING, c.PHASE_RESTARTING):
-                attempt = int(status.get("attempt") or 0)
-                ref = gang.ObjectRef(
-                    gang.SCHEDULING_GROUP, version, "podgroups", gang.pod_group_name(name, attempt)
-                )
-                pod_group = await self.kube.get_object(ns, ref)
-            return planner.GangObservation(self.default_gang, version, pod_group)
-        if mech == api.GANG_KUEUE:
-            ref = gang.ObjectRef(
-                gang.KUEUE_GROUP, gang.KUEUE_VERSION, "workloads", gang.kueue_workload_name(job)
-            )
-            workload = await self.kube.get_object(ns, ref)
-            flavors: dict[str, Mapping[str, Any]] = {}
-            for flavor in sorted(set(gang.kueue_state(workload).flavors.values())):
-                fref = gang.ObjectRef(
-                    gang.KUEUE_GROUP, gang.KUEUE_VERSION, "resourceflavors", flavor
-                )
-                found = await self.kube.get_cluster_object(fref)
-                if found is not None:
-                    flavors[flavor] = found
-            priority = None
-            pclass = gang.priority_class(job)
-            if workload is None and pclass:
-                pref = gang.ObjectRef(
-                    gang.KUEUE_GROUP, gang.KUEUE_VERSION, "workloadpriorityclasses", pclass
-                )
-                wpc = await self.kube.get_cluster_object(pref)
-                priority = int(wpc["value"]) if wpc and "value" in wpc else None
-            return planner.GangObservation(
-                self.default_gang, kueue_workload=workload, flavors=flavors, kueue_priority=priority
-            )
-        return planner.GangObservation(self.default_gang)
+        """What the planner needs of the job's gang admission objects (:mod:`.gangstate`)."""
+        return await gangstate.observe(self.kube, job, self.default_gang)
 
     async def _create(self, ns: str, name: str, plan: planner.Plan) -> bool:
         """Create the Service and the gang, all or nothing; True when the server refused.
@@ -344,7 +272,7 @@ class JobLoop:
                 self.call = call
                 for i, pod in enumerate(plan.create_pods):
                     if i and not dry_run:
-                        fault_point(BETWEEN_POD_CREATES)
+                        fault_point(self.fault_at, BETWEEN_POD_CREATES)
                     target = f"pod {pod['metadata']['name']}"
                     await self.kube.create_pod(ns, pod, dry_run=dry_run)
         except asyncio.CancelledError:
@@ -442,65 +370,6 @@ class JobLoop:
         if _rv(live) > _rv(self.body):
             self.body = live  # the watch missed a change too: take the fresher copy
 
-    async def observe_metrics(self, pods: list[Mapping[str, Any]]) -> float | None:
-        """Scrape the ranks when due and fold the result into status; seconds until the next.
-
-        Only a Running job is scraped. The window is dropped when the gang restarts or the
-        spec changes, so rates never mix two attempts; a round that straddles such a change
-        is discarded. The scrape itself runs without the lock: the lifecycle never waits
-        for an endpoint.
-        """
-        if self.scraper is None:
-            return None
-        job = self.freshest(self.body)
-        status, spec = job.get("status") or {}, job.get("spec") or {}
-        if status.get("phase") != c.PHASE_RUNNING or not (spec.get("monitoring") or {}).get(
-            "enabled", True
-        ):
-            return None
-        meta = job["metadata"]
-        identity = (int(meta.get("generation") or 0), int(status.get("attempt") or 0))
-        if self.monitor is None or self.monitored != identity:
-            self.monitor = JobMonitor(spec, generation=identity[0])
-            self.monitored = identity
-        monitor = self.monitor
-        interval = float((spec.get("monitoring") or {}).get("scrapeIntervalSeconds") or 15)
-        now = time.time()
-        if now < self.next_scrape:
-            return self.next_scrape - now
-        self.next_scrape = next_tick(now, interval, job_uid(job))
-        targets = monitor.scrape_targets(spec, pods, job_uid(job))
-        results = await self.scraper.scrape_all(targets)
-        for r in results:
-            METRICS.observe_scrape(r.seconds, r.ok, None if r.error is None else str(r.error))
-            dropped_bytes = r.size if r.error == ErrorKind.TOO_LARGE else 0
-            METRICS.observe_dropped(r.dropped_series, r.dropped_values, dropped_bytes)
-        async with self.lock:
-            job = self.freshest(self.body)
-            status = job.get("status") or {}
-            meta = job["metadata"]
-            now_identity = (int(meta.get("generation") or 0), int(status.get("attempt") or 0))
-            if monitor is not self.monitor or now_identity != identity:
-                return interval  # the gang restarted (or the spec changed) meanwhile
-            if status.get("phase") != c.PHASE_RUNNING:
-                return None
-            # The pods as they are now: ranks may have exited during the scrape.
-            exited = exited_ranks(self._pods() or pods, job_uid(job))
-            update = monitor.observe(results, time.time(), exited=exited)
-            capped = update.dropped_series - sum(r.dropped_series for r in results)
-            if capped > 0:  # refused by the job's own series cap (not counted per result)
-                METRICS.observe_dropped(capped, 0, 0)
-            for ev in update.events:
-                self.post_event(job, ev.type, ev.reason, ev.message)
-            patch = update.status_patch(status)
-            if patch:
-                await self._write_status(meta["namespace"], meta["name"], patch)
-                METRICS.update(
-                    meta["namespace"], meta["name"], self.freshest(self.body).get("status")
-                )
-                self.wake.set()  # the lifecycle acts on what was observed (restartOnStall)
-        return interval
-
     # -- the tasks that run the loop -------------------------------------------------------
     def start(self, body: dict[str, Any], pods: Callable[[], list[Mapping[str, Any]]]) -> None:
         """Run the loop's tasks; ``pods`` returns the job's pods from the operator's index."""
@@ -508,7 +377,7 @@ class JobLoop:
         self._pods = pods
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._run(), name=f"job {self.key}")
-        self._scrape_task = loop.create_task(self._scrape_run(), name=f"metrics {self.key}")
+        self._scrape_task = loop.create_task(self.metrics.run(), name=f"metrics {self.key}")
 
     def update(self, body: dict[str, Any]) -> None:
         """A newer copy of the job arrived from the watch: keep it and reconcile soon."""
@@ -546,7 +415,7 @@ class JobLoop:
                 idle = plan.phase in ("Succeeded", "Failed")
                 resync = max(self.resync_seconds, IDLE_RESYNC_SECONDS if idle else 0.0)
                 timeout = min(plan.requeue_after or resync, resync)
-                self.scrape_wake.set()
+                self.metrics.wake.set()
                 self.failures = 0
             except asyncio.CancelledError:
                 raise
@@ -568,27 +437,6 @@ class JobLoop:
                     return
                 except Exception as e:
                     self._side_failure("get_job", e, 1)
-
-    async def _scrape_run(self) -> None:
-        while not self.ended:
-            try:
-                due = await self.observe_metrics(self._pods())
-            except asyncio.CancelledError:
-                raise
-            except JobGone as gone:
-                self._gone(gone)
-                return
-            except Exception as e:
-                # A monitoring failure must never stop the lifecycle: classify, back off, go on.
-                self.scrape_failures += 1
-                due = self._side_failure("metrics", e, self.scrape_failures)
-            else:
-                self.scrape_failures = 0
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self.scrape_wake.wait(), self.resync_seconds if due is None else max(due, 0.0)
-                )
-            self.scrape_wake.clear()
 
     def _side_failure(self, call: str, e: Exception, failures: int) -> float:
         """A failure off the lifecycle path (scrape-and-status, the existence check): an
@@ -627,37 +475,6 @@ class JobLoop:
         self.wake.clear()
         await asyncio.sleep(DEBOUNCE_SECONDS)
         return woken
-
-
-_SERVED: dict[str, tuple[str | None, float]] = {}
-
-
-async def served_version(kube: Kube) -> str | None:
-    """The scheduling.k8s.io version serving PodGroups, preferred first; None if none.
-
-    Cached for the process: a served API stays served; "not served" is asked again after
-    :data:`DISCOVERY_RECHECK_SECONDS` so that enabling the API needs no operator restart.
-    """
-    cached = _SERVED.get(gang.SCHEDULING_GROUP)
-    if cached is not None and (
-        cached[0] is not None or time.monotonic() - cached[1] < DISCOVERY_RECHECK_SECONDS
-    ):
-        return cached[0]
-    found = None
-    for version in gang.SCHEDULING_VERSIONS:
-        if await kube.serves(gang.SCHEDULING_GROUP, version, "podgroups"):
-            found = version
-            break
-    _SERVED[gang.SCHEDULING_GROUP] = (found, time.monotonic())
-    return found
-
-
-def next_tick(now: float, interval: float, uid: str) -> float:
-    """The job's next scrape time: its own phase within the interval (from its UID), so a
-    thousand jobs started together do not scrape in lockstep and queue for the slots."""
-    offset = (zlib.crc32(uid.encode()) % 997) / 997 * interval
-    wait = interval - ((now - offset) % interval)
-    return now + (wait if wait > 1e-3 else wait + interval)  # never twice in a row
 
 
 def _in_loop() -> bool:

@@ -22,6 +22,10 @@ from gpujob_operator.lifecycle import gang
 log = logging.getLogger("gpujob.kube")
 
 
+class JobGone(Exception):
+    """The job no longer exists (404), or another object now has its name."""
+
+
 class Kube:
     """The few writes the reconciler needs, each idempotent."""
 

@@ -1,4 +1,8 @@
-"""Run the operator: ``gpujob operator [--namespace NS ...] [--liveness URL]``."""
+"""Run the operator: ``gpujob operator [--namespace NS ...] [--liveness URL]``.
+
+Start-up reads the settings once (:mod:`~gpujob_operator.runtime.settings`): a bad
+``GPUJOB_*`` value ends the process here with one line naming it, before kopf starts.
+"""
 
 from __future__ import annotations
 
@@ -6,23 +10,36 @@ import argparse
 import asyncio
 import logging
 import os
+import socket
+import sys
+from dataclasses import replace
 from typing import Any, cast
 
 from gpujob_operator.observability import opmetrics
+from gpujob_operator.runtime import peers
+from gpujob_operator.runtime.settings import Settings, SettingsError, from_env
 
 
 def run(
     namespaces: list[str],
-    liveness: str | None,
+    liveness: str | None = None,
     verbose: bool = False,
-    metrics_port: int = opmetrics.DEFAULT_PORT,
-    metrics_addr: str = "0.0.0.0",
+    metrics_port: int | None = None,
+    metrics_addr: str | None = None,
 ) -> None:
-    """Start kopf with the gpujob handlers, watching ``namespaces`` or the whole cluster."""
+    """Start kopf with the gpujob handlers, watching ``namespaces`` or the whole cluster.
+
+    The flags, where given, win over their ``GPUJOB_*`` variables.
+    """
     import kopf  # here, not at import: `gpujob diagnose` runs where kopf is not installed
 
     from gpujob_operator.runtime import handlers  # registers the handlers
 
+    try:
+        settings = from_env(os.environ)
+    except SettingsError as e:
+        sys.exit(f"gpujob operator: {e}")
+    settings = _with_flags(settings, liveness, metrics_port, metrics_addr)
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
@@ -30,19 +47,29 @@ def run(
     for noisy in ("kubernetes.client.rest", "urllib3", "aiohttp.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if not verbose:
-        # kopf logs every handler success per event at INFO; the reconciler logs what matters.
+        # kopf logs every handler success per event at INFO; the job loop logs what matters.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    serve_metrics(metrics_port, metrics_addr)
-    handlers.NAMESPACES[:] = namespaces
+    serve_metrics(settings.metrics_port, settings.metrics_addr)
+    identity = peers.identity(settings.pod_id, socket.gethostname(), os.getpid())
+    handlers.install(settings, namespaces, identity)
     asyncio.run(
         kopf.operator(
             clusterwide=not namespaces,
             namespaces=namespaces,
-            standalone=os.environ.get("GPUJOB_PEERING", "") == "",
-            liveness_endpoint=liveness,
-            identity=cast(Any, handlers.IDENTITY),
+            standalone=settings.standalone,
+            liveness_endpoint=settings.liveness,
+            identity=cast(Any, identity),
         )
     )
+
+
+def _with_flags(
+    settings: Settings, liveness: str | None, metrics_port: int | None, metrics_addr: str | None
+) -> Settings:
+    """The settings with the command line's values where it gave any."""
+    flags = {"liveness": liveness, "metrics_port": metrics_port, "metrics_addr": metrics_addr}
+    given: dict[str, Any] = {k: v for k, v in flags.items() if v is not None}
+    return replace(settings, **given)
 
 
 def serve_metrics(port: int, addr: str) -> None:
@@ -66,18 +93,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--liveness",
-        default=os.environ.get("GPUJOB_LIVENESS", "http://0.0.0.0:8080/healthz"),
-        help="kopf's health endpoint",
+        default=None,
+        help="kopf's health endpoint (default: env GPUJOB_LIVENESS, else "
+        "http://0.0.0.0:8080/healthz)",
     )
     p.add_argument(
         "--metrics-port",
         type=int,
-        default=int(os.environ.get(opmetrics.ENV_PORT, opmetrics.DEFAULT_PORT)),
-        help=f"port of the operator's /metrics (0: off; env {opmetrics.ENV_PORT})",
+        default=None,
+        help=f"port of the operator's /metrics (0: off; default: env {opmetrics.ENV_PORT}, "
+        f"else {opmetrics.DEFAULT_PORT})",
     )
     p.add_argument(
         "--metrics-addr",
-        default=os.environ.get(opmetrics.ENV_ADDR, "0.0.0.0"),
-        help=f"address /metrics binds (env {opmetrics.ENV_ADDR})",
+        default=None,
+        help=f"address /metrics binds (default: env {opmetrics.ENV_ADDR}, else 0.0.0.0)",
     )
     p.add_argument("--verbose", "-v", action="store_true")

@@ -30,16 +30,6 @@ def priority(started_at: float, tiebreak: int | None = None) -> int:
     return -(int(started_at * 1000) * 1000 + tiebreak % 1000)
 
 
-def lifetime(value: str | None) -> int:
-    """Seconds a replica's keep-alive counts as alive (kopf touches it every lifetime-5..10 s)."""
-    if not value:
-        return DEFAULT_LIFETIME
-    seconds = int(value)
-    if seconds < 10:
-        raise ValueError(f"{ENV_LIFETIME} must be at least 10 seconds, got {seconds}")
-    return seconds
-
-
 def _lastseen(value: str) -> dt.datetime:
     seen = dt.datetime.fromisoformat(value)
     return seen if seen.tzinfo else seen.replace(tzinfo=dt.UTC)

@@ -1,0 +1,107 @@
+"""Read the state of a job's gang admission objects for the planner (I/O).
+
+Native gangs: the served ``scheduling.k8s.io`` version (API discovery, cached for the
+process) and, while the gang is not running, its PodGroup (the scheduler's reason). Kueue:
+the job's Workload, the ResourceFlavors its admission names and, before Kueue made a
+Workload, the job's WorkloadPriorityClass. A 403 or 404 becomes the observation's error
+(the planner shows it) instead of failing the pass.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes.client.rest import ApiException
+
+from gpujob_operator import api
+from gpujob_operator.api import conditions as c
+from gpujob_operator.lifecycle import gang, planner
+from gpujob_operator.runtime.kube import Kube, api_reason
+
+DISCOVERY_RECHECK_SECONDS = 60.0
+"""How long "this API is not served" is trusted before discovery is asked again."""
+
+
+async def observe(kube: Kube, job: Mapping[str, Any], default_gang: str) -> planner.GangObservation:
+    """Read what the planner needs of the job's gang admission objects.
+
+    Native: the served scheduling.k8s.io version (discovery, cached) and, while the gang
+    is not running, its PodGroup (the scheduler's reason). Kueue: the job's Workload
+    and the ResourceFlavors its admission names.
+    """
+    try:
+        spec = api.parse_spec(job["spec"])
+    except ValueError:
+        return planner.GangObservation(default=default_gang)
+    mech = gang.mechanism(job, spec, default_gang)
+    try:
+        return await _observe(kube, job, mech, default_gang)
+    except ApiException as e:
+        if e.status not in (403, 404):
+            raise
+        return planner.GangObservation(default_gang, error=f"{e.status} {api_reason(e)}")
+
+
+async def _observe(
+    kube: Kube, job: Mapping[str, Any], mech: str, default_gang: str
+) -> planner.GangObservation:
+    meta, status = job["metadata"], job.get("status") or {}
+    ns, name = meta["namespace"], meta["name"]
+    if mech == api.GANG_NATIVE:
+        version = await served_version(kube)
+        pod_group = None
+        if version and status.get("phase") in (None, c.PHASE_PENDING, c.PHASE_RESTARTING):
+            attempt = int(status.get("attempt") or 0)
+            ref = gang.ObjectRef(
+                gang.SCHEDULING_GROUP, version, "podgroups", gang.pod_group_name(name, attempt)
+            )
+            pod_group = await kube.get_object(ns, ref)
+        return planner.GangObservation(default_gang, version, pod_group)
+    if mech == api.GANG_KUEUE:
+        ref = gang.ObjectRef(
+            gang.KUEUE_GROUP, gang.KUEUE_VERSION, "workloads", gang.kueue_workload_name(job)
+        )
+        workload = await kube.get_object(ns, ref)
+        flavors: dict[str, Mapping[str, Any]] = {}
+        for flavor in sorted(set(gang.kueue_state(workload).flavors.values())):
+            fref = gang.ObjectRef(gang.KUEUE_GROUP, gang.KUEUE_VERSION, "resourceflavors", flavor)
+            found = await kube.get_cluster_object(fref)
+            if found is not None:
+                flavors[flavor] = found
+        priority = None
+        pclass = gang.priority_class(job)
+        if workload is None and pclass:
+            pref = gang.ObjectRef(
+                gang.KUEUE_GROUP, gang.KUEUE_VERSION, "workloadpriorityclasses", pclass
+            )
+            wpc = await kube.get_cluster_object(pref)
+            priority = int(wpc["value"]) if wpc and "value" in wpc else None
+        return planner.GangObservation(
+            default_gang, kueue_workload=workload, flavors=flavors, kueue_priority=priority
+        )
+    return planner.GangObservation(default_gang)
+
+
+_SERVED: dict[str, tuple[str | None, float]] = {}
+
+
+async def served_version(kube: Kube) -> str | None:
+    """The scheduling.k8s.io version serving PodGroups, preferred first; None if none.
+
+    Cached for the process: a served API stays served; "not served" is asked again after
+    :data:`DISCOVERY_RECHECK_SECONDS` so that enabling the API needs no operator restart.
+    """
+    cached = _SERVED.get(gang.SCHEDULING_GROUP)
+    if cached is not None and (
+        cached[0] is not None or time.monotonic() - cached[1] < DISCOVERY_RECHECK_SECONDS
+    ):
+        return cached[0]
+    found = None
+    for version in gang.SCHEDULING_VERSIONS:
+        if await kube.serves(gang.SCHEDULING_GROUP, version, "podgroups"):
+            found = version
+            break
+    _SERVED[gang.SCHEDULING_GROUP] = (found, time.monotonic())
+    return found

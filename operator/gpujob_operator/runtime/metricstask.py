@@ -1,0 +1,133 @@
+"""The job loop's metrics task: scrape a Running job's ranks and fold them into status.
+
+It runs beside the lifecycle task on its own clock, so a restart or a failure is never
+handled late because scrapes (this job's or another's dead endpoints) are slow. The scrape
+itself runs without the job's lock; folding the result into status takes it, and a round
+that straddles a gang restart or a spec change is discarded. Each job scrapes at its own
+phase within the interval (:func:`next_tick`), so a thousand jobs do not scrape in lockstep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gpujob_operator.api import conditions as c
+from gpujob_operator.api.children import job_uid
+from gpujob_operator.monitoring.monitor import JobMonitor, exited_ranks
+from gpujob_operator.monitoring.scrape import ErrorKind
+from gpujob_operator.observability.opmetrics import METRICS
+from gpujob_operator.runtime.kube import JobGone
+
+if TYPE_CHECKING:
+    from gpujob_operator.runtime.jobloop import JobLoop
+
+
+@dataclass
+class MetricsTask:
+    """One job's scrape state: its monitor (window, hysteresis) and its scrape clock."""
+
+    loop: JobLoop
+    monitor: JobMonitor | None = None
+    monitored: tuple[int, int] | None = None
+    """(generation, attempt) the monitor's window belongs to."""
+    next_scrape: float = 0.0
+    failures: int = 0
+    """Failed scrape-and-status passes in a row (their backoff)."""
+    wake: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    async def observe(self, pods: list[Mapping[str, Any]]) -> float | None:
+        """Scrape the ranks when due and fold the result into status; seconds until the next.
+
+        Only a Running job is scraped. The window is dropped when the gang restarts or the
+        spec changes, so rates never mix two attempts; a round that straddles such a change
+        is discarded. The scrape itself runs without the lock: the lifecycle never waits
+        for an endpoint.
+        """
+        loop = self.loop
+        if loop.scraper is None:
+            return None
+        job = loop.freshest(loop.body)
+        status, spec = job.get("status") or {}, job.get("spec") or {}
+        if status.get("phase") != c.PHASE_RUNNING or not (spec.get("monitoring") or {}).get(
+            "enabled", True
+        ):
+            return None
+        meta = job["metadata"]
+        identity = (int(meta.get("generation") or 0), int(status.get("attempt") or 0))
+        if self.monitor is None or self.monitored != identity:
+            self.monitor = JobMonitor(spec, generation=identity[0])
+            self.monitored = identity
+        monitor = self.monitor
+        interval = float((spec.get("monitoring") or {}).get("scrapeIntervalSeconds") or 15)
+        now = time.time()
+        if now < self.next_scrape:
+            return self.next_scrape - now
+        self.next_scrape = next_tick(now, interval, job_uid(job))
+        targets = monitor.scrape_targets(spec, pods, job_uid(job))
+        results = await loop.scraper.scrape_all(targets)
+        for r in results:
+            METRICS.observe_scrape(r.seconds, r.ok, None if r.error is None else str(r.error))
+            dropped_bytes = r.size if r.error == ErrorKind.TOO_LARGE else 0
+            METRICS.observe_dropped(r.dropped_series, r.dropped_values, dropped_bytes)
+        async with loop.lock:
+            job = loop.freshest(loop.body)
+            status = job.get("status") or {}
+            meta = job["metadata"]
+            now_identity = (int(meta.get("generation") or 0), int(status.get("attempt") or 0))
+            if monitor is not self.monitor or now_identity != identity:
+                return interval  # the gang restarted (or the spec changed) meanwhile
+            if status.get("phase") != c.PHASE_RUNNING:
+                return None
+            # The pods as they are now: ranks may have exited during the scrape.
+            exited = exited_ranks(loop._pods() or pods, job_uid(job))
+            update = monitor.observe(results, time.time(), exited=exited)
+            capped = update.dropped_series - sum(r.dropped_series for r in results)
+            if capped > 0:  # refused by the job's own series cap (not counted per result)
+                METRICS.observe_dropped(capped, 0, 0)
+            for ev in update.events:
+                loop.post_event(job, ev.type, ev.reason, ev.message)
+            patch = update.status_patch(status)
+            if patch:
+                await loop._write_status(meta["namespace"], meta["name"], patch)
+                METRICS.update(
+                    meta["namespace"], meta["name"], loop.freshest(loop.body).get("status")
+                )
+                loop.wake.set()  # the lifecycle acts on what was observed (restartOnStall)
+        return interval
+
+    async def run(self) -> None:
+        """Until the loop ends: observe when due, back off on failure, sleep until woken."""
+        loop = self.loop
+        while not loop.ended:
+            try:
+                due = await self.observe(loop._pods())
+            except asyncio.CancelledError:
+                raise
+            except JobGone as gone:
+                loop._gone(gone)
+                return
+            except Exception as e:
+                # A monitoring failure must never stop the lifecycle: classify, back off, go on.
+                self.failures += 1
+                due = loop._side_failure("metrics", e, self.failures)
+            else:
+                self.failures = 0
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self.wake.wait(), loop.resync_seconds if due is None else max(due, 0.0)
+                )
+            self.wake.clear()
+
+
+def next_tick(now: float, interval: float, uid: str) -> float:
+    """The job's next scrape time: its own phase within the interval (from its UID), so a
+    thousand jobs started together do not scrape in lockstep and queue for the slots."""
+    offset = (zlib.crc32(uid.encode()) % 997) / 997 * interval
+    wait = interval - ((now - offset) % interval)
+    return now + (wait if wait > 1e-3 else wait + interval)  # never twice in a row

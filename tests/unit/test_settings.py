@@ -1,0 +1,93 @@
+"""The operator's settings: every GPUJOB_* variable read once, a bad one refused by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpujob_operator import api
+from gpujob_operator.lifecycle import backoff
+from gpujob_operator.runtime import faults, peers
+from gpujob_operator.runtime.settings import Settings, SettingsError, from_env
+
+
+def test_an_empty_environment_gives_the_documented_defaults() -> None:
+    s = from_env({})
+    assert s == Settings()
+    assert s.standalone and s.default_gang == api.GANG_NONE and not s.kueue
+    assert s.retry == backoff.RETRY and s.restart_backoff == backoff.Policy(10.0, 360.0)
+    assert s.peering_lifetime == peers.DEFAULT_LIFETIME and s.fault_exit_at is None
+
+
+def test_every_variable_is_read() -> None:
+    s = from_env(
+        {
+            "GPUJOB_DEFAULT_GANG": "Kueue",
+            "GPUJOB_KUEUE": "1",
+            "GPUJOB_PEERING": "gpujob",
+            "GPUJOB_PEERING_CLUSTERWIDE": "1",
+            "GPUJOB_PEERING_LIFETIME": "20",
+            "POD_ID": "gpujob-abc",
+            "GPUJOB_SCRAPE_CONCURRENCY": "2",
+            "GPUJOB_SCRAPE_TIMEOUT": "0.5",
+            "GPUJOB_WATCH_SERVER_TIMEOUT": "60",
+            "GPUJOB_WORKER_LIMIT": "7",
+            "GPUJOB_RETRY_BASE_SECONDS": "0.25",
+            "GPUJOB_RETRY_MAX_SECONDS": "4",
+            "GPUJOB_RESTART_BACKOFF_BASE_SECONDS": "1",
+            "GPUJOB_RESTART_BACKOFF_MAX_SECONDS": "2",
+            "GPUJOB_GANG_GRACE_SECONDS": "3",
+            "GPUJOB_LIVENESS": "http://127.0.0.1:9/healthz",
+            "GPUJOB_OPERATOR_METRICS_PORT": "0",
+            "GPUJOB_OPERATOR_METRICS_ADDR": "127.0.0.1",
+            "GPUJOB_FAULT_EXIT_AT": faults.BETWEEN_POD_DELETES,
+        }
+    )
+    assert s == Settings(
+        default_gang="Kueue",
+        kueue=True,
+        peering="gpujob",
+        peering_clusterwide=True,
+        peering_lifetime=20,
+        pod_id="gpujob-abc",
+        scrape_concurrency=2,
+        scrape_timeout=0.5,
+        watch_server_timeout=60,
+        worker_limit=7,
+        retry=backoff.Policy(0.25, 4.0, backoff.RETRY_JITTER),
+        restart_backoff=backoff.Policy(1.0, 2.0),
+        gang_grace_seconds=3.0,
+        liveness="http://127.0.0.1:9/healthz",
+        metrics_port=0,
+        metrics_addr="127.0.0.1",
+        fault_exit_at=faults.BETWEEN_POD_DELETES,
+    )
+    assert not s.standalone
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "says"),
+    [
+        ("GPUJOB_DEFAULT_GANG", "native", "one of None, Native, Kueue"),
+        ("GPUJOB_KUEUE", "yes", "0 or 1"),
+        ("GPUJOB_PEERING_LIFETIME", "3", "whole seconds >= 10"),
+        ("GPUJOB_SCRAPE_CONCURRENCY", "0", "an integer >= 1"),
+        ("GPUJOB_SCRAPE_TIMEOUT", "nan", "a number of seconds > 0"),
+        ("GPUJOB_RETRY_MAX_SECONDS", "nonsense", "a number of seconds > 0"),
+        ("GPUJOB_GANG_GRACE_SECONDS", "-1", "a number of seconds > 0"),
+        ("GPUJOB_OPERATOR_METRICS_PORT", "70000", "a port 0..65535"),
+        ("GPUJOB_FAULT_EXIT_AT", "somewhere", "one of after-status-write"),
+    ],
+)
+def test_a_bad_value_is_refused_naming_the_variable(name: str, value: str, says: str) -> None:
+    with pytest.raises(SettingsError) as err:
+        from_env({name: value})
+    assert str(err.value).startswith(f"{name}={value!r}: must be {says}")
+
+
+def test_a_backoff_cap_below_its_base_is_refused() -> None:
+    with pytest.raises(SettingsError, match=r"GPUJOB_RETRY_MAX_SECONDS=0\.5 must be >= the base"):
+        from_env({"GPUJOB_RETRY_BASE_SECONDS": "2", "GPUJOB_RETRY_MAX_SECONDS": "0.5"})
+
+
+def test_blank_values_mean_unset() -> None:
+    assert from_env({"GPUJOB_WORKER_LIMIT": " ", "GPUJOB_PEERING": ""}) == Settings()
