@@ -16,6 +16,19 @@ This module is the public face of the models: ``from gpujob_operator import api`
 from gpujob_operator.api.job import (
     API_VERSION,
     CRD_NAME,
+    GROUP,
+    KIND,
+    MAX_JOB_NAME_LENGTH,
+    NAME_RULE,
+    PLURAL,
+    SHORT_NAMES,
+    SINGULAR,
+    VERSION,
+    GPUTrainingJob,
+    dump,
+)
+from gpujob_operator.api.monitoring_spec import Monitoring, Thresholds, Window
+from gpujob_operator.api.names import (
     ENV_JOB_NAME,
     ENV_METRICS_PORT,
     ENV_NAMESPACE,
@@ -23,45 +36,35 @@ from gpujob_operator.api.job import (
     GANG_KUEUE,
     GANG_NATIVE,
     GANG_NONE,
-    GPU_RESOURCE,
-    GROUP,
-    KIND,
     KUEUE_PRIORITY_LABEL,
     KUEUE_QUEUE_LABEL,
-    MAX_JOB_NAME_LENGTH,
-    MAX_NODES,
-    NAME_RULE,
-    PLURAL,
     RESERVED_ENV,
-    SHORT_NAMES,
-    SINGULAR,
-    VERSION,
-    VOLUME_SOURCES,
+)
+from gpujob_operator.api.pod.env import EnvVar
+from gpujob_operator.api.pod.placement import Toleration
+from gpujob_operator.api.pod.resources import GPU_RESOURCE, ResourceRequirements
+from gpujob_operator.api.pod.template import PodTemplate
+from gpujob_operator.api.pod.volumes import VOLUME_SOURCES
+from gpujob_operator.api.spec import (
+    MAX_NODES,
+    GPUTrainingJobSpec,
+    RunPolicy,
+    Scheduling,
+    Training,
+    parse_spec,
+    spec_problems,
+)
+from gpujob_operator.api.status import (
     Bottleneck,
     Condition,
-    EnvVar,
     Failure,
     GangStatus,
     GPUSummary,
-    GPUTrainingJob,
-    GPUTrainingJobSpec,
     GPUTrainingJobStatus,
-    Monitoring,
-    PodTemplate,
     Progress,
     RankBreakdown,
     Replicas,
-    ResourceRequirements,
-    RunPolicy,
-    Scheduling,
-    Thresholds,
-    Toleration,
-    Training,
-    Window,
-    dump,
-    parse_spec,
     parse_status,
-    spec_problems,
 )
 
 __all__ = [

@@ -1,13 +1,15 @@
-"""Base models and annotated types shared by the API's modules (api.py, podspec.py).
+"""Base models and annotated types shared by the API's modules.
 
-Why a module of its own: the pod-facing models (:mod:`gpujob_operator.api.podtemplate`) and the job
-models (:mod:`gpujob_operator.api`) share these bases, and api.py imports podspec.
+Why a module of its own: the job's spec (:mod:`gpujob_operator.api.spec`,
+:mod:`gpujob_operator.api.monitoring_spec`), its status and the pod-facing models
+(:mod:`gpujob_operator.api.pod`) all build on these bases and types, and import them from
+here rather than from each other.
 """
 
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Annotated, Any, ClassVar, Self
+from typing import Annotated, Any, ClassVar, Final, Self
 
 from pydantic import AliasGenerator, BaseModel, ConfigDict, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
@@ -90,3 +92,28 @@ Passthrough = Annotated[
     WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
 ]
 """A Kubernetes object copied verbatim into the pod (validated at pod creation)."""
+
+# Caps on the maps and lists the template copies into the pods: they bound the CEL cost.
+MAX_MAP: Final = 64
+MAX_LIST: Final = 64
+
+LabelValue = Annotated[
+    str,
+    R.Checked(
+        R.str_rule(R.CEL_LABEL_VALUE, kf.is_label_value, f"must be {R.LABEL_VALUE}"),
+        max_length=63,
+    ),
+]
+DNSSubdomain = Annotated[
+    str,
+    R.Checked(
+        R.str_rule(R.CEL_DNS_SUBDOMAIN, kf.is_dns1123_subdomain, f"must be {R.DNS_SUBDOMAIN}"),
+        max_length=253,
+    ),
+]
+DNSLabel = Annotated[
+    str,
+    R.Checked(
+        R.str_rule(R.CEL_DNS_LABEL, kf.is_dns1123_label, f"must be {R.DNS_LABEL}"), max_length=63
+    ),
+]

@@ -1,12 +1,15 @@
 """Validation rules with two twins: CEL for the API server, a predicate for pydantic.
 
-Every rule of the GPUTrainingJob API is written once here or in :mod:`gpujob_operator.api`
-as a :class:`Rule`: its CEL text goes into the CRD's ``x-kubernetes-validations`` (so
-``kubectl apply`` refuses), its Python predicate runs in the model's validator, and both
-refuse with the same message, which names the field as the user wrote it under ``spec.``.
+Every rule of the GPUTrainingJob API is written once here or next to its model
+(:mod:`gpujob_operator.api.spec`, :mod:`gpujob_operator.api.pod`, ...) as a :class:`Rule`:
+its CEL text goes into the CRD's ``x-kubernetes-validations`` (so ``kubectl apply``
+refuses), its Python predicate runs in the model's validator, and both refuse with the same
+message, which names the field as the user wrote it under ``spec.``. A rule whose twin is a
+hand-written validator, or that has none (a transition rule such as immutability), is a
+plain entry made with :func:`cel`.
 
 The CEL uses the libraries Kubernetes gives CRD rules (``format.*()``, ``isQuantity()``,
-``quantity()``); :mod:`gpujob_operator.k8sformats` holds the matching Python predicates.
+``quantity()``); :mod:`gpujob_operator.api.k8sformats` holds the matching Python predicates.
 Strings and maps a rule reads carry ``maxLength``/``maxProperties``/``maxItems`` so the
 API server's cost estimate of each rule stays inside its budget.
 """
@@ -71,6 +74,29 @@ class Rule:
 def validations(*rules: Rule) -> dict[str, Any]:
     """JSON Schema extra holding the rules' CEL."""
     return {"x-kubernetes-validations": [r.schema() for r in rules]}
+
+
+def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
+    """One ``x-kubernetes-validations`` entry with no model twin (or a twin written by hand)."""
+    out = {"rule": rule, "message": message}
+    if field_path:
+        out["fieldPath"] = field_path
+    return out
+
+
+def cel_rules(*rules: dict[str, str]) -> dict[str, Any]:
+    """JSON Schema extra holding :func:`cel` entries."""
+    return {"x-kubernetes-validations": list(rules)}
+
+
+def immutable(path: str) -> dict[str, Any]:
+    """JSON Schema extra refusing any change of the field at ``path`` (a transition rule)."""
+    return cel_rules(
+        cel(
+            "self == oldSelf",
+            f"{path} is immutable: delete the job and create a new one to change it",
+        )
+    )
 
 
 def check(rules: tuple[Rule, ...], value: Any) -> None:

@@ -1,0 +1,182 @@
+"""``spec.monitoring``: scraping, stall detection and the bottleneck analysis' settings.
+
+The window of scrapes, the per-verdict thresholds and the timeouts, each cross-field rule
+written twice: CEL in the CRD and the same check in a pydantic validator.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from pydantic import ConfigDict, Field, model_validator
+
+from gpujob_operator.api import rules as R
+from gpujob_operator.api.base import Model as _Model
+
+
+class Window(_Model):
+    """The sliding window of scrapes the bottleneck analysis is computed over."""
+
+    duration_seconds: int = Field(
+        default=120, ge=10, le=3600, description="Length of the window in seconds."
+    )
+    min_scrapes: int = Field(
+        default=3, ge=2, le=1000, description="Scrapes needed in the window before any verdict."
+    )
+
+
+# InputBound wins above the bound, so a warning level at or above it could never show.
+_WARN_BELOW_BOUND: Final = (
+    "spec.monitoring.thresholds.inputWarnRatio must be < inputBoundRatio: the warning level "
+    "could never show"
+)
+# The window keeps scrapes no older than durationSeconds (window.py), so a window shorter
+# than minScrapes-1 scrape intervals never holds enough scrapes for a verdict.
+_WINDOW_HOLDS_MIN_SCRAPES: Final = (
+    "spec.monitoring.window.durationSeconds must be >= scrapeIntervalSeconds x "
+    "(window.minScrapes - 1): a shorter window never holds minScrapes scrapes, so no verdict "
+    "could ever be made"
+)
+
+
+class Thresholds(_Model):
+    """Per-verdict trigger levels (ratios 0..1); override the defaults per job."""
+
+    model_config = ConfigDict(
+        json_schema_extra=R.cel_rules(
+            R.cel(
+                "!has(self.inputWarnRatio) || !has(self.inputBoundRatio) || "
+                "self.inputWarnRatio < self.inputBoundRatio",
+                _WARN_BELOW_BOUND,
+            )
+        )
+    )
+
+    input_bound_ratio: float = Field(
+        default=0.20, ge=0, le=1, description="InputBound when data_wait/step time exceeds it."
+    )
+    input_warn_ratio: float = Field(
+        default=0.05, ge=0, le=1, description="InputBound warning level of data_wait/step time."
+    )
+    comm_bound_ratio: float = Field(
+        default=0.15,
+        ge=0,
+        le=1,
+        description="CommunicationBound when exposed comm_wait/step time exceeds it.",
+    )
+    straggler_score: float = Field(
+        default=0.75,
+        ge=0,
+        le=1,
+        description="Straggler when the other ranks' median own time per step (step time "
+        "minus data, comm, checkpoint and eval waits) over the slowest rank's falls below it.",
+    )
+    checkpoint_bound_ratio: float = Field(
+        default=0.10,
+        ge=0,
+        le=1,
+        description="CheckpointBound when the checkpoint phase's share of the time between "
+        "steps (on the rank that spends most in it) exceeds it.",
+    )
+    eval_bound_ratio: float = Field(
+        default=0.15,
+        ge=0,
+        le=1,
+        description="EvalBound when the eval phase's share of the time between steps (on the "
+        "rank that spends most in it) exceeds it.",
+    )
+    memory_pressure_ratio: float = Field(
+        default=0.90,
+        ge=0,
+        le=1,
+        description="MemoryPressure when reserved/total GPU memory exceeds it.",
+    )
+    gpu_underutilized_ratio: float = Field(
+        default=0.50,
+        ge=0,
+        le=1,
+        description="GPUUnderutilized when median GPU utilization is below it.",
+    )
+
+    @model_validator(mode="after")
+    def _warn_below_bound(self) -> Thresholds:
+        if self.input_warn_ratio >= self.input_bound_ratio:
+            raise ValueError(_WARN_BELOW_BOUND)
+        return self
+
+
+class Monitoring(_Model):
+    """Scraping of the ranks' /metrics, stall detection and bottleneck analysis."""
+
+    model_config = ConfigDict(
+        json_schema_extra=R.cel_rules(
+            R.cel(
+                "!has(self.stallTimeoutSeconds) || !has(self.scrapeIntervalSeconds) || "
+                "self.stallTimeoutSeconds >= self.scrapeIntervalSeconds",
+                "spec.monitoring.stallTimeoutSeconds must be >= scrapeIntervalSeconds",
+            ),
+            R.cel(
+                "!has(self.window) || !has(self.window.durationSeconds) || "
+                "!has(self.window.minScrapes) || !has(self.scrapeIntervalSeconds) || "
+                "self.window.durationSeconds >= "
+                "self.scrapeIntervalSeconds * (self.window.minScrapes - 1)",
+                _WINDOW_HOLDS_MIN_SCRAPES,
+            ),
+        )
+    )
+
+    enabled: bool = Field(
+        default=True, description="Scrape the ranks and analyze; off = no status.progress."
+    )
+    scrape_interval_seconds: int = Field(
+        default=15, ge=1, le=3600, description="Seconds between scrapes of every rank."
+    )
+    stall_timeout_seconds: int = Field(
+        default=300,
+        ge=1,
+        description="Stalled when no rank finished a step for this long (or k x the median "
+        "step time, whichever is longer) and no rank is busy: a rank that changed phase "
+        "within this time, or is in a checkpoint or an evaluation, is not hung.",
+    )
+    startup_timeout_seconds: int = Field(
+        default=1800,
+        ge=1,
+        description="Before the first step (compilation, model init, data download) the "
+        "job is Stalled only after this long (or stallTimeoutSeconds, if longer) without one.",
+    )
+    busy_timeout_seconds: int = Field(
+        default=1800,
+        ge=1,
+        description="Longest one checkpoint or evaluation (the trainer's checkpoint and eval "
+        "phases) may take before a rank in it counts as hung (or stallTimeoutSeconds, if "
+        "longer).",
+    )
+    window: Window = Field(
+        default_factory=Window,
+        description="Sliding window of scrapes for the analysis.",
+        json_schema_extra={"default": {}},
+    )
+    warmup_steps: int = Field(
+        default=20, ge=0, description="Steps ignored by the analysis (compilation, warm caches)."
+    )
+    hysteresis_windows: int = Field(
+        default=3,
+        ge=1,
+        le=100,
+        description="Consecutive windows a verdict must hold before it is published.",
+    )
+    thresholds: Thresholds = Field(
+        default_factory=Thresholds,
+        description="Per-verdict thresholds.",
+        json_schema_extra={"default": {}},
+    )
+
+    @model_validator(mode="after")
+    def _stall_after_scrape(self) -> Monitoring:
+        if self.stall_timeout_seconds < self.scrape_interval_seconds:
+            raise ValueError("spec.monitoring.stallTimeoutSeconds must be >= scrapeIntervalSeconds")
+        if self.window.duration_seconds < self.scrape_interval_seconds * (
+            self.window.min_scrapes - 1
+        ):
+            raise ValueError(_WINDOW_HOLDS_MIN_SCRAPES)
+        return self

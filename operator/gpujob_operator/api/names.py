@@ -1,0 +1,43 @@
+"""Names the operator owns that the spec, the builders and the planner share.
+
+The environment variables it sets in every rank (which the API therefore refuses from a
+user), the gang mechanisms of ``spec.scheduling.gang`` and ``status.gang.mechanism``, and
+the Kueue labels it reads on a job. Re-exported by :mod:`gpujob_operator.api`.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+from gpujob_trainer import contract
+
+# Env the operator owns (torchrun/PyTorchJob contract + gpujob's own). A user value for one
+# of these would break the gang's rendezvous or the metrics contract, so the API refuses it.
+# The metrics ones come from the shared, torch-free contract module; the contract does not
+# define the job identity variables (yet), so those two are local.
+ENV_METRICS_PORT: Final = contract.ENV_METRICS_PORT
+ENV_TOTAL_STEPS: Final = contract.ENV_TOTAL_STEPS
+ENV_JOB_NAME: Final = "GPUJOB_JOB_NAME"
+ENV_NAMESPACE: Final = "GPUJOB_NAMESPACE"
+RESERVED_ENV: Final = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "RANK",
+    "PET_NNODES",
+    "PET_NPROC_PER_NODE",
+    "PET_NODE_RANK",
+    "PET_MASTER_ADDR",
+    "PET_MASTER_PORT",
+    ENV_METRICS_PORT,
+    ENV_TOTAL_STEPS,
+    ENV_JOB_NAME,
+    ENV_NAMESPACE,
+)
+
+GangMechanism = Literal["None", "Native", "Kueue"]
+GANG_NONE: Final = "None"
+GANG_NATIVE: Final = "Native"
+GANG_KUEUE: Final = "Kueue"
+KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_LABEL: Final = "kueue.x-k8s.io/priority-class"

@@ -1,0 +1,354 @@
+"""The GPUTrainingJob's spec: the image and command, the gang's shape, and its policies.
+
+Every field carries a ``description`` (the CRD's schema and ``kubectl explain`` come from
+it), and every server-side rule (CEL ``x-kubernetes-validations``) has a pydantic twin here
+so a manifest the API server refuses is refused by the model too; rules are written once
+with both twins (:mod:`gpujob_operator.api.rules`). The pod-facing part of the spec (env,
+resources, ``template``) lives in :mod:`gpujob_operator.api.pod`, ``spec.monitoring`` in
+:mod:`gpujob_operator.api.monitoring_spec`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Final, Literal
+
+from pydantic import ConfigDict, Field, ValidationError, model_validator
+
+from gpujob_operator.api import rules as R
+from gpujob_operator.api.base import Model as _Model
+from gpujob_operator.api.base import Ruled as _Ruled
+from gpujob_operator.api.base import quantity_value as _q
+from gpujob_operator.api.monitoring_spec import Monitoring
+from gpujob_operator.api.names import RESERVED_ENV, GangMechanism
+from gpujob_operator.api.pod.env import EnvVar
+from gpujob_operator.api.pod.resources import ResourceRequirements
+from gpujob_operator.api.pod.template import PodTemplate
+from gpujob_trainer import contract
+
+MAX_NODES: Final = 9999
+
+
+class Training(_Model):
+    """How the trainer is launched and where it reports metrics."""
+
+    total_steps: int | None = Field(
+        default=None,
+        ge=1,
+        description="Planned optimizer steps; gives percent and ETA when the trainer does not "
+        "export its own target. Passed as GPUJOB_TOTAL_STEPS.",
+    )
+    metrics_port: int = Field(
+        default=contract.DEFAULT_METRICS_PORT,
+        ge=1024,
+        le=65535,
+        description="First metrics port: local rank i serves /metrics on metricsPort+i.",
+    )
+    procs_per_node: int | None = Field(
+        default=None,
+        ge=1,
+        le=256,
+        description="Processes (ranks) per node; default gpusPerNode, or 1 without GPUs.",
+    )
+    launcher: Literal["torchrun", "none"] = Field(
+        default="torchrun",
+        description="torchrun: the operator wraps command in torchrun with static rendezvous. "
+        "none: command starts torchrun (or its own launcher) itself, reading PET_* env.",
+    )
+    master_port: int = Field(
+        default=29500,
+        ge=1,
+        le=65535,
+        description="Rendezvous port on rank 0 (MASTER_PORT).",
+    )
+    rdzv_timeout_seconds: int = Field(
+        default=600,
+        ge=1,
+        description="How long ranks wait for each other at rendezvous before failing.",
+    )
+
+
+CleanPodPolicy = Literal["None", "Running", "All"]
+
+
+class RunPolicy(_Model):
+    """Retries, deadlines, cleanup and suspension of the whole gang."""
+
+    backoff_limit: int = Field(
+        default=3,
+        ge=0,
+        description="Gang restarts allowed after rank failures before the job fails.",
+    )
+    retryable_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] | None = Field(
+        default=None,
+        max_length=255,
+        description="Unset: every failure is retried (up to backoffLimit). Set: only a root-"
+        "cause exit code in this list is retried; any other exit code fails the job at once "
+        "(NonRetryableExitCode); [] retries no exit code. Failures without an exit code "
+        "(eviction, lost node) are always retried.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    active_deadline_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        description="Fail the job (DeadlineExceeded) this long after startTime; the clock "
+        "restarts on resume from suspension, as for batch/v1 Job.",
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        default=None,
+        ge=0,
+        description="Delete the job (and its pods) this long after it succeeded or failed.",
+    )
+    clean_pod_policy: CleanPodPolicy = Field(
+        default="Running",
+        description="Pods deleted when the job finishes: None keeps all, Running deletes the "
+        "ones still running, All deletes every pod.",
+    )
+    suspend: bool = Field(
+        default=False,
+        description="true deletes the pods and keeps the job; false creates them again.",
+    )
+    restart_on_stall: bool = Field(
+        default=False,
+        description="Restart the gang (counted against backoffLimit) when the job is Stalled.",
+    )
+
+
+class Scheduling(_Model):
+    """How the gang gets its nodes: all pods at once, or none of them."""
+
+    gang: GangMechanism | None = Field(
+        default=None,
+        description="None: the default scheduler places each pod on its own (a busy cluster "
+        "can bind part of the gang). Native: a Kubernetes Workload and PodGroup (minCount = "
+        "nodes) make kube-scheduler bind all pods or none (needs the GenericWorkload feature "
+        "gate). Kueue: the job waits in the Kueue LocalQueue named by its "
+        "kueue.x-k8s.io/queue-name label and its pods are created only once Kueue admits it. "
+        "Unset: Kueue when the job carries that label, else the operator's default "
+        "(GPUJOB_DEFAULT_GANG, None unless the platform set it). Decided when the job is "
+        "first reconciled and kept in status.gang.mechanism.",
+        json_schema_extra=R.immutable("spec.scheduling.gang"),
+    )
+
+
+Image = Annotated[
+    str,
+    R.Checked(
+        R.str_rule(
+            "self == self.trim()",
+            lambda v: v == v.strip(),
+            "spec.image must not have leading or trailing whitespace",
+        ),
+        max_length=4096,
+        min_length=1,
+        server_only=tuple(R.immutable("spec.image")["x-kubernetes-validations"]),
+    ),
+]
+
+_PROCS_EXPR = (
+    "(has(self.training) && has(self.training.procsPerNode) ? self.training.procsPerNode : "
+    "(has(self.gpusPerNode) && self.gpusPerNode > 0 ? self.gpusPerNode : 1))"
+)
+
+
+def _shm_fits(s: GPUTrainingJobSpec) -> bool:
+    shm = _q(s.template.shm_size) if s.template else None
+    limit = _q((s.resources.limits or {}).get("memory")) if s.resources else None
+    return shm is None or limit is None or shm <= limit
+
+
+_SPEC_RULES: Final = (
+    # A memory-backed /dev/shm counts against the container's memory limit.
+    R.Rule(
+        "!has(self.template) || !has(self.template.shmSize) || !has(self.resources) || "
+        "!has(self.resources.limits) || !('memory' in self.resources.limits) || "
+        "!isQuantity(string(self.template.shmSize)) || "
+        "!isQuantity(string(self.resources.limits['memory'])) || "
+        "quantity(string(self.template.shmSize)).compareTo("
+        "quantity(string(self.resources.limits['memory']))) <= 0",
+        "spec.template.shmSize must be <= spec.resources.limits.memory: /dev/shm is "
+        "memory-backed and counts against the limit",
+        _shm_fits,
+    ),
+    R.Rule(
+        "!has(self.runPolicy) || !has(self.runPolicy.restartOnStall) || "
+        "!self.runPolicy.restartOnStall || !has(self.monitoring) || "
+        "!has(self.monitoring.enabled) || self.monitoring.enabled",
+        "spec.runPolicy.restartOnStall needs spec.monitoring.enabled: only monitoring "
+        "detects a stall",
+        lambda s: not s.run_policy.restart_on_stall or s.monitoring.enabled,
+    ),
+    R.Rule(
+        "!has(self.training) || !has(self.training.totalSteps) || !has(self.monitoring) || "
+        "(has(self.monitoring.enabled) && !self.monitoring.enabled) || "
+        "!has(self.monitoring.warmupSteps) || "
+        "self.monitoring.warmupSteps < self.training.totalSteps",
+        "spec.monitoring.warmupSteps must be < spec.training.totalSteps: the analysis skips "
+        "the first warmupSteps steps, so no verdict could ever be made",
+        lambda s: (
+            s.training.total_steps is None
+            or not s.monitoring.enabled
+            or s.monitoring.warmup_steps < s.training.total_steps
+        ),
+    ),
+)
+
+
+class GPUTrainingJobSpec(_Ruled):
+    """Desired state: the image and command, the gang's shape, and its policies."""
+
+    RULES: ClassVar = _SPEC_RULES
+    model_config = ConfigDict(
+        json_schema_extra=R.cel_rules(
+            *(r.schema() for r in _SPEC_RULES),
+            R.cel(
+                "!has(self.training) || !has(self.training.procsPerNode) || "
+                "!has(self.gpusPerNode) || self.gpusPerNode == 0 || "
+                "self.training.procsPerNode <= self.gpusPerNode",
+                "spec.training.procsPerNode must be <= spec.gpusPerNode when GPUs are requested",
+            ),
+            R.cel(
+                "!has(self.training) || self.training.launcher != 'torchrun' || "
+                "(has(self.command) && size(self.command) > 0)",
+                "spec.command is required when spec.training.launcher is torchrun",
+            ),
+            R.cel(
+                "!has(self.training) || !has(self.training.metricsPort) || "
+                "!has(self.training.masterPort) || "
+                "self.training.masterPort < self.training.metricsPort || "
+                f"self.training.masterPort >= self.training.metricsPort + {_PROCS_EXPR}",
+                "spec.training.masterPort must not fall in the metrics port range "
+                "metricsPort..metricsPort+procsPerNode-1",
+            ),
+            R.cel(
+                "!has(self.training) || !has(self.training.metricsPort) || "
+                f"self.training.metricsPort + {_PROCS_EXPR} - 1 <= 65535",
+                "spec.training.metricsPort+procsPerNode-1 must be <= 65535",
+            ),
+        )
+    )
+
+    image: Image = Field(
+        description="Container image of every rank (e.g. the gpujob trainer image).",
+    )
+    command: list[str] | None = Field(
+        default=None,
+        description='Trainer command, e.g. ["python", "-m", "pkg.train"]. With launcher '
+        "torchrun, python -m M / python S are run as torchrun -m M / torchrun S, anything "
+        "else as torchrun --no-python CMD.",
+    )
+    args: list[str] | None = Field(default=None, description="Arguments appended to command.")
+    env: list[EnvVar] | None = Field(
+        default=None,
+        max_length=256,
+        description="Extra environment. The rendezvous variables (MASTER_ADDR, MASTER_PORT, "
+        "WORLD_SIZE, RANK, PET_*) and GPUJOB_* contract variables are the operator's.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["name"],
+            **R.cel_rules(
+                R.cel(
+                    "self.all(e, !(e.name in [" + ", ".join(f"'{n}'" for n in RESERVED_ENV) + "]))",
+                    "spec.env must not set " + ", ".join(RESERVED_ENV) + ": the operator sets them",
+                )
+            ),
+        },
+    )
+    nodes: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_NODES,
+        description="Number of nodes (pods) in the gang; each runs procsPerNode ranks.",
+        json_schema_extra=R.immutable("spec.nodes"),
+    )
+    gpus_per_node: int = Field(
+        default=0,
+        ge=0,
+        le=64,
+        description="nvidia.com/gpu requested and limited per pod; 0 runs on CPU.",
+    )
+    resources: ResourceRequirements | None = Field(
+        default=None, description="Per-pod resources besides GPUs (core/v1 requests/limits)."
+    )
+    template: PodTemplate | None = Field(
+        default=None, description="Pod settings copied into every pod."
+    )
+    training: Training = Field(
+        default_factory=Training,
+        description="Launcher, rendezvous and metrics settings.",
+        json_schema_extra={"default": {}},
+    )
+    monitoring: Monitoring = Field(
+        default_factory=Monitoring,
+        description="Scraping, stall detection and bottleneck thresholds.",
+        json_schema_extra={"default": {}},
+    )
+    run_policy: RunPolicy = Field(
+        default_factory=RunPolicy,
+        description="Retries, deadlines, cleanup and suspension.",
+        json_schema_extra={"default": {}},
+    )
+    scheduling: Scheduling | None = Field(
+        default=None,
+        description="Gang admission: Native (Workload/PodGroup), Kueue, or None.",
+    )
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> GPUTrainingJobSpec:
+        t = self.training
+        if t.procs_per_node is not None and 0 < self.gpus_per_node < t.procs_per_node:
+            raise ValueError(
+                "spec.training.procsPerNode must be <= spec.gpusPerNode when GPUs are requested"
+            )
+        if t.launcher == "torchrun" and not self.command:
+            raise ValueError("spec.command is required when spec.training.launcher is torchrun")
+        procs = self.procs_per_node
+        if t.metrics_port <= t.master_port < t.metrics_port + procs:
+            raise ValueError(
+                "spec.training.masterPort must not fall in the metrics port range "
+                "metricsPort..metricsPort+procsPerNode-1"
+            )
+        if t.metrics_port + procs - 1 > 65535:
+            raise ValueError("spec.training.metricsPort+procsPerNode-1 must be <= 65535")
+        reserved = sorted({e.name for e in self.env or ()} & set(RESERVED_ENV))
+        if reserved:
+            raise ValueError(
+                "spec.env must not set " + ", ".join(RESERVED_ENV) + ": the operator sets them"
+            )
+        names = [e.name for e in self.env or ()]
+        if len(names) != len(set(names)):
+            raise ValueError("spec.env: duplicate variable names")
+        return self
+
+    @property
+    def procs_per_node(self) -> int:
+        """Effective ranks per node: explicit, else gpusPerNode, else 1 on CPU."""
+        if self.training.procs_per_node is not None:
+            return self.training.procs_per_node
+        return self.gpus_per_node if self.gpus_per_node > 0 else 1
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs of the whole gang (nodes x gpusPerNode)."""
+        return self.nodes * self.gpus_per_node
+
+
+def parse_spec(spec: Mapping[str, Any] | GPUTrainingJobSpec) -> GPUTrainingJobSpec:
+    """Validate a raw (camelCase) spec mapping, filling defaults; models pass through."""
+    if isinstance(spec, GPUTrainingJobSpec):
+        return spec
+    return GPUTrainingJobSpec.model_validate(dict(spec))
+
+
+def spec_problems(error: ValidationError) -> str:
+    """A refused spec's problems as the API server words them: ``spec.<path>: <message>``.
+
+    For the operator's status when a stored job no longer passes the model (created before
+    a rule existed, or under an older CRD): the same words ``kubectl apply`` would show.
+    """
+    out = []
+    for e in error.errors():
+        path = "spec" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"])
+        message = str(e["msg"]).removeprefix("Value error, ")
+        out.append(f"{path}: {message}")
+    return "; ".join(out)

@@ -1,0 +1,290 @@
+"""The GPUTrainingJob's status: what the operator observed, through the status subresource.
+
+Conditions, pod counts, progress, the bottleneck verdict with its evidence, the GPUs, the
+root cause of a failure, the gang's admission and the strings of ``kubectl get``. Read
+leniently: unknown fields are ignored, so an older operator can read a newer one's status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field, PlainSerializer, WithJsonSchema
+
+from gpujob_operator.api.base import Model as _Model
+from gpujob_operator.api.conditions import format_time
+from gpujob_operator.api.names import GangMechanism
+
+Time = Annotated[
+    datetime,
+    PlainSerializer(format_time, return_type=str, when_used="json"),
+    WithJsonSchema({"type": "string", "format": "date-time"}),
+]
+"""A timestamp, written as RFC 3339 UTC with a Z, like Kubernetes' metav1.Time."""
+
+Evidence = Annotated[
+    dict[str, float | int | str],
+    WithJsonSchema(
+        {"type": "object", "additionalProperties": {"x-kubernetes-preserve-unknown-fields": True}}
+    ),
+]
+
+
+class _StatusModel(_Model):
+    """Base for status models: unknown fields ignored so an older operator can read."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class Condition(_StatusModel):
+    """A metav1.Condition: one aspect of the job's state and when it last changed."""
+
+    type: str = Field(
+        max_length=316,
+        description="Condition type: Created, Running, Restarting, Suspended, Succeeded, "
+        "Failed, Stalled, MetricsAvailable or BottleneckDetected.",
+    )
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(
+        default="",
+        max_length=1024,
+        description="CamelCase reason for the last transition, e.g. Unschedulable.",
+    )
+    message: str = Field(default="", max_length=32768, description="Human-readable details.")
+    last_transition_time: Time | None = Field(default=None, description="When status last changed.")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation the condition was computed for."
+    )
+
+
+class Replicas(_StatusModel):
+    """Pod counts of the current gang attempt."""
+
+    desired: int = Field(default=0, description="Pods the gang needs (spec.nodes).")
+    created: int = Field(default=0, description="Pods of the current attempt that exist.")
+    pending: int = Field(default=0, description="Pods waiting to be scheduled or started.")
+    running: int = Field(default=0, description="Pods running.")
+    succeeded: int = Field(default=0, description="Pods whose trainer exited 0.")
+    failed: int = Field(default=0, description="Pods whose trainer failed.")
+
+
+class Progress(_StatusModel):
+    """Training progress from the ranks' metrics (latest values, never time series)."""
+
+    step: int | None = Field(
+        default=None, description="Optimizer steps completed (min over ranks)."
+    )
+    total_steps: int | None = Field(default=None, description="Target steps.")
+    percent: float | None = Field(default=None, description="step/totalSteps in percent.")
+    epoch: float | None = Field(default=None, description="Current epoch.")
+    samples_per_second: float | None = Field(
+        default=None, description="Global training throughput over the window."
+    )
+    tokens_per_second: float | None = Field(
+        default=None, description="Global token throughput over the window, when exported."
+    )
+    eta_seconds: float | None = Field(default=None, description="Estimated seconds to totalSteps.")
+    estimated_completion_time: Time | None = Field(
+        default=None, description="Now plus etaSeconds at the last analysis."
+    )
+    last_step_time: Time | None = Field(
+        default=None, description="When a rank last finished a step."
+    )
+    loss: float | None = Field(default=None, description="Last reported training loss.")
+
+
+class RankBreakdown(_StatusModel):
+    """One rank's step split: own work vs waits (mean seconds per step over the window)."""
+
+    rank: int = Field(description="Global rank.")
+    role: str = Field(description="slowest, median or fastest, by own time per step.")
+    pod: str | None = Field(default=None, description="Pod of the rank.")
+    node: str | None = Field(default=None, description="Node of the rank.")
+    step_seconds: float | None = Field(default=None, description="Whole step.")
+    own_seconds: float | None = Field(
+        default=None,
+        description="The rank's own work: step minus data wait, comm wait, checkpoint, eval.",
+    )
+    compute_seconds: float | None = Field(
+        default=None, description="Forward, backward and optimizer (part of own)."
+    )
+    other_seconds: float | None = Field(
+        default=None,
+        description="Own work outside forward/backward/optimizer: loss, preprocessing, metrics.",
+    )
+    data_wait_seconds: float | None = Field(default=None, description="Waiting for a batch.")
+    comm_wait_seconds: float | None = Field(
+        default=None, description="Exposed wait for gradient all-reduce (for slower peers too)."
+    )
+    checkpoint_seconds: float | None = Field(default=None, description="Checkpointing.")
+    eval_seconds: float | None = Field(default=None, description="Evaluation.")
+
+
+class Bottleneck(_StatusModel):
+    """What limits the job's speed now, with the numbers that justify the verdict."""
+
+    verdict: str = Field(
+        description="InputBound, CheckpointBound, EvalBound, CommunicationBound, Straggler, "
+        "MemoryPressure, GPUUnderutilized, Throttled, Stalled, HardwareFault or Healthy."
+    )
+    severity: str | None = Field(default=None, description="Info, Warning or Critical.")
+    summary: str | None = Field(default=None, description="One-line explanation.")
+    evidence: Evidence | None = Field(
+        default=None, description="Numbers (and labels) behind the verdict, by name."
+    )
+    advice: str | None = Field(default=None, description="What to try.")
+    rank: int | None = Field(default=None, description="Global rank concerned, if one.")
+    pod: str | None = Field(default=None, description="Pod concerned, if one.")
+    node: str | None = Field(default=None, description="Node concerned, if one.")
+    gpu_uuid: str | None = Field(
+        default=None, alias="gpuUUID", description="GPU concerned (NVML UUID), if one."
+    )
+    since: Time | None = Field(default=None, description="When this verdict was first published.")
+    breakdown: list[RankBreakdown] | None = Field(
+        default=None,
+        max_length=8,
+        description="Mean seconds per step of a few ranks over the window: the slowest "
+        "three by own time, the median and the fastest (never one entry per rank).",
+    )
+
+
+class GPUSummary(_StatusModel):
+    """The gang's GPUs as seen by NVML on the ranks."""
+
+    requested: int | None = Field(default=None, description="GPUs requested (nodes x gpusPerNode).")
+    observed: int | None = Field(default=None, description="GPUs reporting telemetry.")
+    product: str | None = Field(default=None, description="GPU model name.")
+    mean_utilization_ratio: float | None = Field(
+        default=None, description="Mean GPU utilization 0..1 over the window."
+    )
+    max_memory_used_ratio: float | None = Field(
+        default=None, description="Highest used/total GPU memory 0..1."
+    )
+    telemetry: str | None = Field(
+        default=None, description="Available, or Unavailable (no GPU or no NVML) with why."
+    )
+
+
+class Failure(_StatusModel):
+    """The root cause of the job's failure, or of its latest gang restart."""
+
+    pod: str | None = Field(default=None, description="Pod whose failure came first.")
+    container: str | None = Field(default=None, description="Container that failed.")
+    node_rank: int | None = Field(default=None, description="Node rank of that pod.")
+    attempt: int | None = Field(default=None, description="Gang attempt it belonged to.")
+    exit_code: int | None = Field(default=None, description="Container exit code, if any.")
+    reason: str | None = Field(
+        default=None, description="OOMKilled, Error, Evicted, DeadlineExceeded, PodLost, ..."
+    )
+    message: str | None = Field(default=None, description="Kubernetes' or the trainer's message.")
+    log_tail: str | None = Field(
+        default=None, description="Last lines of the failed container's log."
+    )
+    time: Time | None = Field(default=None, description="When the container terminated.")
+
+
+class GangStatus(_StatusModel):
+    """Where the gang stands with its admission mechanism (spec.scheduling.gang)."""
+
+    mechanism: GangMechanism | None = Field(
+        default=None, description="The mechanism in effect: None, Native or Kueue."
+    )
+    workload: str | None = Field(
+        default=None,
+        description="Native: the scheduling.k8s.io Workload; Kueue: the kueue.x-k8s.io Workload.",
+    )
+    pod_group: str | None = Field(
+        default=None, description="Native: the PodGroup of the current attempt."
+    )
+    queue: str | None = Field(default=None, description="Kueue: the LocalQueue.")
+    cluster_queue: str | None = Field(
+        default=None, description="Kueue: the ClusterQueue that admitted the job."
+    )
+    admitted: bool | None = Field(
+        default=None, description="Kueue: whether the job holds its quota now."
+    )
+    flavors: dict[str, str] | None = Field(
+        default=None, description="Kueue: the ResourceFlavor assigned to each resource."
+    )
+    preemptions: int | None = Field(
+        default=None,
+        description="Times the gang was preempted or evicted (by Kueue, by kube-scheduler "
+        "for a higher-priority pod, by an eviction such as kubectl drain): restarts that are "
+        "not failures and not counted against backoffLimit.",
+    )
+
+
+class Display(_StatusModel):
+    """Pre-formatted strings for `kubectl get` columns (JSONPath cannot format)."""
+
+    progress: str | None = Field(default=None, description='e.g. "41.3%".')
+    eta: str | None = Field(default=None, description='e.g. "18m20s".')
+    throughput: str | None = Field(default=None, description='e.g. "2840 samples/s".')
+    bottleneck: str | None = Field(default=None, description='e.g. "Straggler(r13)".')
+
+
+Phase = Literal["Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
+
+
+class GPUTrainingJobStatus(_StatusModel):
+    """Observed state, written by the operator through the status subresource."""
+
+    observed_generation: int | None = Field(
+        default=None, description="metadata.generation the status was computed for."
+    )
+    conditions: list[Condition] | None = Field(
+        default=None,
+        description="Latest observations of the job's state, one per type.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+        },
+    )
+    phase: Phase | None = Field(
+        default=None,
+        description="Display phase derived from conditions: Pending, Running, Restarting, "
+        "Suspended, Succeeded or Failed.",
+    )
+    attempt: int | None = Field(
+        default=None,
+        description="Current gang attempt (pod label gpujob.dev/attempt); bumped on each gang "
+        "restart and on suspension.",
+    )
+    restarts: int | None = Field(
+        default=None, description="Gang restarts so far, counted against backoffLimit."
+    )
+    replicas: Replicas | None = Field(
+        default=None, description="Pod counts of the current attempt."
+    )
+    total_gpus: int | None = Field(
+        default=None, alias="totalGPUs", description="nodes x gpusPerNode (for kubectl get)."
+    )
+    start_time: Time | None = Field(
+        default=None, description="When the pods were first created (reset on resume)."
+    )
+    completion_time: Time | None = Field(
+        default=None, description="When the job succeeded or failed."
+    )
+    next_attempt_time: Time | None = Field(
+        default=None,
+        description="When the pods of the next gang attempt will be created: set while a gang "
+        "restart backs off (10 s, 20 s, 40 s ... capped, like batch/v1 Job) or a refused pod "
+        "create is retried.",
+    )
+    progress: Progress | None = Field(default=None, description="Training progress.")
+    bottleneck: Bottleneck | None = Field(default=None, description="Current bottleneck verdict.")
+    gpus: GPUSummary | None = Field(default=None, description="GPU summary.")
+    failure: Failure | None = Field(
+        default=None, description="Root cause of the failure or of the latest gang restart."
+    )
+    display: Display | None = Field(default=None, description="Strings for kubectl get columns.")
+    gang: GangStatus | None = Field(
+        default=None, description="Gang admission: mechanism, PodGroup or Kueue queue state."
+    )
+
+
+def parse_status(status: Mapping[str, Any] | None) -> GPUTrainingJobStatus:
+    """Read a raw status mapping leniently (unknown keys ignored, absent = empty)."""
+    return GPUTrainingJobStatus.model_validate(dict(status or {}))
