@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-from gpujob_operator.observability import alerts, dashboards, opmetrics
+from gpujob_operator.observability import alerts, dashboards, opfamilies, opmetrics
 from gpujob_trainer import contract
 
 README: Final = Path(__file__).resolve().parents[2] / "README.md"
@@ -88,8 +88,8 @@ def operator_metrics() -> str:
         labels = sorted(
             {k for s in fam.samples for k in s.labels if k != "le"},
             key=lambda k: (
-                k not in opmetrics.JOB_LABELS,
-                opmetrics.JOB_LABELS.index(k) if k in opmetrics.JOB_LABELS else 0,
+                k not in opfamilies.JOB_LABELS,
+                opfamilies.JOB_LABELS.index(k) if k in opfamilies.JOB_LABELS else 0,
                 k,
             ),
         )

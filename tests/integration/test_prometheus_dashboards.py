@@ -23,7 +23,7 @@ import yaml
 
 from gpujob_localcluster.cluster import LocalCluster
 from gpujob_localcluster.ports import free_port
-from gpujob_operator.observability import alerts, dashboards
+from gpujob_operator.observability import alerts, dashboards, opfamilies
 from tests.integration.conftest import wait_job_phase
 from tests.support.chart import find, render
 from tests.support.kube import Kube
@@ -177,7 +177,7 @@ def stack(
             "rule_files": [str(REPO / alerts.RULES_FILE)],
             "scrape_configs": [
                 {
-                    "job_name": dashboards.OPERATOR_JOB,
+                    "job_name": opfamilies.OPERATOR_JOB,
                     "honor_labels": True,
                     "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"]}],
                 },
@@ -195,7 +195,7 @@ def stack(
             by_job = [t["labels"]["job"] for t in targets]
             ok = (
                 by_job.count("gpujob-trainers") == NODES * PROCS
-                and dashboards.OPERATOR_JOB in by_job
+                and opfamilies.OPERATOR_JOB in by_job
             )
             return targets if ok else None
 

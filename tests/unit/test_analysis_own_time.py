@@ -13,7 +13,7 @@ import pytest
 
 from gpujob_operator import api
 from gpujob_operator.monitoring import analysis as an
-from gpujob_operator.observability import opmetrics
+from gpujob_operator.observability import opfamilies
 from tests.unit.test_analysis import GIB, SETTINGS, Job, RankSim, run, two_ranks, verdict
 
 
@@ -189,7 +189,7 @@ def test_ratios_are_shares_of_training_time() -> None:
 
 
 def test_operator_metrics_know_every_verdict() -> None:
-    assert set(opmetrics.VERDICTS) == set(an.VERDICTS)
+    assert set(opfamilies.VERDICTS) == set(an.VERDICTS)
 
 
 def _long_run(steps: int = 10_000) -> Job:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpujob_operator.observability import alerts, dashboards
+from gpujob_operator.observability import alerts, dashboards, opfamilies
 from tests.support.chart import CHART, MODES, find, helm, render, template, values_file
 
 
@@ -168,7 +168,7 @@ def test_monitoring_objects() -> None:
     assert {
         "action": "replace",
         "targetLabel": "job",
-        "replacement": dashboards.OPERATOR_JOB,
+        "replacement": opfamilies.OPERATOR_JOB,
     } in ep["relabelings"]
     (svc,) = find(objs, "Service")
     assert svc["spec"]["ports"][0]["name"] == "metrics"

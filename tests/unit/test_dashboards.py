@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpujob_operator.observability import alerts, dashboards
-from gpujob_operator.observability import opmetrics as om
+from gpujob_operator.observability import alerts, dashboards, opfamilies
 from gpujob_trainer import contract
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,7 +64,7 @@ def metric_names(expr: str) -> set[str]:
 
 def exported() -> set[str]:
     """Every series name something in gpujob exports, plus Prometheus' and the process's own."""
-    names = set(om.exported_names()) | {"up"}
+    names = set(opfamilies.exported_names()) | {"up"}
     names |= {"process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds"}
     for spec in contract.ALL_METRICS:
         if spec.type == "histogram":
@@ -142,7 +141,7 @@ def test_units_are_set_where_they_matter() -> None:
 
 
 def test_job_dashboard_covers_the_issue() -> None:
-    titles = {p["title"] for p in dashboards.job()["panels"]}
+    titles = {p["title"] for p in dashboards.DASHBOARDS["gpujob-job"]()["panels"]}
     for needed in (
         "Step time breakdown per rank",
         "Relative speed per rank",

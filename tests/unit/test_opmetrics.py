@@ -7,7 +7,7 @@ import urllib.request
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpujob_operator.observability import opmetrics as om
+from gpujob_operator.observability import opfamilies, opmetrics
 
 STATUS = {
     "phase": "Running",
@@ -34,7 +34,7 @@ STATUS = {
 }
 
 
-def samples(m: om.JobMetrics) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+def samples(m: opmetrics.JobMetrics) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     text = generate_latest(m.registry).decode()
     out = {}
     for fam in text_string_to_metric_families(text):
@@ -47,8 +47,8 @@ def get(s: dict, name: str, **labels: str) -> float | None:
     return s.get((name, frozenset(labels.items())))
 
 
-def fresh() -> om.JobMetrics:
-    return om.JobMetrics(process=False)
+def fresh() -> opmetrics.JobMetrics:
+    return opmetrics.JobMetrics(process=False)
 
 
 def test_a_status_becomes_job_series_labelled_by_namespace_and_job() -> None:
@@ -73,10 +73,12 @@ def test_a_status_becomes_job_series_labelled_by_namespace_and_job() -> None:
     )
     assert get(s, "gpujob_job_last_step_timestamp_seconds", **key) == 1777630320.0
     assert get(s, "gpujob_job_replicas", **key, state="running") == 2
-    phases = {p: get(s, "gpujob_job_phase", **key, phase=p) for p in om.PHASES}
-    assert phases == {p: float(p == "Running") for p in om.PHASES}
-    verdicts = {v: get(s, "gpujob_job_bottleneck_verdict", **key, verdict=v) for v in om.VERDICTS}
-    assert verdicts == {v: float(v == "InputBound") for v in om.VERDICTS}
+    phases = {p: get(s, "gpujob_job_phase", **key, phase=p) for p in opfamilies.PHASES}
+    assert phases == {p: float(p == "Running") for p in opfamilies.PHASES}
+    verdicts = {
+        v: get(s, "gpujob_job_bottleneck_verdict", **key, verdict=v) for v in opfamilies.VERDICTS
+    }
+    assert verdicts == {v: float(v == "InputBound") for v in opfamilies.VERDICTS}
 
 
 def test_absent_values_are_absent_series_not_zeros() -> None:
@@ -157,14 +159,14 @@ def test_reconcile_and_scrape_health() -> None:
 
 def test_error_reasons_are_sanitised_and_capped() -> None:
     m = fresh()
-    for i in range(om.MAX_ERROR_REASONS + 10):
+    for i in range(opmetrics.MAX_ERROR_REASONS + 10):
         m.observe_scrape(0.1, ok=False, reason=f"weird reason #{i}")
     reasons = {
         dict(labels)["reason"]
         for name, labels in samples(m)
         if name == "gpujob_operator_errors_total"
     }
-    assert len(reasons) == om.MAX_ERROR_REASONS + 1 and om.REASON_OTHER in reasons
+    assert len(reasons) == opmetrics.MAX_ERROR_REASONS + 1 and opmetrics.REASON_OTHER in reasons
     assert "weird_reason_0" in reasons
 
 
@@ -172,14 +174,14 @@ def test_error_reason_of_exceptions() -> None:
     class ApiError(Exception):
         status = 409
 
-    assert om.error_reason(ApiError()) == "api_409"
-    assert om.error_reason(TimeoutError()) == "timeout"
-    assert om.error_reason(ConnectionRefusedError()) == "connection"
-    assert om.error_reason(KeyError("x")) == "KeyError"
+    assert opmetrics.error_reason(ApiError()) == "api_409"
+    assert opmetrics.error_reason(TimeoutError()) == "timeout"
+    assert opmetrics.error_reason(ConnectionRefusedError()) == "connection"
+    assert opmetrics.error_reason(KeyError("x")) == "KeyError"
 
 
 def test_serve_over_http_without_created_series() -> None:
-    m = om.JobMetrics()
+    m = opmetrics.JobMetrics()
     m.update("ns", "j", STATUS)
     port = m.serve(0, "127.0.0.1")
     try:
@@ -197,7 +199,7 @@ def test_exported_names_cover_what_is_rendered() -> None:
     m.update("ns", "j", STATUS)
     m.observe_reconcile(0.1, "x")
     rendered = {name for name, _ in samples(m)}
-    assert rendered <= om.exported_names()
+    assert rendered <= opfamilies.exported_names()
 
 
 def test_what_scrapes_refused_is_counted() -> None:

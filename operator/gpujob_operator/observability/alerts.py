@@ -15,13 +15,13 @@ from typing import Any, Final
 
 import yaml
 
-from gpujob_operator.observability import opmetrics as om
-from gpujob_operator.observability.dashboards import OPERATOR_JOB
-from gpujob_trainer import contract as c
+from gpujob_operator.observability import opfamilies
+from gpujob_operator.observability.opfamilies import OPERATOR_JOB
+from gpujob_trainer import contract
 
 RULES_FILE: Final = Path("charts") / "gpujob" / "files" / "gpujob.rules.yaml"
 JOB_KEY: Final = "namespace, job_name"
-RUNNING: Final = f'on ({JOB_KEY}) ({om.JOB_PHASE.name}{{phase="Running"}} == 1)'
+RUNNING: Final = f'on ({JOB_KEY}) ({opfamilies.JOB_PHASE.name}{{phase="Running"}} == 1)'
 INSPECT = (
     "Inspect: kubectl -n {{ $labels.namespace }} describe gputrainingjob {{ $labels.job_name }}"
 )
@@ -51,7 +51,7 @@ class Alert:
 JOB_ALERTS: Final = (
     Alert(
         "GPUJobStalled",
-        f"max by ({JOB_KEY}) ({om.JOB_STALLED.name}) == 1",
+        f"max by ({JOB_KEY}) ({opfamilies.JOB_STALLED.name}) == 1",
         "2m",
         "warning",
         "GPUTrainingJob {{ $labels.namespace }}/{{ $labels.job_name }} stopped making progress.",
@@ -66,7 +66,7 @@ JOB_ALERTS: Final = (
     ),
     Alert(
         "GPUJobFailed",
-        f'{om.JOB_PHASE.name}{{phase="Failed"}} == 1',
+        f'{opfamilies.JOB_PHASE.name}{{phase="Failed"}} == 1',
         "0m",
         "warning",
         "GPUTrainingJob {{ $labels.namespace }}/{{ $labels.job_name }} failed.",
@@ -79,7 +79,7 @@ JOB_ALERTS: Final = (
     ),
     Alert(
         "GPUJobBottleneckPersisting",
-        f'({om.JOB_VERDICT.name}{{verdict!~"Healthy|Stalled"}} == 1) and {RUNNING}',
+        f'({opfamilies.JOB_VERDICT.name}{{verdict!~"Healthy|Stalled"}} == 1) and {RUNNING}',
         "30m",
         "info",
         "GPUTrainingJob {{ $labels.namespace }}/{{ $labels.job_name }} has been "
@@ -98,7 +98,7 @@ JOB_ALERTS: Final = (
     ),
     Alert(
         "GPUJobGPUsUnderutilized",
-        f"avg by ({JOB_KEY}) (avg_over_time({c.GPU_UTILIZATION.name}[15m])) < 0.5",
+        f"avg by ({JOB_KEY}) (avg_over_time({contract.GPU_UTILIZATION.name}[15m])) < 0.5",
         "15m",
         "warning",
         "GPUs of GPUTrainingJob {{ $labels.namespace }}/{{ $labels.job_name }} are "
@@ -111,7 +111,7 @@ JOB_ALERTS: Final = (
     ),
     Alert(
         "GPUJobMetricsUnavailable",
-        f"({om.JOB_METRICS_AVAILABLE.name} == 0) and {RUNNING}",
+        f"({opfamilies.JOB_METRICS_AVAILABLE.name} == 0) and {RUNNING}",
         "10m",
         "warning",
         "The operator cannot read the metrics of GPUTrainingJob {{ $labels.namespace }}/"
@@ -124,8 +124,9 @@ JOB_ALERTS: Final = (
     ),
     Alert(
         "GPUJobHardwareFault",
-        f"max by ({JOB_KEY}, node_rank, gpu, UUID) (increase({c.GPU_XID_ERRORS.name}[10m]) > 0 "
-        f"or increase({c.GPU_ECC_UNCORRECTED.name}[10m]) > 0)",
+        f"max by ({JOB_KEY}, node_rank, gpu, UUID) "
+        f"(increase({contract.GPU_XID_ERRORS.name}[10m]) > 0 "
+        f"or increase({contract.GPU_ECC_UNCORRECTED.name}[10m]) > 0)",
         "0m",
         "critical",
         "GPU {{ $labels.UUID }} of GPUTrainingJob {{ $labels.namespace }}/{{ $labels.job_name }} "
@@ -152,8 +153,8 @@ OPERATOR_ALERTS: Final = (
     ),
     Alert(
         "GPUJobOperatorErrors",
-        f'sum(rate({om.ERRORS.name}{{source="reconcile"}}[10m])) '
-        f"/ sum(rate({om.RECONCILES.name}[10m])) > 0.1",
+        f'sum(rate({opfamilies.ERRORS.name}{{source="reconcile"}}[10m])) '
+        f"/ sum(rate({opfamilies.RECONCILES.name}[10m])) > 0.1",
         "15m",
         "warning",
         "More than 10% of the gpujob operator's reconciles fail.",

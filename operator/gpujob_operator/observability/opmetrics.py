@@ -2,14 +2,10 @@
 
 One Prometheus target (the operator) answers "how far is every job, and what limits it"
 without scraping every rank: the reconciler hands each job's freshly computed status to
-:meth:`JobMetrics.update`, and a collector renders the latest values at scrape time. Labels
-are only ``namespace`` and ``job_name`` (plus small fixed sets such as ``phase`` and
-``verdict``), so cardinality grows with the number of jobs and nothing else. A job's series
-vanish with :meth:`JobMetrics.forget` when the job is deleted.
-
-``job_name`` rather than ``job``: Prometheus owns the ``job`` label (the scrape job). The
-ServiceMonitor scrapes with ``honorLabels`` so our ``namespace`` (the job's) wins over the
-target's (the operator's).
+:meth:`JobMetrics.update` (read into a :class:`~gpujob_operator.observability.jobsample.JobSample`),
+and a collector renders the latest values at scrape time. A job's series vanish with
+:meth:`JobMetrics.forget` when the job is deleted. The families' names, help texts and labels
+are spelled once, in :mod:`~gpujob_operator.observability.opfamilies`.
 
 Everything lives in a private :class:`CollectorRegistry` and is rendered by custom
 collectors, so no ``_created`` series are emitted (design, pitfalls) and tests can make a
@@ -19,12 +15,9 @@ fresh :class:`JobMetrics` each time.
 from __future__ import annotations
 
 import logging
-import math
 import re
 import threading
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, GCCollector, ProcessCollector
@@ -36,34 +29,48 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
+from gpujob_operator.observability.jobsample import JobSample
+from gpujob_operator.observability.opfamilies import (
+    API_ERRORS,
+    BUILD_INFO,
+    DROPPED_BYTES,
+    DROPPED_SERIES,
+    DROPPED_VALUES,
+    ERRORS,
+    JOB_ETA,
+    JOB_GPU_UTILIZATION,
+    JOB_GPUS,
+    JOB_LABELS,
+    JOB_LAST_STEP,
+    JOB_LOSS,
+    JOB_METRICS_AVAILABLE,
+    JOB_PHASE,
+    JOB_PROGRESS,
+    JOB_REPLICAS,
+    JOB_RESTARTS,
+    JOB_SAMPLES_RATE,
+    JOB_STALLED,
+    JOB_START,
+    JOB_STEP,
+    JOB_TARGET_STEPS,
+    JOB_TOKENS_RATE,
+    JOB_VERDICT,
+    JOBS,
+    PHASES,
+    RECONCILE_DURATION,
+    RECONCILES,
+    SCRAPE_DURATION,
+    SCRAPES,
+    VERDICT_OTHER,
+    VERDICTS,
+    Family,
+)
+
 log = logging.getLogger("gpujob.opmetrics")
 
 DEFAULT_PORT: Final = 8081
 ENV_PORT: Final = "GPUJOB_OPERATOR_METRICS_PORT"
 ENV_ADDR: Final = "GPUJOB_OPERATOR_METRICS_ADDR"
-
-LABEL_NAMESPACE: Final = "namespace"
-LABEL_JOB: Final = "job_name"
-JOB_LABELS: Final = (LABEL_NAMESPACE, LABEL_JOB)
-
-PHASES: Final = ("Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
-"""Display phases (``status.phase``); one 0/1 series each, so a phase change is one flip."""
-VERDICTS: Final = (
-    "Healthy",
-    "InputBound",
-    "CheckpointBound",
-    "EvalBound",
-    "CommunicationBound",
-    "Straggler",
-    "MemoryPressure",
-    "GPUUnderutilized",
-    "Throttled",
-    "Stalled",
-    "HardwareFault",
-)
-"""Bottleneck verdicts (design section 5). An unknown verdict is rendered as ``Other``."""
-VERDICT_OTHER: Final = "Other"
-REPLICA_STATES: Final = ("desired", "pending", "running", "succeeded", "failed")
 
 RECONCILE_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 SCRAPE_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -76,215 +83,6 @@ _REASON_RE = re.compile(r"[^A-Za-z0-9_]+")
 def _label(text: str) -> str:
     """A label value from a fixed vocabulary (no cardinality cap needed), made safe."""
     return _REASON_RE.sub("_", text).strip("_")[:64] or "unknown"
-
-
-@dataclass(frozen=True)
-class Family:
-    """Name, help and unit of one exported family: the single spelling dashboards use."""
-
-    name: str
-    help: str
-    unit: str = ""
-
-
-# ---- job-level families --------------------------------------------------------------
-JOB_PROGRESS = Family(
-    "gpujob_job_progress_ratio", "Steps completed / target steps, 0..1 (status.progress).", "ratio"
-)
-JOB_STEP = Family("gpujob_job_step", "Optimizer steps completed (min over ranks).")
-JOB_TARGET_STEPS = Family("gpujob_job_target_steps", "Optimizer steps the job means to run.")
-JOB_ETA = Family("gpujob_job_eta_seconds", "Estimated seconds until the target step.", "seconds")
-JOB_SAMPLES_RATE = Family(
-    "gpujob_job_samples_per_second", "Global training throughput over the analysis window."
-)
-JOB_TOKENS_RATE = Family(
-    "gpujob_job_tokens_per_second", "Global token throughput over the window, when exported."
-)
-JOB_LOSS = Family("gpujob_job_loss", "Last reported training loss.")
-JOB_LAST_STEP = Family(
-    "gpujob_job_last_step_timestamp_seconds", "Unix time a rank last finished a step.", "seconds"
-)
-JOB_START = Family("gpujob_job_start_time_seconds", "Unix time the pods were created.", "seconds")
-JOB_VERDICT = Family(
-    "gpujob_job_bottleneck_verdict", "1 for the job's current bottleneck verdict, else 0."
-)
-JOB_PHASE = Family("gpujob_job_phase", "1 for the job's current display phase, else 0.")
-JOB_RESTARTS = Family("gpujob_job_restarts_total", "Gang restarts so far (status.restarts).")
-JOB_METRICS_AVAILABLE = Family(
-    "gpujob_job_metrics_available",
-    "1 while the operator can scrape the job's ranks (MetricsAvailable condition), else 0.",
-)
-JOB_STALLED = Family("gpujob_job_stalled", "1 while the job is Stalled (no step for too long).")
-JOB_GPUS = Family("gpujob_job_gpus", "GPUs requested by the gang (nodes x gpusPerNode).")
-JOB_GPU_UTILIZATION = Family(
-    "gpujob_job_gpu_utilization_ratio", "Mean GPU utilization of the gang over the window.", "ratio"
-)
-JOB_REPLICAS = Family("gpujob_job_replicas", "Pods of the current gang attempt by state.")
-
-# ---- operator health -------------------------------------------------------------------
-RECONCILES = Family("gpujob_operator_reconciles_total", "Reconcile passes, by result.")
-RECONCILE_DURATION = Family(
-    "gpujob_operator_reconcile_duration_seconds", "Time one reconcile pass took.", "seconds"
-)
-SCRAPES = Family("gpujob_operator_scrapes_total", "Scrapes of rank endpoints, by result.")
-SCRAPE_DURATION = Family(
-    "gpujob_operator_scrape_duration_seconds", "Time one scrape of a rank took.", "seconds"
-)
-ERRORS = Family("gpujob_operator_errors_total", "Failed reconciles and scrapes, by source/reason.")
-DROPPED_SERIES = Family(
-    "gpujob_operator_scrape_dropped_series_total",
-    "Series refused from rank payloads: a rank label not the target's rank, over a cap.",
-)
-DROPPED_VALUES = Family(
-    "gpujob_operator_scrape_dropped_values_total",
-    "Values refused from rank payloads: NaN, infinities, implausible numbers.",
-)
-DROPPED_BYTES = Family(
-    "gpujob_operator_scrape_dropped_bytes_total",
-    "Bytes of rank responses thrown away for exceeding a size, line or sample cap.",
-    "bytes",
-)
-API_ERRORS = Family(
-    "gpujob_operator_api_errors_total",
-    "API calls the server refused or that failed, by call and classified reason "
-    "(QuotaExceeded, APIThrottled, ...; see the README's Troubleshooting).",
-)
-JOBS = Family("gpujob_operator_jobs", "Jobs the operator currently exports series for.")
-BUILD_INFO = Family("gpujob_operator_build_info", "Always 1; the version label says which build.")
-
-JOB_FAMILIES: Final = (
-    JOB_PROGRESS,
-    JOB_STEP,
-    JOB_TARGET_STEPS,
-    JOB_ETA,
-    JOB_SAMPLES_RATE,
-    JOB_TOKENS_RATE,
-    JOB_LOSS,
-    JOB_LAST_STEP,
-    JOB_START,
-    JOB_VERDICT,
-    JOB_PHASE,
-    JOB_RESTARTS,
-    JOB_METRICS_AVAILABLE,
-    JOB_STALLED,
-    JOB_GPUS,
-    JOB_GPU_UTILIZATION,
-    JOB_REPLICAS,
-)
-HEALTH_FAMILIES: Final = (
-    RECONCILES,
-    RECONCILE_DURATION,
-    SCRAPES,
-    SCRAPE_DURATION,
-    ERRORS,
-    DROPPED_SERIES,
-    DROPPED_VALUES,
-    DROPPED_BYTES,
-    API_ERRORS,
-    JOBS,
-    BUILD_INFO,
-)
-
-
-def exported_names() -> set[str]:
-    """Every series name the operator can export (histograms expanded), for dashboard checks."""
-    out: set[str] = set()
-    for m in (*JOB_FAMILIES, *HEALTH_FAMILIES):
-        if m in (RECONCILE_DURATION, SCRAPE_DURATION):
-            out |= {f"{m.name}_bucket", f"{m.name}_sum", f"{m.name}_count"}
-        else:
-            out.add(m.name)
-    return out
-
-
-# ---- reading a status dict --------------------------------------------------------------
-
-
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    f = float(value)
-    return f if math.isfinite(f) else None
-
-
-def _timestamp(value: Any) -> float | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def _condition(status: Mapping[str, Any], type_: str) -> str | None:
-    for c in status.get("conditions") or ():
-        if isinstance(c, Mapping) and c.get("type") == type_:
-            return str(c.get("status"))
-    return None
-
-
-@dataclass(frozen=True)
-class JobSample:
-    """The numbers of one job's status that become series (None: the series is absent)."""
-
-    progress_ratio: float | None = None
-    step: float | None = None
-    target_steps: float | None = None
-    eta_seconds: float | None = None
-    samples_per_second: float | None = None
-    tokens_per_second: float | None = None
-    loss: float | None = None
-    last_step_timestamp: float | None = None
-    start_timestamp: float | None = None
-    phase: str | None = None
-    verdict: str | None = None
-    restarts: float = 0.0
-    metrics_available: float | None = None
-    stalled: float = 0.0
-    gpus: float | None = None
-    gpu_utilization: float | None = None
-    replicas: Mapping[str, float] = field(default_factory=dict)
-
-    @classmethod
-    def from_status(cls, status: Mapping[str, Any]) -> JobSample:
-        """Read a wire-format (camelCase) status leniently: missing or odd values are absent."""
-        progress = status.get("progress") or {}
-        bottleneck = status.get("bottleneck") or {}
-        gpus = status.get("gpus") or {}
-        replicas = status.get("replicas") or {}
-        ratio = None
-        percent = _num(progress.get("percent"))
-        if percent is not None:
-            ratio = min(max(percent / 100.0, 0.0), 1.0)
-        else:
-            step, total = _num(progress.get("step")), _num(progress.get("totalSteps"))
-            if step is not None and total:
-                ratio = min(max(step / total, 0.0), 1.0)
-        phase = status.get("phase")
-        verdict = bottleneck.get("verdict") if isinstance(bottleneck, Mapping) else None
-        if isinstance(verdict, str) and verdict and verdict not in VERDICTS:
-            verdict = VERDICT_OTHER
-        available = _condition(status, "MetricsAvailable")
-        stalled = _condition(status, "Stalled") == "True" or verdict == "Stalled"
-        return cls(
-            progress_ratio=ratio,
-            step=_num(progress.get("step")),
-            target_steps=_num(progress.get("totalSteps")),
-            eta_seconds=_num(progress.get("etaSeconds")),
-            samples_per_second=_num(progress.get("samplesPerSecond")),
-            tokens_per_second=_num(progress.get("tokensPerSecond")),
-            loss=_num(progress.get("loss")),
-            last_step_timestamp=_timestamp(progress.get("lastStepTime")),
-            start_timestamp=_timestamp(status.get("startTime")),
-            phase=phase if phase in PHASES else None,
-            verdict=verdict if isinstance(verdict, str) and verdict else None,
-            restarts=_num(status.get("restarts")) or 0.0,
-            metrics_available=None if available is None else float(available == "True"),
-            stalled=float(stalled),
-            gpus=_num(status.get("totalGPUs", gpus.get("requested"))),
-            gpu_utilization=_num(gpus.get("meanUtilizationRatio")),
-            replicas={k: v for k in REPLICA_STATES if (v := _num(replicas.get(k))) is not None},
-        )
 
 
 # ---- collectors --------------------------------------------------------------------------

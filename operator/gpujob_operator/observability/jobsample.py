@@ -1,0 +1,104 @@
+"""One job's status read into the numbers that become its series on the operator's /metrics.
+
+The reconciler hands each job's freshly computed status (wire format, camelCase) to
+:meth:`JobMetrics.update <gpujob_operator.observability.opmetrics.JobMetrics.update>`, which
+keeps it as a :class:`JobSample` until the next scrape renders it. Reading is lenient: a
+missing or odd value makes its series absent, never an error.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from gpujob_operator.observability.opfamilies import PHASES, REPLICA_STATES, VERDICT_OTHER, VERDICTS
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    f = float(value)
+    return f if math.isfinite(f) else None
+
+
+def _timestamp(value: Any) -> float | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _condition(status: Mapping[str, Any], type_: str) -> str | None:
+    for c in status.get("conditions") or ():
+        if isinstance(c, Mapping) and c.get("type") == type_:
+            return str(c.get("status"))
+    return None
+
+
+@dataclass(frozen=True)
+class JobSample:
+    """The numbers of one job's status that become series (None: the series is absent)."""
+
+    progress_ratio: float | None = None
+    step: float | None = None
+    target_steps: float | None = None
+    eta_seconds: float | None = None
+    samples_per_second: float | None = None
+    tokens_per_second: float | None = None
+    loss: float | None = None
+    last_step_timestamp: float | None = None
+    start_timestamp: float | None = None
+    phase: str | None = None
+    verdict: str | None = None
+    restarts: float = 0.0
+    metrics_available: float | None = None
+    stalled: float = 0.0
+    gpus: float | None = None
+    gpu_utilization: float | None = None
+    replicas: Mapping[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_status(cls, status: Mapping[str, Any]) -> JobSample:
+        """Read a wire-format (camelCase) status leniently: missing or odd values are absent."""
+        progress = status.get("progress") or {}
+        bottleneck = status.get("bottleneck") or {}
+        gpus = status.get("gpus") or {}
+        replicas = status.get("replicas") or {}
+        ratio = None
+        percent = _num(progress.get("percent"))
+        if percent is not None:
+            ratio = min(max(percent / 100.0, 0.0), 1.0)
+        else:
+            step, total = _num(progress.get("step")), _num(progress.get("totalSteps"))
+            if step is not None and total:
+                ratio = min(max(step / total, 0.0), 1.0)
+        phase = status.get("phase")
+        verdict = bottleneck.get("verdict") if isinstance(bottleneck, Mapping) else None
+        if isinstance(verdict, str) and verdict and verdict not in VERDICTS:
+            verdict = VERDICT_OTHER
+        available = _condition(status, "MetricsAvailable")
+        stalled = _condition(status, "Stalled") == "True" or verdict == "Stalled"
+        return cls(
+            progress_ratio=ratio,
+            step=_num(progress.get("step")),
+            target_steps=_num(progress.get("totalSteps")),
+            eta_seconds=_num(progress.get("etaSeconds")),
+            samples_per_second=_num(progress.get("samplesPerSecond")),
+            tokens_per_second=_num(progress.get("tokensPerSecond")),
+            loss=_num(progress.get("loss")),
+            last_step_timestamp=_timestamp(progress.get("lastStepTime")),
+            start_timestamp=_timestamp(status.get("startTime")),
+            phase=phase if phase in PHASES else None,
+            verdict=verdict if isinstance(verdict, str) and verdict else None,
+            restarts=_num(status.get("restarts")) or 0.0,
+            metrics_available=None if available is None else float(available == "True"),
+            stalled=float(stalled),
+            gpus=_num(status.get("totalGPUs", gpus.get("requested"))),
+            gpu_utilization=_num(gpus.get("meanUtilizationRatio")),
+            replicas={k: v for k in REPLICA_STATES if (v := _num(replicas.get(k))) is not None},
+        )

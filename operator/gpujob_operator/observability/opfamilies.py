@@ -1,0 +1,162 @@
+"""Every series the operator's own /metrics exports: name, help, unit and label vocabulary.
+
+The single spelling of each family: the collectors of
+:mod:`~gpujob_operator.observability.opmetrics` render them, and the dashboards and alert rules
+name them, so tests check every query against what is actually exported. Labels are only
+``namespace`` and ``job_name`` (plus small fixed sets such as ``phase`` and ``verdict``), so
+cardinality grows with the number of jobs and nothing else.
+
+``job_name`` rather than ``job``: Prometheus owns the ``job`` label (the scrape job;
+:data:`OPERATOR_JOB` for the operator's own target). The ServiceMonitor scrapes with
+``honorLabels`` so our ``namespace`` (the job's) wins over the target's (the operator's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+OPERATOR_JOB: Final = "gpujob-operator"
+"""The Prometheus ``job`` label of the operator's target (the ServiceMonitor sets it)."""
+
+LABEL_NAMESPACE: Final = "namespace"
+LABEL_JOB: Final = "job_name"
+JOB_LABELS: Final = (LABEL_NAMESPACE, LABEL_JOB)
+
+PHASES: Final = ("Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
+"""Display phases (``status.phase``); one 0/1 series each, so a phase change is one flip."""
+VERDICTS: Final = (
+    "Healthy",
+    "InputBound",
+    "CheckpointBound",
+    "EvalBound",
+    "CommunicationBound",
+    "Straggler",
+    "MemoryPressure",
+    "GPUUnderutilized",
+    "Throttled",
+    "Stalled",
+    "HardwareFault",
+)
+"""Bottleneck verdicts (design section 5). An unknown verdict is rendered as ``Other``."""
+VERDICT_OTHER: Final = "Other"
+REPLICA_STATES: Final = ("desired", "pending", "running", "succeeded", "failed")
+
+
+@dataclass(frozen=True)
+class Family:
+    """Name, help and unit of one exported family: the single spelling dashboards use."""
+
+    name: str
+    help: str
+    unit: str = ""
+
+
+# ---- job-level families --------------------------------------------------------------
+JOB_PROGRESS = Family(
+    "gpujob_job_progress_ratio", "Steps completed / target steps, 0..1 (status.progress).", "ratio"
+)
+JOB_STEP = Family("gpujob_job_step", "Optimizer steps completed (min over ranks).")
+JOB_TARGET_STEPS = Family("gpujob_job_target_steps", "Optimizer steps the job means to run.")
+JOB_ETA = Family("gpujob_job_eta_seconds", "Estimated seconds until the target step.", "seconds")
+JOB_SAMPLES_RATE = Family(
+    "gpujob_job_samples_per_second", "Global training throughput over the analysis window."
+)
+JOB_TOKENS_RATE = Family(
+    "gpujob_job_tokens_per_second", "Global token throughput over the window, when exported."
+)
+JOB_LOSS = Family("gpujob_job_loss", "Last reported training loss.")
+JOB_LAST_STEP = Family(
+    "gpujob_job_last_step_timestamp_seconds", "Unix time a rank last finished a step.", "seconds"
+)
+JOB_START = Family("gpujob_job_start_time_seconds", "Unix time the pods were created.", "seconds")
+JOB_VERDICT = Family(
+    "gpujob_job_bottleneck_verdict", "1 for the job's current bottleneck verdict, else 0."
+)
+JOB_PHASE = Family("gpujob_job_phase", "1 for the job's current display phase, else 0.")
+JOB_RESTARTS = Family("gpujob_job_restarts_total", "Gang restarts so far (status.restarts).")
+JOB_METRICS_AVAILABLE = Family(
+    "gpujob_job_metrics_available",
+    "1 while the operator can scrape the job's ranks (MetricsAvailable condition), else 0.",
+)
+JOB_STALLED = Family("gpujob_job_stalled", "1 while the job is Stalled (no step for too long).")
+JOB_GPUS = Family("gpujob_job_gpus", "GPUs requested by the gang (nodes x gpusPerNode).")
+JOB_GPU_UTILIZATION = Family(
+    "gpujob_job_gpu_utilization_ratio", "Mean GPU utilization of the gang over the window.", "ratio"
+)
+JOB_REPLICAS = Family("gpujob_job_replicas", "Pods of the current gang attempt by state.")
+
+# ---- operator health -------------------------------------------------------------------
+RECONCILES = Family("gpujob_operator_reconciles_total", "Reconcile passes, by result.")
+RECONCILE_DURATION = Family(
+    "gpujob_operator_reconcile_duration_seconds", "Time one reconcile pass took.", "seconds"
+)
+SCRAPES = Family("gpujob_operator_scrapes_total", "Scrapes of rank endpoints, by result.")
+SCRAPE_DURATION = Family(
+    "gpujob_operator_scrape_duration_seconds", "Time one scrape of a rank took.", "seconds"
+)
+ERRORS = Family("gpujob_operator_errors_total", "Failed reconciles and scrapes, by source/reason.")
+DROPPED_SERIES = Family(
+    "gpujob_operator_scrape_dropped_series_total",
+    "Series refused from rank payloads: a rank label not the target's rank, over a cap.",
+)
+DROPPED_VALUES = Family(
+    "gpujob_operator_scrape_dropped_values_total",
+    "Values refused from rank payloads: NaN, infinities, implausible numbers.",
+)
+DROPPED_BYTES = Family(
+    "gpujob_operator_scrape_dropped_bytes_total",
+    "Bytes of rank responses thrown away for exceeding a size, line or sample cap.",
+    "bytes",
+)
+API_ERRORS = Family(
+    "gpujob_operator_api_errors_total",
+    "API calls the server refused or that failed, by call and classified reason "
+    "(QuotaExceeded, APIThrottled, ...; see the README's Troubleshooting).",
+)
+JOBS = Family("gpujob_operator_jobs", "Jobs the operator currently exports series for.")
+BUILD_INFO = Family("gpujob_operator_build_info", "Always 1; the version label says which build.")
+
+JOB_FAMILIES: Final = (
+    JOB_PROGRESS,
+    JOB_STEP,
+    JOB_TARGET_STEPS,
+    JOB_ETA,
+    JOB_SAMPLES_RATE,
+    JOB_TOKENS_RATE,
+    JOB_LOSS,
+    JOB_LAST_STEP,
+    JOB_START,
+    JOB_VERDICT,
+    JOB_PHASE,
+    JOB_RESTARTS,
+    JOB_METRICS_AVAILABLE,
+    JOB_STALLED,
+    JOB_GPUS,
+    JOB_GPU_UTILIZATION,
+    JOB_REPLICAS,
+)
+HEALTH_FAMILIES: Final = (
+    RECONCILES,
+    RECONCILE_DURATION,
+    SCRAPES,
+    SCRAPE_DURATION,
+    ERRORS,
+    DROPPED_SERIES,
+    DROPPED_VALUES,
+    DROPPED_BYTES,
+    API_ERRORS,
+    JOBS,
+    BUILD_INFO,
+)
+
+
+def exported_names() -> set[str]:
+    """Every series name the operator can export (histograms expanded), for dashboard checks."""
+    out: set[str] = set()
+    for m in (*JOB_FAMILIES, *HEALTH_FAMILIES):
+        if m in (RECONCILE_DURATION, SCRAPE_DURATION):
+            out |= {f"{m.name}_bucket", f"{m.name}_sum", f"{m.name}_count"}
+        else:
+            out.add(m.name)
+    return out
