@@ -17,7 +17,8 @@ import logging
 
 from gpujob_trainer import contract
 from gpujob_trainer.env import RankInfo
-from gpujob_trainer.tracker import Snapshot, Tracker
+from gpujob_trainer.snapshot import Snapshot
+from gpujob_trainer.tracker import Tracker
 
 __all__ = ["RankInfo", "Snapshot", "Tracker", "contract", "init"]
 

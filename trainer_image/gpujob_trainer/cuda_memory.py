@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 
 from gpujob_trainer import contract
 from gpujob_trainer.env import RankInfo
-from gpujob_trainer.exporter import family
+from gpujob_trainer.families import family, rank_values
 
 StatsReader = Callable[[], tuple[str, Mapping[str, Any]] | None]
 """Returns (device UUID, memory_stats dict), or None when CUDA is not in use."""
@@ -45,7 +45,7 @@ def _torch_stats(
 
 def render_stats(rank: RankInfo, uuid: str, stats: Mapping[str, Any]) -> list[Metric]:
     """The allocator series for one device's `memory_stats` (pure)."""
-    labels = [*(rank.labels()[n] for n in contract.RANK_LABELS), uuid]
+    labels = [*rank_values(rank), uuid]
     out: list[Metric] = []
     for spec, key in (
         (contract.CUDA_MEMORY_RESERVED, "reserved_bytes.all.current"),

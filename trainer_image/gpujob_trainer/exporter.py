@@ -4,6 +4,9 @@ The collectors read plain counters at scrape time and render them with the names
 `contract.py`. They emit no `_created` series (prometheus_client adds those only for its own
 metric objects, which are not used here), and they live in a private CollectorRegistry so a
 user's own metrics and ours never collide.
+
+The exporter reads a tracker through `Source` (its rank, its CUDA device and `snapshot()`), so it
+imports no tracker: the tracker imports it, when it starts one.
 """
 
 from __future__ import annotations
@@ -11,42 +14,35 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.metrics_core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from gpujob_trainer import contract
-from gpujob_trainer.env import metrics_addr, metrics_base_port
-
-if TYPE_CHECKING:
-    from gpujob_trainer.tracker import Snapshot, Tracker
+from gpujob_trainer.cuda_memory import CudaMemoryCollector
+from gpujob_trainer.env import RankInfo, metrics_addr, metrics_base_port
+from gpujob_trainer.families import family, rank_values
+from gpujob_trainer.nvml import NvmlCollector
+from gpujob_trainer.snapshot import Snapshot
 
 log = logging.getLogger("gpujob_trainer")
 
 
-def family(spec: contract.MetricSpec, extra_labels: tuple[str, ...] = ()) -> Metric:
-    """An empty metric family for a contract entry (labels: the contract's, in order)."""
-    labels = [*spec.labels]
-    for name in extra_labels:
-        if name not in labels:
-            labels.append(name)
-    if spec.type == "counter":
-        return CounterMetricFamily(spec.name, spec.help, labels=labels, unit=spec.unit)
-    if spec.type == "gauge":
-        return GaugeMetricFamily(spec.name, spec.help, labels=labels, unit=spec.unit)
-    return HistogramMetricFamily(spec.name, spec.help, labels=labels, unit=spec.unit)
+class Source(Protocol):
+    """What the exporter reads from a rank's tracker (`tracker.Tracker` is one)."""
+
+    rank: RankInfo
+    cuda_device: int | None
+    """Index of the model's CUDA device, once known."""
+
+    def snapshot(self) -> Snapshot: ...
 
 
 def render_snapshot(snap: Snapshot) -> list[Metric]:
     """The trainer series of one snapshot (pure: used by the collector and by tests)."""
-    rank = [snap.rank.labels()[name] for name in contract.RANK_LABELS]
+    rank = rank_values(snap.rank)
     out: list[Metric] = []
 
     def single(spec: contract.MetricSpec, value: float | None) -> None:
@@ -89,7 +85,7 @@ def render_snapshot(snap: Snapshot) -> list[Metric]:
 class TrainerCollector(Collector):
     """Renders a tracker's counters at scrape time."""
 
-    def __init__(self, tracker: Tracker) -> None:
+    def __init__(self, tracker: Source) -> None:
         self._tracker = tracker
 
     def collect(self) -> Iterator[Metric]:
@@ -110,7 +106,7 @@ class Exporter:
     @classmethod
     def for_tracker(
         cls,
-        tracker: Tracker,
+        tracker: Source,
         *,
         port: int | None = None,
         addr: str | None = None,
@@ -118,9 +114,6 @@ class Exporter:
     ) -> Exporter:
         """Registry with the trainer collector, the CUDA allocator collector and (on local
         rank 0 unless told otherwise) the NVML collector for all GPUs of the node."""
-        from gpujob_trainer.cuda_memory import CudaMemoryCollector
-        from gpujob_trainer.nvml import NvmlCollector
-
         rank = tracker.rank
         registry = CollectorRegistry(auto_describe=False)
         registry.register(TrainerCollector(tracker))

@@ -21,7 +21,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from gpujob_trainer import contract
-from gpujob_trainer.exporter import family
+from gpujob_trainer.families import family
 
 log = logging.getLogger("gpujob_trainer")
 

@@ -9,12 +9,12 @@ each step to phases are replayed from the events (`timing.Timeline`) when the ex
 scraped, or by the training thread itself every few thousand events without scrapes (on CUDA
 every few steps, once the steps' device times are readable, which also returns their events
 to the pool). Counters the training thread alone writes (samples, tokens, the loss) are plain
-attributes; the replay and what it adds up sit under one lock with the scrape.
+attributes; the replay and what it adds up (`snapshot.Counters`) sit under one lock with the
+scrape.
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import logging
 import math
@@ -22,11 +22,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from gpujob_trainer import contract
+from gpujob_trainer import contract, hooks
 from gpujob_trainer.env import RankInfo, total_steps_from_env
+from gpujob_trainer.snapshot import Counters, Snapshot
 from gpujob_trainer.timing import (
     END_STEP,
     ENTERS,
@@ -46,7 +46,6 @@ from gpujob_trainer.timing import (
 
 if TYPE_CHECKING:
     from gpujob_trainer.exporter import Exporter
-    from gpujob_trainer.hooks import InstrumentedLoader
 
 log = logging.getLogger("gpujob_trainer")
 
@@ -65,46 +64,6 @@ _LOSS_EVERY = 0.5
 """Seconds between two loss tensors taken (the first is always taken)."""
 _REANCHOR_SECONDS = 1.0
 """How far the wall and host clocks may drift apart before the mapping is re-read."""
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """A consistent copy of a rank's counters, taken at scrape time."""
-
-    rank: RankInfo
-    steps: int
-    target_steps: int | None
-    samples: int
-    tokens: int | None
-    epoch: int | None
-    loss: float | None
-    phase_seconds: dict[str, float]
-    compute_seconds: float
-    step_count: int
-    step_sum: float
-    step_buckets: tuple[int, ...]
-    """Cumulative counts per bound of `contract.STEP_DURATION_BUCKETS`, then +Inf."""
-    last_step_timestamp: float | None
-    heartbeat_timestamp: float | None = None
-    """Unix time the training thread last changed phase (or made the tracker)."""
-    current_phase: str = contract.PHASE_OTHER
-    """The phase the rank is in now (the innermost one)."""
-
-
-@dataclass
-class _Counters:
-    """What attribution adds up (under the tracker's lock)."""
-
-    epoch: int | None = None
-    phase_seconds: dict[str, float] = field(
-        default_factory=lambda: dict.fromkeys(contract.PHASES, 0.0)
-    )
-    compute_seconds: float = 0.0
-    step_count: int = 0
-    step_sum: float = 0.0
-    step_hits: list[int] = field(
-        default_factory=lambda: [0] * (len(contract.STEP_DURATION_BUCKETS) + 1)
-    )
 
 
 class Tracker:
@@ -136,7 +95,7 @@ class Tracker:
         self._wall = wall_clock
         self._now = host_clock
         self._lock = threading.Lock()
-        self._c = _Counters()
+        self._c = Counters()
         # Written by the training thread only, read by scrapes: no lock.
         self._samples = 0
         self._tokens: int | None = None
@@ -265,7 +224,7 @@ class Tracker:
             pending = self._pending
             for marks in self._timeline.feed(batch):
                 if not pending and marks[-1][2] is None:  # host timing: attribute now
-                    self._account_locked(attribute(marks))
+                    self._c.account(attribute(marks))
                 else:
                     pending.append(marks)
             while len(pending) > _MAX_PENDING_STEPS:  # the device never caught up: drop
@@ -276,29 +235,13 @@ class Tracker:
         clock, pending = self._clock, self._pending
         while pending and steps_ready(pending[0], clock):
             marks = pending.popleft()
-            self._account_locked(attribute(marks, clock))
+            self._c.account(attribute(marks, clock))
             for m in marks[:-1]:  # the last mark starts the next step
                 clock.release(m[2])
         while self._pending_loss and clock.ready(self._pending_loss[0][1]):
             host, event = self._pending_loss.popleft()
             self._loss = float(host)
             clock.release(event)
-
-    def _account_locked(self, phases: dict[str, float]) -> None:
-        c = self._c
-        totals = c.phase_seconds
-        duration = 0.0
-        for name, seconds in phases.items():
-            totals[name] += seconds
-            duration += seconds
-        c.compute_seconds += (
-            phases[contract.PHASE_FORWARD]
-            + phases[contract.PHASE_BACKWARD]
-            + phases[contract.PHASE_OPTIMIZER]
-        )
-        c.step_count += 1
-        c.step_sum += duration
-        c.step_hits[bisect.bisect_left(contract.STEP_DURATION_BUCKETS, duration)] += 1
 
     def flush(self) -> None:
         """Attribute every step whose device times are readable now (never blocks)."""
@@ -410,11 +353,6 @@ class Tracker:
             timeline = self._timeline
             heartbeat = self._on_wall_clock(timeline.last_mark_host)
             c = self._c
-            cumulative: list[int] = []
-            running = 0
-            for hits in c.step_hits:
-                running += hits
-                cumulative.append(running)
             loss = self._loss_value()
             return Snapshot(
                 rank=self.rank,
@@ -428,7 +366,7 @@ class Tracker:
                 compute_seconds=c.compute_seconds,
                 step_count=c.step_count,
                 step_sum=c.step_sum,
-                step_buckets=tuple(cumulative),
+                step_buckets=c.step_buckets(),
                 last_step_timestamp=self._on_wall_clock(timeline.last_step_host),
                 heartbeat_timestamp=self._anchor[0] if heartbeat is None else heartbeat,
                 current_phase=timeline.stack[-1],
@@ -441,8 +379,6 @@ class Tracker:
         Also installs the optimizer step hooks unless the tracker was made with
         `hook_optimizers=False`. A CUDA model switches the tracker to CUDA event timing.
         """
-        from gpujob_trainer import hooks
-
         self._maybe_use_cuda_clock(model)
         self._handles.extend(hooks.attach_model(self, model))
         if self._hook_optimizers:
@@ -455,11 +391,9 @@ class Tracker:
         *,
         tokens: Callable[[T], int] | None = None,
         samples: Callable[[T], int] | None = None,
-    ) -> InstrumentedLoader[T]:
+    ) -> hooks.InstrumentedLoader[T]:
         """Time the wait for each batch and count its samples (and `tokens(batch)`)."""
-        from gpujob_trainer.hooks import InstrumentedLoader
-
-        return InstrumentedLoader(self, loader, tokens_fn=tokens, samples_fn=samples)
+        return hooks.InstrumentedLoader(self, loader, tokens_fn=tokens, samples_fn=samples)
 
     def watch_optimizer(self, optimizer: Opt) -> Opt:
         """Hook this optimizer's steps; once any is watched, only watched ones end a step.
@@ -467,8 +401,6 @@ class Tracker:
         Use it for loops with several optimizers (a GAN's), or with `hook_optimizers=False`
         to hook one optimizer instance instead of every optimizer in the process.
         """
-        from gpujob_trainer import hooks
-
         with self._lock:
             if id(optimizer) in self._step_optimizers:
                 return optimizer
@@ -479,8 +411,6 @@ class Tracker:
     def _install_optimizer_hooks(self) -> None:
         if self._optimizer_hooks_installed:
             return
-        from gpujob_trainer import hooks
-
         self._handles.extend(hooks.attach_optimizers(self))
         self._optimizer_hooks_installed = True
 
