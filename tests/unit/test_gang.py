@@ -13,7 +13,7 @@ import pytest
 
 from gpujob_operator import api
 from gpujob_operator.api import conditions as c
-from gpujob_operator.lifecycle import gang, planner
+from gpujob_operator.lifecycle import gang, observations, planner
 from gpujob_operator.lifecycle.planner import Plan
 from tests.unit.test_planner import Sim, cond, make_job
 
@@ -46,7 +46,7 @@ class GangSim(Sim):
     def plan(self, log_tails: dict[str, str] | None = None) -> Plan:
         name = self.job["metadata"]["name"]
         attempt = int((self.job.get("status") or {}).get("attempt") or 0)
-        obs = planner.GangObservation(
+        obs = observations.GangObservation(
             default=self.default,
             native_version=self.native_version,
             pod_group=self.objects.get(gang.pod_group_name(name, attempt)),

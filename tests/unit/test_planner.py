@@ -16,8 +16,9 @@ from gpujob_operator import api
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.events import Event
 from gpujob_operator.api.patches import minimal_patch
-from gpujob_operator.lifecycle import backoff, planner
-from gpujob_operator.lifecycle.planner import ObservedPod, Plan, observe_pod
+from gpujob_operator.lifecycle import backoff, observations, planner
+from gpujob_operator.lifecycle.observations import ObservedPod, observe_pod
+from gpujob_operator.lifecycle.planner import Plan
 from gpujob_operator.lifecycle.refusals import Refused
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -407,7 +408,7 @@ def test_root_cause_is_the_first_to_fail_not_the_lowest_rank() -> None:
     sim.fail("bert-node-2", code=137, reason="OOMKilled")
     sim.now = T0 + timedelta(seconds=40)
     sim.fail("bert-node-0", code=1, message="NCCL watchdog timeout")
-    assert planner.root_cause(sim.observed()).name == "bert-node-2"  # type: ignore[union-attr]
+    assert observations.root_cause(sim.observed()).name == "bert-node-2"  # type: ignore[union-attr]
     sim.reconcile()
     assert sim.status["failure"]["pod"] == "bert-node-2"
     assert sim.status["failure"]["reason"] == "OOMKilled"
@@ -420,7 +421,7 @@ def test_log_tail_from_the_shell_wins_and_is_truncated() -> None:
     sim.reconcile(log_tails={"bert-node-0": tail})
     failure = sim.status["failure"]
     assert failure["logTail"].endswith("THE END")
-    assert len(failure["logTail"]) == planner.LOG_TAIL_MAX_CHARS
+    assert len(failure["logTail"]) == observations.LOG_TAIL_MAX_CHARS
     assert failure["message"] == "last lines from the termination message"
 
 

@@ -248,7 +248,12 @@ def merge_conditions(
     updates: Iterable[Mapping[str, Any]],
     now: datetime,
 ) -> list[Condition]:
-    """Apply several condition dicts (as from :func:`make`) with :func:`set_condition`."""
+    """Apply several condition dicts (as from :func:`make`) with :func:`set_condition`.
+
+    Like metav1's ``SetStatusCondition``: each keeps its place in the list (a new type is
+    appended) and the old ``lastTransitionTime`` when its status did not change; an update
+    without a time takes ``now``.
+    """
     out: list[Condition] = [dict(c) for c in base or ()]
     for upd in updates:
         out = set_condition(

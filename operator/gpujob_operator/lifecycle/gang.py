@@ -358,10 +358,18 @@ def _condition(type_: str, status: str, reason: str, message: str, now: str) -> 
     }
 
 
-def merge_conditions(
+def _replace_conditions(
     old: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]]
 ) -> list[dict[str, Any]]:
-    """``old`` with ``new`` replacing same-typed entries (a whole-list status patch)."""
+    """The Workload's whole conditions list for a status patch: ``old`` without the types in
+    ``new``, then ``new``, each keeping the old ``lastTransitionTime`` when its status did not
+    change.
+
+    Kept apart from :func:`~gpujob_operator.api.conditions.merge_conditions` (the job's own
+    conditions), which updates an entry where it stands: here the entries set move to the end
+    of the list. The two agree on content and differ only in order, so one for both would
+    reorder the conditions of the Workload patches.
+    """
     types = {c["type"] for c in new}
     kept = [dict(c) for c in old if c.get("type") not in types]
     out = []
@@ -411,7 +419,7 @@ def release_quota_patch(workload: Mapping[str, Any], now: str) -> dict[str, Any]
         ),
     ]
     old = (workload.get("status") or {}).get("conditions") or []
-    return _guarded(workload, {"admission": None, "conditions": merge_conditions(old, new)})
+    return _guarded(workload, {"admission": None, "conditions": _replace_conditions(old, new)})
 
 
 def finish_patch(workload: Mapping[str, Any], succeeded: bool, message: str, now: str) -> dict:
@@ -419,7 +427,7 @@ def finish_patch(workload: Mapping[str, Any], succeeded: bool, message: str, now
     reason = "Succeeded" if succeeded else "Failed"
     new = [_condition(KUEUE_FINISHED, "True", reason, message, now)]
     old = (workload.get("status") or {}).get("conditions") or []
-    return _guarded(workload, {"conditions": merge_conditions(old, new)})
+    return _guarded(workload, {"conditions": _replace_conditions(old, new)})
 
 
 def pods_ready_patch(workload: Mapping[str, Any], running: bool, now: str) -> dict[str, Any] | None:
@@ -450,4 +458,4 @@ def pods_ready_patch(workload: Mapping[str, Any], running: bool, now: str) -> di
         message = "Not all pods are ready or succeeded"
     new = [_condition(KUEUE_PODS_READY, status, reason, message, now)]
     conds = (workload.get("status") or {}).get("conditions") or []
-    return _guarded(workload, {"conditions": merge_conditions(conds, new)})
+    return _guarded(workload, {"conditions": _replace_conditions(conds, new)})

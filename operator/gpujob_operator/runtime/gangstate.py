@@ -17,14 +17,16 @@ from kubernetes.client.rest import ApiException
 
 from gpujob_operator import api
 from gpujob_operator.api import conditions as c
-from gpujob_operator.lifecycle import gang, planner
+from gpujob_operator.lifecycle import gang, observations
 from gpujob_operator.runtime.kube import Kube, api_reason
 
 DISCOVERY_RECHECK_SECONDS = 60.0
 """How long "this API is not served" is trusted before discovery is asked again."""
 
 
-async def observe(kube: Kube, job: Mapping[str, Any], default_gang: str) -> planner.GangObservation:
+async def observe(
+    kube: Kube, job: Mapping[str, Any], default_gang: str
+) -> observations.GangObservation:
     """Read what the planner needs of the job's gang admission objects.
 
     Native: the served scheduling.k8s.io version (discovery, cached) and, while the gang
@@ -34,19 +36,19 @@ async def observe(kube: Kube, job: Mapping[str, Any], default_gang: str) -> plan
     try:
         spec = api.parse_spec(job["spec"])
     except ValueError:
-        return planner.GangObservation(default=default_gang)
+        return observations.GangObservation(default=default_gang)
     mech = gang.mechanism(job, spec, default_gang)
     try:
         return await _observe(kube, job, mech, default_gang)
     except ApiException as e:
         if e.status not in (403, 404):
             raise
-        return planner.GangObservation(default_gang, error=f"{e.status} {api_reason(e)}")
+        return observations.GangObservation(default_gang, error=f"{e.status} {api_reason(e)}")
 
 
 async def _observe(
     kube: Kube, job: Mapping[str, Any], mech: str, default_gang: str
-) -> planner.GangObservation:
+) -> observations.GangObservation:
     meta, status = job["metadata"], job.get("status") or {}
     ns, name = meta["namespace"], meta["name"]
     if mech == api.GANG_NATIVE:
@@ -58,7 +60,7 @@ async def _observe(
                 gang.SCHEDULING_GROUP, version, "podgroups", gang.pod_group_name(name, attempt)
             )
             pod_group = await kube.get_object(ns, ref)
-        return planner.GangObservation(default_gang, version, pod_group)
+        return observations.GangObservation(default_gang, version, pod_group)
     if mech == api.GANG_KUEUE:
         ref = gang.ObjectRef(
             gang.KUEUE_GROUP, gang.KUEUE_VERSION, "workloads", gang.kueue_workload_name(job)
@@ -78,10 +80,10 @@ async def _observe(
             )
             wpc = await kube.get_cluster_object(pref)
             priority = int(wpc["value"]) if wpc and "value" in wpc else None
-        return planner.GangObservation(
+        return observations.GangObservation(
             default_gang, kueue_workload=workload, flavors=flavors, kueue_priority=priority
         )
-    return planner.GangObservation(default_gang)
+    return observations.GangObservation(default_gang)
 
 
 _SERVED: dict[str, tuple[str | None, float]] = {}

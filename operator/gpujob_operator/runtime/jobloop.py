@@ -38,7 +38,7 @@ from gpujob_operator import api
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import job_uid
 from gpujob_operator.api.patches import minimal_patch
-from gpujob_operator.lifecycle import backoff, gangprobe, planner, refusals
+from gpujob_operator.lifecycle import backoff, gangprobe, observations, planner, refusals
 from gpujob_operator.monitoring.monitor import json_safe
 from gpujob_operator.monitoring.scrape import Scraper
 from gpujob_operator.observability import opmetrics
@@ -110,7 +110,7 @@ class JobLoop:
     checked_at: float = field(default_factory=time.monotonic)
     """When the API server last confirmed the job exists (a write or a GET)."""
     ended: bool = False
-    gone: dict[str, planner.ObservedPod] = field(default_factory=dict, repr=False)
+    gone: dict[str, observations.ObservedPod] = field(default_factory=dict, repr=False)
     """Pods seen marked for disruption (DisruptionTarget), by name, kept for the planner in
     case they vanish before a pass sees them; pruned once their attempt is over."""
     resync_seconds: float = RESYNC_SECONDS
@@ -131,9 +131,9 @@ class JobLoop:
     def saw_pod(self, pod: Mapping[str, Any]) -> None:
         """A pod event: remember a pod Kubernetes is taking away (see `gone`)."""
         conditions = (pod.get("status") or {}).get("conditions") or []
-        if not any(cond.get("type") == planner.DISRUPTION_TARGET for cond in conditions):
+        if not any(cond.get("type") == observations.DISRUPTION_TARGET for cond in conditions):
             return  # the common case, without summarizing the whole pod
-        observed = planner.observe_pod(pod)
+        observed = observations.observe_pod(pod)
         if observed.disruption and len(self.gone) < GONE_MAX:
             self.gone[observed.name] = observed
 
@@ -166,7 +166,7 @@ class JobLoop:
         job = self.freshest(body)
         meta = job["metadata"]
         ns, name = meta["namespace"], meta["name"]
-        observed = [planner.observe_pod(p) for p in pods]
+        observed = [observations.observe_pod(p) for p in pods]
         attempt = int((job.get("status") or {}).get("attempt") or 0)
         for seen in observed:
             if seen.disruption:
@@ -238,7 +238,7 @@ class JobLoop:
             )
         return plan
 
-    async def observe_gang(self, job: Mapping[str, Any]) -> planner.GangObservation:
+    async def observe_gang(self, job: Mapping[str, Any]) -> observations.GangObservation:
         """What the planner needs of the job's gang admission objects (:mod:`.gangstate`)."""
         return await gangstate.observe(self.kube, job, self.default_gang)
 

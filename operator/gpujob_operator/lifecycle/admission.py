@@ -1,0 +1,213 @@
+"""Gang admission in the plan: whether the gang may have pods now, and joining pods to it.
+
+The mechanism in effect (``status.gang.mechanism``, see :func:`.gang.mechanism`) decides:
+
+* Native: the cluster must serve ``scheduling.k8s.io`` Workload/PodGroup. The Workload and
+  the attempt's PodGroup are ensured before its first pod (the previous attempt's group is
+  deleted) and every pod names its group, so kube-scheduler binds the whole gang or none of
+  it; while it holds the gang back, Running=False says WaitingForGang.
+* Kueue: no pod exists until Kueue admits the job's Workload (created here, queued in the
+  LocalQueue of the job's queue-name label, at its WorkloadPriorityClass). Admitted pods get
+  the admitted flavors' node labels and tolerations; on eviction the pods are deleted and,
+  once none is active, the quota is handed back so the Workload is requeued; the admitted
+  gang's readiness is reported on the Workload (PodsReady, for ``waitForPodsReady``).
+* while the gang may not run, :func:`hold` deletes its pods and Running=False says why
+  (GangSchedulingUnavailable, QueueNameMissing, PriorityClassNotFound, Queued, Preempted,
+  Evicted).
+
+The gang objects themselves are built and read in :mod:`.gang`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gpujob_operator import api
+from gpujob_operator.api import conditions as c
+from gpujob_operator.lifecycle import builders, gang, retries
+from gpujob_operator.lifecycle.observations import ObservedPod
+from gpujob_operator.lifecycle.planpass import PlanningPass
+
+
+def hold(pp: PlanningPass, reason: str, message: str, warn: bool = False) -> None:
+    """The gang may not run now: no pod of it exists, Running=False says why."""
+    old = c.find(pp.old_conds, c.RUNNING) or {}
+    pp.delete(pp.pods)
+    pp.set(c.RUNNING, c.FALSE, reason, message)
+    pp.set_if_present(c.CREATED, c.FALSE, reason, message)
+    if old.get("reason") != reason:
+        pp.event("Warning" if warn else "Normal", reason, message)
+
+
+def gang_admitted(pp: PlanningPass) -> bool:
+    """Whether the gang may have pods now; when not, the status says why it waits."""
+    pp.gang_status = {k: v for k, v in pp.gang_status.items() if k in ("preemptions", "mechanism")}
+    pp.gang_status["mechanism"] = pp.mechanism
+    if pp.gang_obs.error and pp.mechanism != api.GANG_NONE:
+        hold(
+            pp,
+            c.GANG_SCHEDULING_UNAVAILABLE,
+            f"gang scheduling is {pp.mechanism} but the operator cannot read the job's "
+            f"admission objects ({pp.gang_obs.error}); is the API installed and the "
+            f"operator allowed to use it (chart: gang.native/gang.kueue.enabled)? No pod "
+            "is created until it can",
+            warn=True,
+        )
+        return False
+    if pp.mechanism == api.GANG_NATIVE:
+        if pp.gang_obs.native_version is None:
+            hold(
+                pp,
+                c.GANG_SCHEDULING_UNAVAILABLE,
+                "gang scheduling is Native but the cluster serves no scheduling.k8s.io "
+                "Workload/PodGroup API (kube-apiserver, kube-scheduler and "
+                "kube-controller-manager need --feature-gates=GenericWorkload=true and the "
+                "API needs --runtime-config=scheduling.k8s.io/v1beta1=true); no pod is "
+                "created until it does",
+                warn=True,
+            )
+            return False
+        pp.gang_status["workload"] = gang.native_workload_name(pp.name)
+        return True
+    if pp.mechanism == api.GANG_KUEUE:
+        return kueue_admitted(pp)
+    return True
+
+
+def kueue_admitted(pp: PlanningPass) -> bool:
+    """Kueue: whether the job's Workload is admitted; until then it is created and waited for."""
+    queue = gang.queue_name(pp.body)
+    st = pp.kueue
+    wl = pp.gang_obs.kueue_workload
+    pp.gang_status.update(
+        {
+            "queue": queue,
+            "workload": gang.kueue_workload_name(pp.body),
+            "admitted": st.admitted and not st.evicted,
+            "clusterQueue": st.cluster_queue if st.admitted else None,
+            "flavors": st.flavors if st.admitted and st.flavors else None,
+        }
+    )
+    if queue is None:
+        hold(
+            pp,
+            c.QUEUE_NAME_MISSING,
+            f"gang scheduling is Kueue but the job has no {api.KUEUE_QUEUE_LABEL} label "
+            "naming its LocalQueue; no pod is created",
+            warn=True,
+        )
+        return False
+    if wl is None:
+        pclass = gang.priority_class(pp.body)
+        if pclass and pp.gang_obs.kueue_priority is None:
+            hold(
+                pp,
+                c.PRIORITY_CLASS_NOT_FOUND,
+                f"the job's {api.KUEUE_PRIORITY_LABEL} label names WorkloadPriorityClass "
+                f"{pclass}, which does not exist; no pod is created",
+                warn=True,
+            )
+            return False
+        refused = pp.refused
+        if refused is not None and refused.refusal.permanent:
+            retries.fail_refused(pp, refused, pp.current)
+            return False
+        if refused is not None and refused.retry_at > pp.now:
+            pp.requeue.append((refused.retry_at - pp.now).total_seconds())
+        else:
+            template = builders.build_pod(pp.body, 0, pp.attempt, pp.spec)
+            pp.ensure.append(
+                gang.build_kueue_workload(
+                    pp.body, pp.spec, template, queue, pp.gang_obs.kueue_priority
+                )
+            )
+        if refused is not None:
+            hold(pp, refused.refusal.reason, retries.refused_message(refused), warn=True)
+        else:
+            hold(pp, c.QUEUED, f"queued in LocalQueue {queue}: creating its Kueue Workload")
+        return False
+    if pp.current and (st.evicted or not st.admitted):
+        # The gang loses its admission: whatever is left of it is stale from now on.
+        pp.attempt += 1
+        if st.evicted:
+            pp.gang_status["preemptions"] = int(pp.gang_status.get("preemptions") or 0) + 1
+    if st.evicted and (st.quota_reserved or st.admitted):
+        reason = c.PREEMPTED if st.evicted_reason == gang.KUEUE_PREEMPTED else c.EVICTED
+        message = (
+            f"Kueue evicted the job ({st.evicted_reason}: {st.evicted_message}); its pods "
+            f"are deleted and it waits in LocalQueue {queue} to be admitted again"
+        )
+        hold(pp, reason, message)
+        if not any(p.active for p in pp.pods):
+            now = c.format_time(pp.now)
+            pp.patches.append((gang.ref_of(wl), gang.release_quota_patch(wl, now)))
+        return False
+    if not st.admitted:
+        old = c.find(pp.old_conds, c.RUNNING) or {}
+        detail = f": {st.pending_message}" if st.pending_message else ""
+        message = f"queued in LocalQueue {queue}, waiting for Kueue to admit it{detail}"
+        if old.get("reason") in (c.PREEMPTED, c.EVICTED):
+            pp.set(c.RUNNING, c.FALSE, str(old["reason"]), message)
+            pp.delete(pp.pods)
+            return False
+        hold(pp, c.QUEUED, message)
+        return False
+    return True
+
+
+def sync_pods_ready(pp: PlanningPass) -> None:
+    """Kueue: report the admitted gang's readiness on its Workload (waitForPodsReady)."""
+    wl = pp.gang_obs.kueue_workload
+    st = pp.kueue
+    if pp.mechanism != api.GANG_KUEUE or wl is None or not st.admitted or st.evicted:
+        return
+    if st.finished or c.is_finished(pp.conds) or pp.patches:
+        return
+    running = c.is_true(pp.conds, c.RUNNING)
+    patch = gang.pods_ready_patch(wl, running, c.format_time(pp.now))
+    if patch is not None:
+        pp.patches.append((gang.ref_of(wl), patch))
+
+
+def build_pod(pp: PlanningPass, rank: int) -> dict[str, Any]:
+    """Pod ``rank`` of the current attempt, joined to its gang's admission."""
+    pod = builders.build_pod(pp.body, rank, pp.attempt, pp.spec)
+    if pp.mechanism == api.GANG_NATIVE and pp.gang_obs.native_version:
+        version = pp.gang_obs.native_version
+        if not pp.ensure:
+            pp.ensure += [
+                gang.build_native_workload(pp.body, pp.spec, version),
+                gang.build_pod_group(pp.body, pp.spec, pp.attempt, version),
+            ]
+            if pp.attempt > 0:
+                prev = gang.build_pod_group(pp.body, pp.spec, pp.attempt - 1, version)
+                pp.delete_refs.append(gang.ref_of(prev))
+        gang.join_pod_group(pod, gang.pod_group_name(pp.name, pp.attempt))
+    elif pp.mechanism == api.GANG_KUEUE:
+        gang.apply_admission(pod, pp.kueue, pp.gang_obs.flavors)
+    return pod
+
+
+def gang_waiting(pp: PlanningPass, current: Sequence[ObservedPod]) -> tuple[str, str] | None:
+    """WaitingForGang once the scheduler has held the whole gang back, with its reason.
+
+    The scheduler's word is the PodGroup's PodGroupInitiallyScheduled=False condition,
+    else a member pod's PodScheduled=False; pods just created (no word yet) are only
+    PodsPending.
+    """
+    unbound = [p for p in current if not p.node_name and p.active]
+    if not unbound or len(current) < pp.spec.nodes:
+        return None
+    why = gang.pod_group_waiting(pp.gang_obs.pod_group)
+    detail = why[1] if why else None
+    if detail is None:
+        detail = next((p.scheduled_message for p in unbound if p.scheduled_reason), None)
+        if detail is None:
+            return None
+    group = gang.pod_group_name(pp.name, pp.attempt)
+    message = (
+        f"gang {group} waits for room for all {pp.spec.nodes} pods at once "
+        f"({len(current) - len(unbound)}/{pp.spec.nodes} bound)"
+    )
+    return c.WAITING_FOR_GANG, f"{message}: {detail}" if detail else message

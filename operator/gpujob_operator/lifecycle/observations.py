@@ -1,0 +1,242 @@
+"""What the planner knows of a job: its pods as observed, and the failure facts read from them.
+
+The I/O shell summarizes each pod of the job with :func:`observe_pod` and what it read of the
+gang's admission objects as a :class:`GangObservation`; :func:`root_cause` names the pod
+whose failure explains the others (the shell fetches its log tail before planning), and
+:func:`failure_of` turns it into ``status.failure``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from gpujob_operator import api
+from gpujob_operator.api import children
+from gpujob_operator.api import conditions as c
+from gpujob_operator.api.children import controller_uid
+from gpujob_operator.lifecycle import builders
+
+LOG_TAIL_MAX_CHARS: Final = 4096
+MESSAGE_MAX_CHARS: Final = 1024
+TERMINATED_PHASES: Final = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True)
+class ObservedPod:
+    """What the planner needs to know about one pod of the job.
+
+    ``exit_code``/``reason``/``message`` describe the trainer container's termination
+    when there is one, else the pod's own (e.g. reason Evicted, no exit code).
+    """
+
+    name: str
+    node_rank: int | None
+    attempt: int
+    phase: str = "Pending"
+    terminating: bool = False
+    container: str | None = None
+    exit_code: int | None = None
+    reason: str | None = None
+    message: str | None = None
+    finished_at: datetime | None = None
+    start_time: datetime | None = None
+    scheduled_reason: str | None = None
+    scheduled_message: str | None = None
+    waiting_reason: str | None = None
+    waiting_message: str | None = None
+    node_name: str | None = None
+    controller_uid: str | None = None
+    """The UID of the pod's controller: the pod is a job's only when it is the job's UID."""
+    disruption: str | None = None
+    """The reason of a true `DisruptionTarget` condition: the cluster is taking the pod away
+    (PreemptionByScheduler, EvictionByEvictionAPI, DeletionByTaintManager, ...)."""
+    disruption_message: str | None = None
+
+    @property
+    def unschedulable(self) -> bool:
+        """The scheduler could not place it (e.g. not enough nvidia.com/gpu)."""
+        return self.scheduled_reason == c.UNSCHEDULABLE
+
+    @property
+    def active(self) -> bool:
+        """Not yet terminated (Pending, Running or Unknown)."""
+        return self.phase not in TERMINATED_PHASES
+
+
+def int_or_none(value: Any) -> int | None:
+    """``value`` as an int (a label, a generation), None when it is not one."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+DISRUPTION_TARGET: Final = "DisruptionTarget"
+"""The pod condition Kubernetes sets before it takes a pod away (scheduler preemption, an
+eviction by `kubectl drain`, the taint manager, the kubelet under node pressure, pod GC)."""
+PREEMPTION_BY_SCHEDULER: Final = "PreemptionByScheduler"
+
+
+def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
+    """Summarize a pod as the API returns it (raw camelCase JSON, e.g. kopf's body)."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    status = pod.get("status") or {}
+    name = str(meta.get("name", ""))
+    node_rank = int_or_none(labels.get(children.LABEL_NODE_RANK))
+    if node_rank is None and "-node-" in name:
+        node_rank = int_or_none(name.rsplit("-node-", 1)[1])
+    attempt = int_or_none(labels.get(children.LABEL_ATTEMPT)) or 0
+
+    statuses = list(status.get("containerStatuses") or [])
+    main = next((s for s in statuses if s.get("name") == builders.CONTAINER_NAME), None)
+    if main is None and statuses:
+        main = statuses[0]
+    # A failed init container explains a Failed pod whose main container never ran.
+    candidates = [main] if main else []
+    candidates += [
+        s
+        for s in status.get("initContainerStatuses") or []
+        if ((s.get("state") or {}).get("terminated") or {}).get("exitCode") not in (None, 0)
+    ]
+    container = exit_code = reason = message = finished_at = None
+    waiting_reason = waiting_message = None
+    for cs in candidates:
+        state = cs.get("state") or {}
+        term = state.get("terminated")
+        if term:
+            container = cs.get("name")
+            exit_code = int_or_none(term.get("exitCode"))
+            reason = term.get("reason")
+            message = term.get("message")
+            finished_at = c.parse_time(term.get("finishedAt"))
+            if exit_code not in (None, 0) or cs is not main:
+                break
+        elif state.get("waiting") and cs is main:
+            waiting_reason = state["waiting"].get("reason")
+            waiting_message = state["waiting"].get("message")
+    if reason is None and status.get("reason"):
+        reason = status.get("reason")
+        message = message or status.get("message")
+
+    sched_reason = sched_message = disruption = disruption_message = None
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") != "True":
+            sched_reason = cond.get("reason")
+            sched_message = cond.get("message")
+        elif cond.get("type") == DISRUPTION_TARGET and cond.get("status") == "True":
+            disruption = str(cond.get("reason") or DISRUPTION_TARGET)
+            disruption_message = cond.get("message")
+    return ObservedPod(
+        name=name,
+        node_rank=node_rank,
+        attempt=attempt,
+        phase=str(status.get("phase") or "Pending"),
+        terminating=bool(meta.get("deletionTimestamp")),
+        container=container,
+        exit_code=exit_code,
+        reason=reason,
+        message=message,
+        finished_at=finished_at,
+        start_time=c.parse_time(status.get("startTime")),
+        scheduled_reason=sched_reason,
+        scheduled_message=sched_message,
+        waiting_reason=waiting_reason,
+        waiting_message=waiting_message,
+        node_name=(pod.get("spec") or {}).get("nodeName"),
+        controller_uid=controller_uid(pod),
+        disruption=disruption,
+        disruption_message=disruption_message,
+    )
+
+
+@dataclass(frozen=True)
+class GangObservation:
+    """What the shell observed of the gang's admission objects (see :mod:`gang`).
+
+    ``default`` is the operator's ``GPUJOB_DEFAULT_GANG``; ``native_version`` the served
+    ``scheduling.k8s.io`` version for Workload/PodGroup (None: not served);
+    ``pod_group`` the current attempt's PodGroup; ``kueue_workload`` the job's Kueue
+    Workload; ``flavors`` the ResourceFlavors its admission names.
+    """
+
+    default: str = api.GANG_NONE
+    native_version: str | None = None
+    pod_group: Mapping[str, Any] | None = None
+    kueue_workload: Mapping[str, Any] | None = None
+    flavors: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    kueue_priority: int | None = None
+    """Value of the job's WorkloadPriorityClass (None: no label, or the class is missing)."""
+    error: str | None = None
+    """Why the gang's objects could not be read (e.g. 403: the operator lacks the RBAC)."""
+
+
+def rank_key(pod: ObservedPod) -> int:
+    """Sort key: by node rank, pods without one last."""
+    return pod.node_rank if pod.node_rank is not None else 1 << 30
+
+
+def root_cause(pods: Sequence[ObservedPod]) -> ObservedPod | None:
+    """The failed pod that failed first (then lowest rank): the others usually died of it.
+
+    When one rank dies its peers fail in the collective a little later, so the earliest
+    ``finishedAt`` names the culprit. The I/O shell calls this before planning
+    (:func:`~gpujob_operator.lifecycle.planner.plan`) to know which pod's log tail to fetch.
+    """
+    failed = [p for p in pods if p.phase == "Failed"]
+    if not failed:
+        return None
+    far = datetime.max.replace(tzinfo=UTC)
+    return min(
+        failed,
+        key=lambda p: (p.finished_at or far, rank_key(p)),
+    )
+
+
+def truncate(text: str | None, limit: int, tail: bool = False) -> str | None:
+    """``text`` cut to ``limit`` characters: its head with "...", or its tail."""
+    if text is None:
+        return None
+    if len(text) <= limit:
+        return text
+    return text[-limit:] if tail else text[: limit - 3] + "..."
+
+
+def failure_of(pod: ObservedPod, log_tails: Mapping[str, str]) -> dict[str, Any]:
+    """``status.failure`` for a failed pod: what exited how, with its log's last lines."""
+    reason = pod.reason or ("Error" if pod.exit_code not in (None, 0) else "Failed")
+    message = pod.message
+    log_tail = log_tails.get(pod.name)
+    if log_tail is None and message and pod.container and pod.exit_code not in (None, 0):
+        # FallbackToLogsOnError put the log's last lines into the termination message.
+        log_tail, message = message, None
+    if message is None:
+        code = f" with exit code {pod.exit_code}" if pod.exit_code is not None else ""
+        message = f"pod {pod.name} (node rank {pod.node_rank}) failed{code}: {reason}"
+    out = {
+        "pod": pod.name,
+        "container": pod.container,
+        "nodeRank": pod.node_rank,
+        "attempt": pod.attempt,
+        "exitCode": pod.exit_code,
+        "reason": reason,
+        "message": truncate(message, MESSAGE_MAX_CHARS),
+        "logTail": truncate(log_tail, LOG_TAIL_MAX_CHARS, tail=True),
+        "time": c.format_time(pod.finished_at) if pod.finished_at else None,
+    }
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def describe_failure(failure: Mapping[str, Any]) -> str:
+    """One line naming who failed how, from a ``status.failure``."""
+    code = failure.get("exitCode")
+    what = (
+        f"exit code {code} ({failure.get('reason')})" if code is not None else failure.get("reason")
+    )
+    who = failure.get("pod") or "the job"
+    rank = failure.get("nodeRank")
+    where = f"{who} (node rank {rank})" if rank is not None else who
+    return f"{where} failed: {what}"

@@ -1,0 +1,194 @@
+"""One planning pass: its state, the small helpers that record a decision, and the status.
+
+:class:`PlanningPass` is the mutable scratchpad of one call of
+:func:`~gpujob_operator.lifecycle.planner.plan`: what it read (the job, its pods, the shell's
+observations), what it has decided so far (conditions, Events, pods to create and delete,
+gang objects, requeue times), and at the end the complete new status it renders. The
+policies (:mod:`.terminal`, :mod:`.restarts`, :mod:`.admission`, :mod:`.retries`,
+:mod:`.converge`) are functions taking the pass as ``pp``; the decision chain that calls them
+is :func:`~gpujob_operator.lifecycle.planner.run`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, Final
+
+from gpujob_operator import api
+from gpujob_operator.api import children
+from gpujob_operator.api import conditions as c
+from gpujob_operator.api.display import render_display
+from gpujob_operator.api.events import Event, EventType
+from gpujob_operator.lifecycle import backoff, gang
+from gpujob_operator.lifecycle.observations import (
+    TERMINATED_PHASES,
+    GangObservation,
+    ObservedPod,
+    int_or_none,
+)
+from gpujob_operator.lifecycle.refusals import Refused
+
+_STATUS_KEYS: Final = frozenset(
+    f.alias or name for name, f in api.GPUTrainingJobStatus.model_fields.items()
+)
+
+
+class PlanningPass:
+    """Mutable scratchpad for one planning pass; ``planner.plan`` is its pure wrapper."""
+
+    def __init__(
+        self,
+        body: Mapping[str, Any],
+        pods: Sequence[ObservedPod],
+        now: datetime,
+        service_exists: bool,
+        log_tails: Mapping[str, str],
+        refused: Refused | None,
+        restart_backoff: backoff.Policy,
+        gang_grace_seconds: float,
+        gang_obs: GangObservation | None,
+        gone: Sequence[ObservedPod],
+    ) -> None:
+        self.body = body
+        self.now = now
+        self.name, self.namespace, _ = children.job_meta(body)
+        self.spec = api.parse_spec(body["spec"])
+        self.generation = int_or_none((body.get("metadata") or {}).get("generation"))
+        self.old_status: dict[str, Any] = copy.deepcopy(dict(body.get("status") or {}))
+        self.old_conds: list[dict[str, Any]] = list(self.old_status.get("conditions") or [])
+        self.conds: list[dict[str, Any]] = [dict(x) for x in self.old_conds]
+        uid = children.job_meta(body)[2]
+        # Only pods this job controls are its own; others (an earlier job of the same name,
+        # orphans) are never counted, deleted or adopted, only waited for if in the way.
+        mine = [p for p in pods if (p.controller_uid or "") == uid]
+        self.foreign = sorted(
+            (p for p in pods if (p.controller_uid or "") != uid), key=lambda p: p.name
+        )
+        pods = mine
+        self.gone = [p for p in gone if (p.controller_uid or "") == uid and p.disruption]
+        self.pods = sorted(pods, key=lambda p: (p.attempt, p.node_rank or 0, p.name))
+        self.service_exists = service_exists
+        self.log_tails = log_tails
+        prev = api.parse_status(self.old_status)
+        self.prev_attempt = prev.attempt or 0
+        self.attempt = max([self.prev_attempt, *(p.attempt for p in pods)])
+        self.restarts = prev.restarts or 0
+        self.start_time = self.old_status.get("startTime")
+        self.completion_time = self.old_status.get("completionTime")
+        self.failure: dict[str, Any] | None = self.old_status.get("failure")
+        self.events: list[Event] = []
+        self.deletes: list[str] = []
+        self.creates: list[dict[str, Any]] = []
+        self.delete_job = False
+        self.requeue: list[float] = []
+        self.service: dict[str, Any] | None = None
+        self.refused = refused
+        self.restart_backoff = restart_backoff
+        self.gang_grace_seconds = gang_grace_seconds
+        self.next_attempt: str | None = self.old_status.get("nextAttemptTime")
+        self.gang_obs = gang_obs or GangObservation()
+        self.mechanism = gang.mechanism(body, self.spec, self.gang_obs.default)
+        self.kueue = gang.kueue_state(self.gang_obs.kueue_workload)
+        self.ensure: list[dict[str, Any]] = []
+        self.delete_refs: list[gang.ObjectRef] = []
+        self.patches: list[tuple[gang.ObjectRef, dict[str, Any]]] = []
+        self.gang_status: dict[str, Any] = dict(self.old_status.get("gang") or {})
+
+    # -- small helpers
+    def set(self, type_: str, status: c.ConditionStatus, reason: str, message: str) -> None:
+        """Set a condition of the job (its time moves only when its status does)."""
+        self.conds = c.set_condition(
+            self.conds, type_, status, reason, message, self.now, self.generation
+        )
+
+    def set_if_present(
+        self, type_: str, status: c.ConditionStatus, reason: str, message: str
+    ) -> None:
+        """Set a condition only if the job already has one of that type."""
+        if c.find(self.conds, type_) is not None:
+            self.set(type_, status, reason, message)
+
+    def event(self, type_: EventType, reason: str, message: str) -> None:
+        self.events.append(Event(type_, reason, message))
+
+    def delete(self, pods: Sequence[ObservedPod]) -> None:
+        """Ask for these pods' deletion: once each, and not while already terminating."""
+        for p in pods:
+            if not p.terminating and p.name not in self.deletes:
+                self.deletes.append(p.name)
+
+    @property
+    def current(self) -> list[ObservedPod]:
+        """The pods of the current attempt with a rank of the gang."""
+        n = self.spec.nodes
+        return [
+            p
+            for p in self.pods
+            if p.attempt == self.attempt and p.node_rank is not None and 0 <= p.node_rank < n
+        ]
+
+    @property
+    def stale(self) -> list[ObservedPod]:
+        """Every other pod of the job: an earlier attempt's, or one without a rank of the gang."""
+        current = {p.name for p in self.current}
+        return [p for p in self.pods if p.name not in current or p.attempt != self.attempt]
+
+    # -- output
+    def gang_block(self) -> dict[str, Any] | None:
+        """``status.gang``: the mechanism in effect and what admission reported."""
+        if self.mechanism == api.GANG_NONE and not self.gang_status.get("preemptions"):
+            return {"mechanism": api.GANG_NONE}
+        out = dict(self.gang_status, mechanism=self.mechanism)
+        if self.mechanism == api.GANG_NATIVE and self.gang_obs.native_version:
+            out["podGroup"] = gang.pod_group_name(self.name, self.attempt)
+        return {k: v for k, v in out.items() if v is not None}
+
+    def status(self) -> dict[str, Any]:
+        """The complete new status; fields owned by others are carried over."""
+        current = self.current
+        # Only schema fields: anything else (e.g. kopf's status.kopf) is pruned by the server.
+        status = {k: v for k, v in copy.deepcopy(self.old_status).items() if k in _STATUS_KEYS}
+        phase = c.derive_phase(self.conds)
+        replicas = {
+            "desired": self.spec.nodes,
+            "created": len(current),
+            "pending": sum(1 for p in current if p.phase not in ("Running", *TERMINATED_PHASES)),
+            "running": sum(1 for p in current if p.phase == "Running"),
+            "succeeded": sum(1 for p in current if p.phase == "Succeeded"),
+            "failed": sum(1 for p in current if p.phase == "Failed"),
+        }
+        updates: dict[str, Any] = {
+            "observedGeneration": self.generation,
+            "conditions": self.conds,
+            "phase": phase,
+            "attempt": self.attempt,
+            "restarts": self.restarts,
+            "replicas": replicas,
+            "totalGPUs": self.spec.total_gpus,
+            "startTime": self.start_time,
+            "completionTime": self.completion_time,
+            "nextAttemptTime": self.next_attempt if not c.is_finished(self.conds) else None,
+            "failure": self.failure,
+            "gang": self.gang_block(),
+        }
+        for key, value in updates.items():
+            if value is None:
+                status.pop(key, None)
+            else:
+                status[key] = value
+        if phase == c.PHASE_SUCCEEDED and status.get("progress"):
+            # Every rank exited 0: the run is complete even if the last scrape came earlier.
+            progress = status["progress"]
+            progress["percent"] = 100.0
+            progress.pop("etaSeconds", None)
+            progress.pop("estimatedCompletionTime", None)
+            if progress.get("totalSteps"):
+                progress["step"] = progress["totalSteps"]
+        display = render_display(status)
+        if display:
+            status["display"] = display
+        else:
+            status.pop("display", None)
+        return status

@@ -1,0 +1,201 @@
+"""Gang restarts: a failed, lost or stalled rank restarts the whole gang; suspension stops it.
+
+torchrun's static rendezvous needs every rank, so one rank's end is the gang's:
+
+* a failed rank (or a pod lost after the gang was complete, or a stall with
+  ``restartOnStall``) restarts the whole gang: attempt+1, restarts+1, all pods deleted.
+  ``restarts`` lives in status and is never kept in memory, so it survives an operator
+  restart. A stall restarts only once confirmed by two scrapes (reason ``StallConfirmed``),
+  and every gang restart and suspension clears ``Stalled``. Beyond ``backoffLimit`` the job
+  fails (BackoffLimitExceeded); a root-cause exit code outside ``retryableExitCodes`` (when
+  set) fails it at once (NonRetryableExitCode).
+* a gang restart backs off: the next attempt's pods are created no earlier than
+  ``status.nextAttemptTime`` (10 s, 20 s, 40 s ... capped, like batch/v1 Job).
+* a pod the cluster takes away (``DisruptionTarget``: preemption, eviction) restarts the gang
+  without counting against ``backoffLimit``, as a batch/v1 Job's podFailurePolicy may.
+* suspend deletes every pod and bumps the attempt; resume resets ``startTime`` (so the
+  ``activeDeadlineSeconds`` clock excludes suspension, as for batch/v1 Job).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from gpujob_operator import api
+from gpujob_operator.api import children
+from gpujob_operator.api import conditions as c
+from gpujob_operator.lifecycle import gang, terminal
+from gpujob_operator.lifecycle.observations import (
+    PREEMPTION_BY_SCHEDULER,
+    ObservedPod,
+    describe_failure,
+    failure_of,
+    rank_key,
+    root_cause,
+)
+from gpujob_operator.lifecycle.planpass import PlanningPass
+
+
+def suspend(pp: PlanningPass) -> None:
+    """spec.runPolicy.suspend: delete every pod (the gang's attempt is over) and say so."""
+    if not c.is_true(pp.conds, c.SUSPENDED):
+        if pp.current:
+            pp.attempt += 1  # whatever is left of the old gang is now stale
+        pp.event("Normal", c.SUSPENDED_REASON, "job suspended; deleting its pods")
+    message = "job is suspended (spec.runPolicy.suspend); its pods are deleted"
+    pp.set(c.SUSPENDED, c.TRUE, c.SUSPENDED_REASON, message)
+    pp.set(c.RUNNING, c.FALSE, c.SUSPENDED_REASON, message)
+    pp.set_if_present(c.CREATED, c.FALSE, c.SUSPENDED_REASON, message)
+    pp.set_if_present(c.RESTARTING, c.FALSE, c.SUSPENDED_REASON, message)
+    pp.set_if_present(c.STALLED, c.FALSE, c.SUSPENDED_REASON, message)
+    pp.delete(pp.pods)
+    if pp.mechanism == api.GANG_KUEUE and pp.gang_obs.kueue_workload is not None:
+        # A suspended job gives its quota back; on resume it queues again at the back.
+        pp.delete_refs.append(gang.ref_of(pp.gang_obs.kueue_workload))
+
+
+def resume(pp: PlanningPass) -> None:
+    """Suspended no more: the pods are created again and the deadline's clock restarts."""
+    pp.set(c.SUSPENDED, c.FALSE, c.RESUMED, "job resumed; creating pods")
+    pp.event("Normal", c.RESUMED, "job resumed")
+    pp.start_time = c.format_time(pp.now)
+
+
+def is_retryable(exit_code: int | None, retryable_exit_codes: Sequence[int] | None) -> bool:
+    """Whether a failure may restart the gang (see ``RunPolicy.retryable_exit_codes``).
+
+    No exit code (evicted, node lost, stalled) is always retryable; with the list unset
+    every exit code is; with it set, only the codes it holds.
+    """
+    if exit_code is None or retryable_exit_codes is None:
+        return True
+    return exit_code in retryable_exit_codes
+
+
+def restart_needed(pp: PlanningPass) -> bool:
+    """Handle a failed, lost or stalled rank; True when the pass is over."""
+    current = pp.current
+    failed = root_cause(current)
+    failure: dict[str, Any] | None = None
+    cause = c.RANK_FAILED
+    if failed is not None:
+        failure = failure_of(failed, pp.log_tails)
+    else:
+        lost = lost_rank(pp, current)
+        if lost is not None:
+            cause = c.POD_LOST
+            lost_name = children.pod_name(pp.name, lost)
+            failure = {
+                "pod": lost_name,
+                "attempt": pp.attempt,
+                "nodeRank": lost,
+                "reason": c.POD_LOST,
+                "message": f"pod {lost_name} vanished or is being deleted while the gang ran",
+            }
+        elif pp.spec.run_policy.restart_on_stall and stall_confirmed(pp):
+            stalled = c.find(pp.conds, c.STALLED) or {}
+            cause = c.STALL_DETECTED
+            failure = {
+                "attempt": pp.attempt,
+                "reason": "Stalled",
+                "message": str(stalled.get("message") or "no training step for too long"),
+            }
+    if failure is None:
+        return False
+    present = {p.name for p in current}
+    candidates = [
+        *current,
+        *(g for g in pp.gone if g.attempt == pp.attempt and g.name not in present),
+    ]
+    disrupted = next((p for p in sorted(candidates, key=rank_key) if p.disruption), None)
+    if disrupted is not None:
+        # The cluster took a pod away; the other ranks' errors are its consequence.
+        disruption_restart(pp, disrupted)
+        return True
+    pp.failure = failure
+    what = describe_failure(failure)
+    if not is_retryable(failure.get("exitCode"), pp.spec.run_policy.retryable_exit_codes):
+        codes = pp.spec.run_policy.retryable_exit_codes
+        terminal.finish(
+            pp,
+            False,
+            c.NON_RETRYABLE_EXIT_CODE,
+            f"{what}; exit code {failure.get('exitCode')} is not in retryableExitCodes {codes}",
+        )
+        return True
+    limit = pp.spec.run_policy.backoff_limit
+    if pp.restarts >= limit:
+        terminal.finish(
+            pp,
+            False,
+            c.BACKOFF_LIMIT_EXCEEDED,
+            f"{what}; backoffLimit {limit} reached after {pp.restarts} restarts",
+        )
+        return True
+    pp.restarts += 1
+    pp.attempt += 1
+    # Whatever the cause, the new gang starts unstalled: a Stalled left over from this
+    # incident must not restart the next attempt too (one incident, one restart).
+    pp.set_if_present(c.STALLED, c.FALSE, c.GANG_RESTART, f"gang restarted as attempt {pp.attempt}")
+    delay = pp.restart_backoff.delay(pp.restarts)
+    pp.next_attempt = c.format_time(pp.now + timedelta(seconds=delay))
+    message = (
+        f"{what}; restarting all {pp.spec.nodes} pods as attempt {pp.attempt} "
+        f"(restart {pp.restarts}/{limit}) at {pp.next_attempt}, after a {delay:g}s backoff"
+    )
+    pp.set(c.RESTARTING, c.TRUE, c.GANG_RESTART, message)
+    pp.set(c.RUNNING, c.FALSE, cause, message)
+    pp.set(c.CREATED, c.FALSE, c.GANG_RESTART, message)
+    pp.event("Warning", c.GANG_RESTART, message)
+    pp.delete(pp.pods)
+    return True
+
+
+def disruption_restart(pp: PlanningPass, pod: ObservedPod) -> None:
+    """Restart the gang after a preemption or eviction: not a failure of the job.
+
+    Like a batch/v1 Job whose podFailurePolicy ignores DisruptionTarget: no restart is
+    counted against backoffLimit, the exit codes do not matter (a SIGTERM'd rank), and
+    the new gang is created at once (the scheduler holds it Pending until capacity
+    returns). status.gang.preemptions counts these.
+    """
+    reason = c.PREEMPTED if pod.disruption == PREEMPTION_BY_SCHEDULER else c.EVICTED
+    detail = f": {pod.disruption_message}" if pod.disruption_message else ""
+    what = (
+        f"pod {pod.name} (node rank {pod.node_rank}) was taken away by the cluster "
+        f"({pod.disruption}{detail})"
+    )
+    pp.attempt += 1
+    pp.gang_status["preemptions"] = int(pp.gang_status.get("preemptions") or 0) + 1
+    pp.set_if_present(c.STALLED, c.FALSE, c.GANG_RESTART, f"gang restarted as attempt {pp.attempt}")
+    limit = pp.spec.run_policy.backoff_limit
+    message = (
+        f"{what}; a disruption, not a failure: restarting all {pp.spec.nodes} pods as "
+        f"attempt {pp.attempt}, not counted against backoffLimit "
+        f"({pp.restarts}/{limit} restarts used)"
+    )
+    pp.set(c.RESTARTING, c.TRUE, reason, message)
+    pp.set(c.RUNNING, c.FALSE, reason, message)
+    pp.set(c.CREATED, c.FALSE, reason, message)
+    pp.event("Warning", reason, message)
+    pp.delete(pp.pods)
+
+
+def stall_confirmed(pp: PlanningPass) -> bool:
+    """Stalled held for consecutive scrapes of the current attempt (StallConfirmed)."""
+    cond = c.find(pp.conds, c.STALLED) or {}
+    return cond.get("status") == c.TRUE and cond.get("reason") == c.STALL_CONFIRMED
+
+
+def lost_rank(pp: PlanningPass, current: Sequence[ObservedPod]) -> int | None:
+    """A pod that vanished (or is being deleted) after the whole gang existed."""
+    if pp.attempt != pp.prev_attempt or not c.is_true(pp.conds, c.CREATED):
+        return None
+    by_rank = {p.node_rank: p for p in current}
+    for rank in range(pp.spec.nodes):
+        pod = by_rank.get(rank)
+        if pod is None or (pod.terminating and pod.active):
+            return rank
+    return None
