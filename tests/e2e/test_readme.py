@@ -16,7 +16,7 @@ from typing import Final
 
 from gpujob_operator import api
 from gpujob_operator.api import conditions
-from gpujob_operator.monitoring import analysis
+from gpujob_operator.monitoring.verdict import ADVICE, VERDICTS
 from tests.e2e import commands as c
 from tests.e2e import readme_tables
 
@@ -117,9 +117,9 @@ def test_conditions_reasons_and_verdicts_are_all_documented() -> None:
         and k not in ("TRUE", "FALSE", "UNKNOWN")
     }
     missing += [r for r in sorted(reasons - UNUSED_REASONS) if f"`{r}`" not in text]
-    missing += [v for v in analysis.VERDICTS if f"`{v}`" not in text]
+    missing += [v for v in VERDICTS if f"`{v}`" not in text]
     flat = " ".join(text.split())
-    missing += [v for v, advice in analysis.ADVICE.items() if advice and advice not in flat]
+    missing += [v for v, advice in ADVICE.items() if advice and advice not in flat]
     assert not missing, missing
 
 

@@ -2,7 +2,7 @@
 
 Each switch of the example must produce its verdict within two windows after warm-up, and
 a healthy run must never get a bottleneck verdict. The switches' runs take about 0.1 s of
-compute a step; the runs that must stay free of CommunicationBound (HEALTHY) about 0.4 s, so
+compute a step; the runs that must stay free of CommunicationBound (HEALTHY_ARGS) about 0.4 s, so
 gloo's all-reduce (~8 ms for this model) and two ranks contending for two busy cores stay
 well below its 15%. Measured with one CPU hog beside the run: at a 1024 batch both ranks
 waited over 15% of the step and CommunicationBound was published; at 4096, 3-10%.
@@ -18,19 +18,28 @@ import pytest
 from trainer_harness import TrainerRun, scrape, torchrun_example, wait_for
 
 from gpujob_operator import cli
-from gpujob_operator.monitoring import analysis as an
 from gpujob_operator.monitoring.diagnose import diagnose, targets_from_urls
-from gpujob_operator.monitoring.monitor import JobMonitor, MonitorUpdate
+from gpujob_operator.monitoring.monitor import JobMonitor
+from gpujob_operator.monitoring.settings import Settings
+from gpujob_operator.monitoring.update import MonitorUpdate
+from gpujob_operator.monitoring.verdict import (
+    COMMUNICATION_BOUND,
+    CRITICAL,
+    HEALTHY,
+    INPUT_BOUND,
+    STALLED,
+    STRAGGLER,
+)
 from gpujob_trainer import contract
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
 BASE = ["--hidden=512", "--layers=4", "--batch-size=512", "--steps=100000"]
-HEALTHY = [*BASE, "--batch-size=4096"]  # see the module docstring
+HEALTHY_ARGS = [*BASE, "--batch-size=4096"]  # see the module docstring
 WARMUP = 5
 WINDOW = 8.0
 INTERVAL = 1.0
-SETTINGS = an.Settings(
+SETTINGS = Settings(
     warmup_steps=WARMUP,
     min_scrapes=3,
     window_seconds=WINDOW,
@@ -85,9 +94,9 @@ def diagnose_until(run: TrainerRun, expected: str) -> tuple[MonitorUpdate, list[
 @pytest.mark.parametrize(
     ("name", "switches", "expected"),
     [
-        ("slow_input", ["--slow-input=0.6"], an.INPUT_BOUND),
-        ("slow_rank", ["--slow-rank=1", "--slow-factor=4"], an.STRAGGLER),
-        ("comm_heavy", ["--comm-heavy"], an.COMMUNICATION_BOUND),
+        ("slow_input", ["--slow-input=0.6"], INPUT_BOUND),
+        ("slow_rank", ["--slow-rank=1", "--slow-factor=4"], STRAGGLER),
+        ("comm_heavy", ["--comm-heavy"], COMMUNICATION_BOUND),
     ],
 )
 def test_switch_gives_its_verdict(
@@ -99,7 +108,7 @@ def test_switch_gives_its_verdict(
         b = update.bottleneck
         assert b is not None and b["verdict"] == expected, (published, update.analysis.candidates)
         assert b["evidence"] and b["summary"] and b["advice"]
-        if expected == an.STRAGGLER:
+        if expected == STRAGGLER:
             assert b["rank"] == 1 and b["pod"] == urls(run)[1]
         assert update.progress["samplesPerSecond"] > 0
 
@@ -107,10 +116,10 @@ def test_switch_gives_its_verdict(
 def test_hang_is_stalled(tmp_path: Path) -> None:
     with torchrun_example([*BASE, "--hang-rank=1", "--hang-after=8"], tmp_path) as run:
         wait_warm(run)
-        update, published = diagnose_until(run, an.STALLED)
+        update, published = diagnose_until(run, STALLED)
         b = update.bottleneck
-        assert b is not None and b["verdict"] == an.STALLED, published
-        assert b["severity"] == an.CRITICAL
+        assert b is not None and b["verdict"] == STALLED, published
+        assert b["severity"] == CRITICAL
         assert b["evidence"]["step"] == 8
         stalled = [cnd for cnd in update.conditions if cnd["type"] == "Stalled"]
         assert stalled and stalled[0]["status"] == "True"
@@ -119,10 +128,10 @@ def test_hang_is_stalled(tmp_path: Path) -> None:
 def test_healthy_run_gets_no_bottleneck_through_the_cli(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with torchrun_example(HEALTHY, tmp_path) as run:
+    with torchrun_example(HEALTHY_ARGS, tmp_path) as run:
         wait_warm(run)
         _, published = diagnose_until(run, "never")
-        assert published and set(published) == {an.HEALTHY}, published
+        assert published and set(published) == {HEALTHY}, published
         rc = cli.main(
             [
                 "diagnose",
@@ -136,7 +145,7 @@ def test_healthy_run_gets_no_bottleneck_through_the_cli(
         )
         assert rc == 0
         report = json.loads(capsys.readouterr().out)
-        assert report["bottleneck"]["verdict"] == an.HEALTHY, report
+        assert report["bottleneck"]["verdict"] == HEALTHY, report
         assert report["progress"]["totalSteps"] == 100000 and report["progress"]["step"] > 0
         assert report["gpus"]["telemetry"].startswith("Unavailable: no GPU telemetry")
         assert report["failures"] == []

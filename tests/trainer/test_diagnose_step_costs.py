@@ -4,7 +4,7 @@ A rank slow in its loss head or its on-device preprocessing (both outside the wr
 must be named as the Straggler, with the breakdown that shows where its time goes; periodic
 checkpoints and evaluations must read as CheckpointBound and EvalBound. The extra work is
 sized at about twice a step's compute, so the verdicts hold when the two ranks contend for
-two busy cores (a contended rank is ~1/3 slower; DESIGN section 9).
+two busy cores (a contended rank is ~1/3 slower than one alone).
 """
 
 from __future__ import annotations
@@ -15,7 +15,12 @@ import pytest
 from test_diagnose_runs import BASE, HEALTHY, diagnose_until, urls, wait_warm
 from trainer_harness import torchrun_example
 
-from gpujob_operator.monitoring import analysis as an
+from gpujob_operator.monitoring.verdict import (
+    CHECKPOINT_BOUND,
+    COMMUNICATION_BOUND,
+    EVAL_BOUND,
+    STRAGGLER,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -32,10 +37,10 @@ def test_rank_slow_outside_the_model_is_the_straggler(
 ) -> None:
     with torchrun_example([*BASE, *switches], tmp_path) as run:
         wait_warm(run)
-        update, published = diagnose_until(run, an.STRAGGLER)
+        update, published = diagnose_until(run, STRAGGLER)
         b = update.bottleneck
         print(f"{name}: {b}")  # the figures, for a -s run
-        assert b is not None and b["verdict"] == an.STRAGGLER, (published, update.analysis)
+        assert b is not None and b["verdict"] == STRAGGLER, (published, update.analysis)
         assert b["rank"] == slow_rank and b["pod"] == urls(run)[slow_rank]
         ev = b["evidence"]
         assert ev["gapOutsideCompute"] == "true", ev
@@ -44,7 +49,7 @@ def test_rank_slow_outside_the_model_is_the_straggler(
         rows = {r["rank"]: r for r in b["breakdown"]}
         assert rows[slow_rank]["role"] == "slowest" and rows[1 - slow_rank]["role"] == "fastest"
         assert rows[slow_rank]["otherSeconds"] > 0.3, rows
-        assert an.COMMUNICATION_BOUND not in (ev.get("alsoDetected") or ""), ev
+        assert COMMUNICATION_BOUND not in (ev.get("alsoDetected") or ""), ev
 
 
 @pytest.mark.parametrize(
@@ -53,10 +58,10 @@ def test_rank_slow_outside_the_model_is_the_straggler(
         (
             "checkpoint",
             ["--checkpoint-every=3", "--checkpoint-seconds=1.0", "--checkpoint-rank=0"],
-            an.CHECKPOINT_BOUND,
+            CHECKPOINT_BOUND,
             0,
         ),
-        ("eval", ["--eval-every=3", "--eval-seconds=1.0"], an.EVAL_BOUND, None),
+        ("eval", ["--eval-every=3", "--eval-seconds=1.0"], EVAL_BOUND, None),
     ],
 )
 def test_periodic_phase_gets_its_verdict(
@@ -71,8 +76,8 @@ def test_periodic_phase_gets_its_verdict(
         assert b is not None and b["verdict"] == expected, (published, update.analysis)
         assert b.get("rank") == rank, b
         assert b["advice"] and b["summary"]
-        assert an.STRAGGLER not in published, published
+        assert STRAGGLER not in published, published
         # waits caused by the save or the evaluation are not blamed on the network
-        assert an.COMMUNICATION_BOUND not in (b["evidence"].get("alsoDetected") or ""), b
-        phase = "checkpoint" if expected == an.CHECKPOINT_BOUND else "eval"
+        assert COMMUNICATION_BOUND not in (b["evidence"].get("alsoDetected") or ""), b
+        phase = "checkpoint" if expected == CHECKPOINT_BOUND else "eval"
         assert b["evidence"][f"{phase}Ratio"] > 0.15, b["evidence"]

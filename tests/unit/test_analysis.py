@@ -12,9 +12,27 @@ from pathlib import Path
 import pytest
 
 from gpujob_operator import api
-from gpujob_operator.monitoring import analysis as an
 from gpujob_operator.monitoring import expfmt
-from gpujob_operator.monitoring.window import Window, frame
+from gpujob_operator.monitoring.analysis import Analysis, analyze
+from gpujob_operator.monitoring.frame import frame
+from gpujob_operator.monitoring.settings import Settings
+from gpujob_operator.monitoring.stall import median_step_seconds
+from gpujob_operator.monitoring.verdict import (
+    COMMUNICATION_BOUND,
+    CRITICAL,
+    GPU_UNDERUTILIZED,
+    HARDWARE_FAULT,
+    HEALTHY,
+    INFO,
+    INPUT_BOUND,
+    MEMORY_PRESSURE,
+    STALLED,
+    STRAGGLER,
+    THROTTLED,
+    WARNING,
+    Verdict,
+)
+from gpujob_operator.monitoring.window import Window
 from gpujob_trainer import contract
 
 PAYLOADS = Path(__file__).resolve().parents[1] / "data" / "payloads"
@@ -179,20 +197,20 @@ def fill(window: Window, job: Job, rounds: int) -> float:
     return job.now
 
 
-SETTINGS = an.Settings(warmup_steps=20, min_scrapes=3, total_steps=None)
+SETTINGS = Settings(warmup_steps=20, min_scrapes=3, total_steps=None)
 
 
-def run(job: Job, rounds: int = 8, settings: an.Settings = SETTINGS) -> an.Analysis:
+def run(job: Job, rounds: int = 8, settings: Settings = SETTINGS) -> Analysis:
     window = Window(settings.max_points(), settings.window_seconds)
     now = fill(window, job, rounds)
-    return an.analyze(window, settings, now)
+    return analyze(window, settings, now)
 
 
 def two_ranks(**kw: float) -> Job:
     return Job([RankSim(0, 0), RankSim(1, 1)], **kw)  # type: ignore[arg-type]
 
 
-def verdict(a: an.Analysis) -> str | None:
+def verdict(a: Analysis) -> str | None:
     return a.verdict.verdict if a.verdict else None
 
 
@@ -219,7 +237,7 @@ def test_step_is_min_of_ranks_and_total_from_spec_when_not_exported() -> None:
     for r in job.ranks:
         r.target = None
     job.ranks[1].steps = 3  # rank 1 ahead by 3
-    a = run(job, rounds=4, settings=an.Settings(total_steps=80))
+    a = run(job, rounds=4, settings=Settings(total_steps=80))
     assert a.progress["step"] == 40 and a.progress["totalSteps"] == 80
     assert a.progress["percent"] == 50.0
 
@@ -246,7 +264,7 @@ def test_counter_reset_counts_from_zero() -> None:
                 r.total = dict.fromkeys(contract.PHASES, 0.0)
 
     job.hooks.append(restart)
-    a = run(job, rounds=7, settings=an.Settings(warmup_steps=0))
+    a = run(job, rounds=7, settings=Settings(warmup_steps=0))
     assert a.step_rate == pytest.approx(10 / 15)
     assert a.progress["samplesPerSecond"] == pytest.approx(2 * 32 * 10 / 15, rel=1e-3)
 
@@ -256,7 +274,7 @@ def test_counter_reset_counts_from_zero() -> None:
 
 def test_healthy_cpu_job_and_telemetry_reason() -> None:
     a = run(two_ranks())
-    assert verdict(a) == an.HEALTHY and a.candidates == ()
+    assert verdict(a) == HEALTHY and a.candidates == ()
     assert a.gpus["telemetry"] == "Unavailable: no GPU telemetry: nvml_init_failed"
     api.GPUSummary.model_validate(a.gpus)
 
@@ -271,9 +289,9 @@ def test_input_bound_with_numbers() -> None:
     for r in job.ranks:
         r.phases["data_wait"] = 0.05  # 0.05 / 0.14 = 36%
     a = run(job)
-    assert verdict(a) == an.INPUT_BOUND
+    assert verdict(a) == INPUT_BOUND
     v = a.verdict
-    assert v is not None and v.severity == an.WARNING
+    assert v is not None and v.severity == WARNING
     assert v.evidence["dataWaitRatio"] == pytest.approx(0.05 / 0.14, abs=1e-3)
     assert v.summary == "data loading takes 36% of step time (warn > 5%, bound > 20%)"
     assert "DataLoader workers" in v.advice
@@ -285,7 +303,7 @@ def test_input_warn_level_stays_healthy_with_a_note() -> None:
     for r in job.ranks:
         r.phases["data_wait"] = 0.012  # 12 / 102 ms = 12%
     a = run(job)
-    assert verdict(a) == an.HEALTHY
+    assert verdict(a) == HEALTHY
     assert a.verdict is not None and "note: data loading takes 12%" in a.verdict.summary
 
 
@@ -294,7 +312,7 @@ def test_thresholds_come_from_the_spec() -> None:
     for r in job.ranks:
         r.phases["data_wait"] = 0.05
     th = api.Thresholds(input_bound_ratio=0.5, input_warn_ratio=0.4)
-    assert verdict(run(job, settings=an.Settings(thresholds=th))) == an.HEALTHY
+    assert verdict(run(job, settings=Settings(thresholds=th))) == HEALTHY
 
 
 def test_communication_bound() -> None:
@@ -302,7 +320,7 @@ def test_communication_bound() -> None:
     for r in job.ranks:
         r.phases["comm_wait"] = 0.04  # 40 / 135 ms
     a = run(job)
-    assert verdict(a) == an.COMMUNICATION_BOUND
+    assert verdict(a) == COMMUNICATION_BOUND
     assert a.verdict is not None and a.verdict.evidence["commWaitRatio"] == pytest.approx(
         0.04 / 0.135, abs=1e-3
     )
@@ -314,17 +332,17 @@ def test_straggler_beats_communication_bound() -> None:
     slow.phases.update(forward=0.09, backward=0.15)  # 3x the compute
     job.ranks[0].phases["comm_wait"] = 0.16  # the fast rank waits for it in all-reduce
     a = run(job)
-    assert verdict(a) == an.STRAGGLER
+    assert verdict(a) == STRAGGLER
     v = a.verdict
     assert v is not None and v.rank == 1 and v.pod == "pod-1" and v.node == "node-pod-1"
     assert v.evidence["stragglerScore"] == pytest.approx(0.085 / 0.245, abs=1e-3)
-    assert an.COMMUNICATION_BOUND not in [c.verdict for c in a.candidates]
+    assert COMMUNICATION_BOUND not in [c.verdict for c in a.candidates]
 
 
 def test_memory_pressure_from_reserved_over_total() -> None:
     job = Job([RankSim(0, 0, reserved=76 * GIB, uuid="GPU-a")], [GPUSim(0, "GPU-a")])
     a = run(job)
-    assert verdict(a) == an.MEMORY_PRESSURE
+    assert verdict(a) == MEMORY_PRESSURE
     assert a.verdict is not None and a.verdict.gpu_uuid == "GPU-a"
     assert a.verdict.evidence["reservedRatio"] == pytest.approx(0.95)
 
@@ -337,7 +355,7 @@ def test_memory_pressure_from_alloc_retries() -> None:
 
     job.hooks.append(retry)
     a = run(job)
-    assert verdict(a) == an.MEMORY_PRESSURE
+    assert verdict(a) == MEMORY_PRESSURE
     assert a.verdict is not None and float(a.verdict.evidence["allocRetries"]) > 0
 
 
@@ -345,17 +363,17 @@ def test_gpu_underutilized_only_without_other_causes() -> None:
     gpus = [GPUSim(i, f"GPU-{i}", util=0.3) for i in range(8)]
     job = Job([RankSim(0, 0)], gpus)
     a = run(job)
-    assert verdict(a) == an.GPU_UNDERUTILIZED
+    assert verdict(a) == GPU_UNDERUTILIZED
     assert a.gpus["observed"] == 8 and a.gpus["meanUtilizationRatio"] == pytest.approx(0.3)
     job2 = Job([RankSim(0, 0)], [GPUSim(i, f"GPU-{i}", util=0.3) for i in range(8)])
     job2.ranks[0].phases["data_wait"] = 0.2
-    assert verdict(run(job2)) == an.INPUT_BOUND
+    assert verdict(run(job2)) == INPUT_BOUND
 
 
 def test_throttled_when_sustained_only() -> None:
     job = Job([RankSim(0, 0)], [GPUSim(0, "GPU-a", throttle=("sw_power_cap",)), GPUSim(1, "GPU-b")])
     a = run(job)
-    assert verdict(a) == an.THROTTLED
+    assert verdict(a) == THROTTLED
     assert a.verdict is not None and a.verdict.gpu_uuid == "GPU-a"
     assert "sw_power_cap" in a.verdict.summary and a.throttled_gpus == 1
 
@@ -365,7 +383,7 @@ def test_throttled_when_sustained_only() -> None:
         j.gpus[0].throttle = ("hw_slowdown",) if i % 2 else ()
 
     flicker.hooks.append(toggle)
-    assert verdict(run(flicker)) == an.HEALTHY
+    assert verdict(run(flicker)) == HEALTHY
 
 
 def test_hardware_fault_on_xid_increase_is_critical() -> None:
@@ -377,14 +395,14 @@ def test_hardware_fault_on_xid_increase_is_critical() -> None:
 
     job.hooks.append(xid)
     a = run(job)
-    assert verdict(a) == an.HARDWARE_FAULT
-    assert a.verdict is not None and a.verdict.severity == an.CRITICAL
+    assert verdict(a) == HARDWARE_FAULT
+    assert a.verdict is not None and a.verdict.severity == CRITICAL
     assert a.verdict.gpu_uuid == "GPU-b"
 
 
 def test_ecc_counter_already_nonzero_is_no_fault() -> None:
     job = Job([RankSim(0, 0)], [GPUSim(0, "GPU-a", ecc=3)])
-    assert verdict(run(job)) == an.HEALTHY
+    assert verdict(run(job)) == HEALTHY
 
 
 def live_ranks(**kw: float) -> Job:
@@ -403,29 +421,29 @@ def hang_at(round_: int) -> Callable[[Job, int], None]:
 def test_a_hang_after_the_first_step_is_stalled_even_in_warmup() -> None:
     # Ten steps (inside warmupSteps 20), then nothing moves: the first step is done, so the
     # stall timeout applies (warm-up only delays the ratio verdicts), not the start-up one.
-    st = an.Settings(stall_timeout_seconds=60)
+    st = Settings(stall_timeout_seconds=60)
     a = run(live_ranks(hooks=[hang_at(1)]), rounds=5, settings=st)  # 60 s: not yet
-    assert verdict(a) != an.STALLED and a.stall_reason == "Progressing"
+    assert verdict(a) != STALLED and a.stall_reason == "Progressing"
     a = run(live_ranks(hooks=[hang_at(1)]), rounds=6, settings=st)
-    assert verdict(a) == an.STALLED and a.stall_reason == "StallDetected"
-    assert a.verdict is not None and a.verdict.severity == an.CRITICAL
+    assert verdict(a) == STALLED and a.stall_reason == "StallDetected"
+    assert a.verdict is not None and a.verdict.severity == CRITICAL
     assert a.stalled_for == pytest.approx(75) and a.verdict.evidence["step"] == 10
     assert a.verdict.evidence["currentPhases"] == "other"
 
 
 def test_no_stall_before_the_first_step_until_the_startup_timeout() -> None:
     # compilation, FSDP init, a data download: no step at all for minutes
-    st = an.Settings(stall_timeout_seconds=60, startup_timeout_seconds=300)
+    st = Settings(stall_timeout_seconds=60, startup_timeout_seconds=300)
     a = run(live_ranks(steps_per_scrape=0), rounds=20, settings=st)  # 285 s after first sight
-    assert verdict(a) != an.STALLED
+    assert verdict(a) != STALLED
     assert a.stall_reason == "StartingUp" and "no step yet" in a.stall_note
     assert a.stall_threshold == 300
     a = run(live_ranks(steps_per_scrape=0), rounds=22, settings=st)  # 315 s
-    assert verdict(a) == an.STALLED
+    assert verdict(a) == STALLED
     assert a.verdict is not None and "first step" in a.verdict.summary
     # the start-up timeout never shortens the stall timeout
-    long = an.Settings(stall_timeout_seconds=600, startup_timeout_seconds=300)
-    assert verdict(run(live_ranks(steps_per_scrape=0), rounds=22, settings=long)) != an.STALLED
+    long = Settings(stall_timeout_seconds=600, startup_timeout_seconds=300)
+    assert verdict(run(live_ranks(steps_per_scrape=0), rounds=22, settings=long)) != STALLED
 
 
 def test_no_stall_after_the_last_step() -> None:
@@ -433,16 +451,14 @@ def test_no_stall_after_the_last_step() -> None:
     job = live_ranks(hooks=[hang_at(10)])
     for r in job.ranks:
         r.target = 100
-    a = run(job, rounds=40, settings=an.Settings(stall_timeout_seconds=60))
-    assert a.progress["step"] == 100 and verdict(a) != an.STALLED
+    a = run(job, rounds=40, settings=Settings(stall_timeout_seconds=60))
+    assert a.progress["step"] == 100 and verdict(a) != STALLED
     assert a.stall_reason == "RanksFinished"
     # one rank short of the target is not finished: that one can hang
     job = live_ranks(hooks=[hang_at(10)])
     for r in job.ranks:
         r.target = 101
-    assert (
-        verdict(run(job, rounds=40, settings=an.Settings(stall_timeout_seconds=60))) == an.STALLED
-    )
+    assert verdict(run(job, rounds=40, settings=Settings(stall_timeout_seconds=60))) == STALLED
 
 
 @pytest.mark.parametrize("phase", ["checkpoint", "eval"])
@@ -455,12 +471,12 @@ def test_a_rank_in_a_checkpoint_or_an_evaluation_is_busy_until_the_busy_timeout(
             j.ranks[0].current, j.ranks[0].heartbeat = phase, j.now
             j.ranks[1].current, j.ranks[1].heartbeat = "comm_wait", j.now
 
-    st = an.Settings(stall_timeout_seconds=60, busy_timeout_seconds=600)
+    st = Settings(stall_timeout_seconds=60, busy_timeout_seconds=600)
     a = run(live_ranks(hooks=[enter]), rounds=30, settings=st)  # 7 min without a step
-    assert verdict(a) != an.STALLED and a.stall_reason == "RanksBusy"
+    assert verdict(a) != STALLED and a.stall_reason == "RanksBusy"
     assert f"rank 0 is in {phase} for" in a.stall_note
     a = run(live_ranks(hooks=[enter]), rounds=45, settings=st)  # 10.75 min: past the bound
-    assert verdict(a) == an.STALLED
+    assert verdict(a) == STALLED
     assert a.verdict is not None
     assert a.verdict.evidence["currentPhases"] == ",".join(sorted(["comm_wait", phase]))
 
@@ -473,9 +489,9 @@ def test_a_rank_whose_heartbeat_moves_is_not_hung() -> None:
             j.ranks[0].heartbeat = j.now
             j.ranks[0].current = "forward" if i % 2 else "other"
 
-    st = an.Settings(stall_timeout_seconds=60)
+    st = Settings(stall_timeout_seconds=60)
     a = run(live_ranks(hooks=[busy]), rounds=20, settings=st)
-    assert verdict(a) != an.STALLED and a.stall_reason == "RanksBusy"
+    assert verdict(a) != STALLED and a.stall_reason == "RanksBusy"
     assert "rank 0 changed phase 0s ago" in a.stall_note
 
 
@@ -487,11 +503,11 @@ def test_heartbeat_age_is_timed_by_the_operator_clock() -> None:
         if i < 8:
             j.ranks[0].heartbeat = j.now - 3600 + i
 
-    st = an.Settings(stall_timeout_seconds=60)
+    st = Settings(stall_timeout_seconds=60)
     a = run(live_ranks(hooks=[skewed]), rounds=10, settings=st)
-    assert verdict(a) != an.STALLED and a.stall_reason == "RanksBusy"
+    assert verdict(a) != STALLED and a.stall_reason == "RanksBusy"
     a = run(live_ranks(hooks=[skewed]), rounds=14, settings=st)
-    assert verdict(a) == an.STALLED
+    assert verdict(a) == STALLED
 
 
 def test_stall_threshold_scales_with_step_time() -> None:
@@ -503,8 +519,8 @@ def test_stall_threshold_scales_with_step_time() -> None:
         j.steps_per_scrape = 1 if i == 0 else 0
 
     job.hooks.append(hang)
-    a = run(job, rounds=8, settings=an.Settings(stall_timeout_seconds=30))
-    assert verdict(a) != an.STALLED
+    a = run(job, rounds=8, settings=Settings(stall_timeout_seconds=30))
+    assert verdict(a) != STALLED
     assert a.stall_threshold is not None and a.stall_threshold > 100
 
 
@@ -512,7 +528,7 @@ def test_median_step_seconds_interpolates_buckets() -> None:
     job = two_ranks()
     window = Window(10, 1000)
     fill(window, job, 2)
-    median = an.median_step_seconds(list(window.ranks.values()))
+    median = median_step_seconds(list(window.ranks.values()))
     # every step took 0.1 s: all in the (0.05, 0.1] bucket, interpolated to its middle
     assert median == pytest.approx(0.075)
 
@@ -520,7 +536,7 @@ def test_median_step_seconds_interpolates_buckets() -> None:
 # ---- replay of recorded trainer payloads ------------------------------------------------------
 
 
-def replay(condition: str, settings: an.Settings) -> an.Analysis:
+def replay(condition: str, settings: Settings) -> Analysis:
     times = json.loads((PAYLOADS / "times.json").read_text())
     window = Window(settings.max_points(), settings.window_seconds)
     now = 0.0
@@ -531,10 +547,10 @@ def replay(condition: str, settings: an.Settings) -> an.Analysis:
             samples = expfmt.parse((PAYLOADS / name).read_bytes())
             window.add(now, f"pod-r{r}", "node", frame(samples, now))
         window.end_round(now)
-    return an.analyze(window, settings, now)
+    return analyze(window, settings, now)
 
 
-REPLAY = an.Settings(warmup_steps=0, min_scrapes=3, window_seconds=10, scrape_interval_seconds=1)
+REPLAY = Settings(warmup_steps=0, min_scrapes=3, window_seconds=10, scrape_interval_seconds=1)
 # The recorded comm-heavy run is short (2 s) and its ranks' compute differs by 1.4x under
 # contention (score 0.72): with the default straggler bound it reads as a mild straggler.
 LENIENT = api.Thresholds(straggler_score=0.6)
@@ -543,9 +559,9 @@ LENIENT = api.Thresholds(straggler_score=0.6)
 @pytest.mark.parametrize(
     ("condition", "thresholds", "expected"),
     [
-        ("slow_input", api.Thresholds(), an.INPUT_BOUND),
-        ("comm_heavy", LENIENT, an.COMMUNICATION_BOUND),
-        ("slow_rank", api.Thresholds(), an.STRAGGLER),
+        ("slow_input", api.Thresholds(), INPUT_BOUND),
+        ("comm_heavy", LENIENT, COMMUNICATION_BOUND),
+        ("slow_rank", api.Thresholds(), STRAGGLER),
     ],
 )
 def test_recorded_windows(condition: str, thresholds: api.Thresholds, expected: str) -> None:
@@ -553,16 +569,16 @@ def test_recorded_windows(condition: str, thresholds: api.Thresholds, expected: 
     assert verdict(a) == expected, [c.summary for c in a.candidates]
     assert a.progress["samplesPerSecond"] > 0 and a.progress["step"] > 0
     assert a.gpus["telemetry"].startswith("Unavailable")
-    if expected == an.STRAGGLER:
+    if expected == STRAGGLER:
         assert a.verdict is not None and a.verdict.rank == 1
 
 
 def test_verdict_status_has_no_nan() -> None:
-    v = an.Verdict("X", an.INFO, "s", {"a": math.nan, "b": 1.0})
+    v = Verdict("X", INFO, "s", {"a": math.nan, "b": 1.0})
     assert v.to_status()["evidence"] == {"b": 1.0}
 
 
-def _names(seq: Sequence[an.Verdict]) -> list[str]:
+def _names(seq: Sequence[Verdict]) -> list[str]:
     return [v.verdict for v in seq]
 
 
@@ -570,5 +586,5 @@ def test_priority_lists_the_others_in_evidence() -> None:
     job = Job([RankSim(0, 0, reserved=79 * GIB, uuid="GPU-a")], [GPUSim(0, "GPU-a")])
     job.ranks[0].phases["data_wait"] = 0.2
     a = run(job)
-    assert _names(a.candidates) == [an.INPUT_BOUND, an.MEMORY_PRESSURE]
-    assert a.verdict is not None and a.verdict.evidence["alsoDetected"] == an.MEMORY_PRESSURE
+    assert _names(a.candidates) == [INPUT_BOUND, MEMORY_PRESSURE]
+    assert a.verdict is not None and a.verdict.evidence["alsoDetected"] == MEMORY_PRESSURE

@@ -12,12 +12,20 @@ from dataclasses import replace
 import pytest
 
 from gpujob_operator import api
-from gpujob_operator.monitoring import analysis as an
+from gpujob_operator.monitoring.analysis import Analysis
+from gpujob_operator.monitoring.verdict import (
+    CHECKPOINT_BOUND,
+    COMMUNICATION_BOUND,
+    EVAL_BOUND,
+    HEALTHY,
+    STRAGGLER,
+    VERDICTS,
+)
 from gpujob_operator.observability import opfamilies
 from tests.unit.test_analysis import GIB, SETTINGS, Job, RankSim, run, two_ranks, verdict
 
 
-def _names(a: an.Analysis) -> list[str]:
+def _names(a: Analysis) -> list[str]:
     return [c.verdict for c in a.candidates]
 
 
@@ -35,7 +43,7 @@ def test_straggler_in_loss_outside_the_model_is_named() -> None:
     job = Job([RankSim(0, 0), RankSim(1, 1, reserved=GIB, uuid="GPU-b")])
     _lockstep(job, slow=1, extra=0.2)
     a = run(job)
-    assert verdict(a) == an.STRAGGLER, [c.summary for c in a.candidates]
+    assert verdict(a) == STRAGGLER, [c.summary for c in a.candidates]
     v = a.verdict
     assert v is not None
     assert (v.rank, v.pod, v.node, v.gpu_uuid) == (1, "pod-1", "node-pod-1", "GPU-b")
@@ -48,14 +56,14 @@ def test_straggler_in_loss_outside_the_model_is_named() -> None:
     assert ev["waitExplainedRatio"] == pytest.approx(1.0, abs=1e-3)
     assert float(ev["othersCommWaitSecondsPerStep"]) > 10 * float(ev["commWaitSecondsPerStep"])
     assert "outside forward/backward/optimizer" in v.summary
-    assert an.COMMUNICATION_BOUND not in _names(a)
+    assert COMMUNICATION_BOUND not in _names(a)
 
 
 def test_straggler_in_preprocessing_among_eight_ranks() -> None:
     job = Job([RankSim(i, i % 4, node_rank=i // 4) for i in range(8)])
     _lockstep(job, slow=5, extra=0.1)
     a = run(job)
-    assert verdict(a) == an.STRAGGLER and a.verdict is not None and a.verdict.rank == 5
+    assert verdict(a) == STRAGGLER and a.verdict is not None and a.verdict.rank == 5
     assert a.verdict.evidence["stragglerScore"] == pytest.approx(0.085 / 0.185, abs=1e-3)
 
 
@@ -63,7 +71,7 @@ def test_straggler_in_compute_still_named() -> None:
     job = two_ranks()
     _lockstep(job, slow=0, extra=0.1, phase="backward")
     a = run(job)
-    assert verdict(a) == an.STRAGGLER and a.verdict is not None and a.verdict.rank == 0
+    assert verdict(a) == STRAGGLER and a.verdict is not None and a.verdict.rank == 0
     assert a.verdict.evidence["gapOutsideCompute"] == "false"
 
 
@@ -71,7 +79,7 @@ def test_mild_imbalance_is_healthy_with_the_score_in_evidence() -> None:
     job = two_ranks()
     _lockstep(job, slow=1, extra=0.02)  # 0.085 vs 0.105 s: score 0.81 >= 0.75
     a = run(job)
-    assert verdict(a) == an.HEALTHY, [c.summary for c in a.candidates]
+    assert verdict(a) == HEALTHY, [c.summary for c in a.candidates]
     assert a.verdict is not None
     assert a.verdict.evidence["stragglerScore"] == pytest.approx(0.085 / 0.105, abs=1e-3)
 
@@ -81,7 +89,7 @@ def test_symmetric_waits_stay_communication_bound() -> None:
     for r in job.ranks:
         r.phases["comm_wait"] = 0.06
     a = run(job)
-    assert verdict(a) == an.COMMUNICATION_BOUND
+    assert verdict(a) == COMMUNICATION_BOUND
     assert a.verdict is not None and a.verdict.evidence["commWaitSymmetry"] == 1.0
 
 
@@ -90,8 +98,8 @@ def test_asymmetric_waits_are_not_blamed_on_the_network() -> None:
     job = two_ranks()
     _lockstep(job, slow=1, extra=0.1, phase="forward")
     a = run(job)
-    assert verdict(a) == an.STRAGGLER
-    assert an.COMMUNICATION_BOUND not in _names(a)
+    assert verdict(a) == STRAGGLER
+    assert COMMUNICATION_BOUND not in _names(a)
 
 
 def test_breakdown_is_bounded_and_validates() -> None:
@@ -119,7 +127,7 @@ def test_breakdown_is_bounded_and_validates() -> None:
 
 def test_healthy_has_a_breakdown_too() -> None:
     a = run(two_ranks())
-    assert verdict(a) == an.HEALTHY and a.verdict is not None
+    assert verdict(a) == HEALTHY and a.verdict is not None
     assert {b.role for b in a.verdict.breakdown} == {"slowest", "fastest"}
 
 
@@ -127,13 +135,13 @@ def test_checkpoint_on_rank_zero_is_checkpoint_bound_not_a_straggler() -> None:
     job = Job([RankSim(0, 0, reserved=GIB, uuid="GPU-a"), RankSim(1, 1)])
     _lockstep(job, slow=0, extra=0.06, phase="checkpoint")  # 0.06 / 0.16 = 38%
     a = run(job)
-    assert verdict(a) == an.CHECKPOINT_BOUND, [c.summary for c in a.candidates]
+    assert verdict(a) == CHECKPOINT_BOUND, [c.summary for c in a.candidates]
     v = a.verdict
     assert v is not None and (v.rank, v.pod, v.gpu_uuid) == (0, "pod-0", "GPU-a")
     assert v.evidence["checkpointRatio"] == pytest.approx(0.06 / 0.16, abs=1e-3)
     assert v.evidence["othersCheckpointRatio"] == 0.0
     assert "async" in v.advice and "interval" in v.advice
-    assert an.STRAGGLER not in _names(a) and an.COMMUNICATION_BOUND not in _names(a)
+    assert STRAGGLER not in _names(a) and COMMUNICATION_BOUND not in _names(a)
 
 
 def test_sharded_checkpoint_names_no_rank() -> None:
@@ -141,7 +149,7 @@ def test_sharded_checkpoint_names_no_rank() -> None:
     for r in job.ranks:
         r.phases["checkpoint"] = 0.05
     a = run(job)
-    assert verdict(a) == an.CHECKPOINT_BOUND and a.verdict is not None
+    assert verdict(a) == CHECKPOINT_BOUND and a.verdict is not None
     assert a.verdict.rank is None and a.verdict.pod is None
 
 
@@ -149,12 +157,12 @@ def test_checkpoint_below_or_above_a_job_threshold() -> None:
     job = two_ranks()
     for r in job.ranks:
         r.phases["checkpoint"] = 0.008  # 8.6%: below the 10% default
-    assert verdict(run(job)) == an.HEALTHY
+    assert verdict(run(job)) == HEALTHY
     job = two_ranks()
     for r in job.ranks:
         r.phases["checkpoint"] = 0.05
     lenient = replace(SETTINGS, thresholds=api.Thresholds(checkpoint_bound_ratio=0.5))
-    assert verdict(run(job, settings=lenient)) == an.HEALTHY
+    assert verdict(run(job, settings=lenient)) == HEALTHY
 
 
 def _evaluating() -> Job:
@@ -166,12 +174,12 @@ def _evaluating() -> Job:
 
 def test_eval_between_steps_is_eval_bound() -> None:
     a = run(_evaluating())
-    assert verdict(a) == an.EVAL_BOUND, [c.summary for c in a.candidates]
+    assert verdict(a) == EVAL_BOUND, [c.summary for c in a.candidates]
     v = a.verdict
     assert v is not None and v.evidence["evalRatio"] == pytest.approx(0.04 / 0.14, abs=1e-3)
     assert "less often" in v.advice
     strict = replace(SETTINGS, thresholds=api.Thresholds(eval_bound_ratio=0.3))
-    assert verdict(run(_evaluating(), settings=strict)) == an.HEALTHY
+    assert verdict(run(_evaluating(), settings=strict)) == HEALTHY
 
 
 def test_ratios_are_shares_of_training_time() -> None:
@@ -181,15 +189,15 @@ def test_ratios_are_shares_of_training_time() -> None:
         r.phases["comm_wait"] = 0.04
         r.phases["eval"] = 0.135
     a = run(job)
-    assert _names(a) == [an.EVAL_BOUND, an.COMMUNICATION_BOUND]
+    assert _names(a) == [EVAL_BOUND, COMMUNICATION_BOUND]
     assert a.verdict is not None
-    assert a.verdict.evidence["alsoDetected"] == an.COMMUNICATION_BOUND
-    comm = next(c for c in a.candidates if c.verdict == an.COMMUNICATION_BOUND)
+    assert a.verdict.evidence["alsoDetected"] == COMMUNICATION_BOUND
+    comm = next(c for c in a.candidates if c.verdict == COMMUNICATION_BOUND)
     assert comm.evidence["commWaitRatio"] == pytest.approx(0.04 / 0.135, abs=1e-3)
 
 
 def test_operator_metrics_know_every_verdict() -> None:
-    assert set(opfamilies.VERDICTS) == set(an.VERDICTS)
+    assert set(opfamilies.VERDICTS) == set(VERDICTS)
 
 
 def _long_run(steps: int = 10_000) -> Job:
@@ -212,14 +220,14 @@ def test_a_rare_checkpoint_in_the_window_is_judged_over_the_run() -> None:
 
     job.hooks.append(save)
     a = run(job)
-    assert verdict(a) == an.HEALTHY, [c.summary for c in a.candidates]
+    assert verdict(a) == HEALTHY, [c.summary for c in a.candidates]
 
 
 def test_frequent_checkpoints_outside_the_window_still_count() -> None:
     job = _long_run()
     job.ranks[0].total["checkpoint"] = 500.0  # a third of the run so far, none in the window
     a = run(job)
-    assert verdict(a) == an.CHECKPOINT_BOUND, [c.summary for c in a.candidates]
+    assert verdict(a) == CHECKPOINT_BOUND, [c.summary for c in a.candidates]
     assert a.verdict is not None
     assert a.verdict.evidence["checkpointRatio"] == pytest.approx(
         500 / 1508, abs=1e-3

@@ -6,15 +6,11 @@ from typing import Any
 
 from gpujob_operator import api
 from gpujob_operator.api import conditions as c
-from gpujob_operator.monitoring import analysis as an
 from gpujob_operator.monitoring import expfmt
-from gpujob_operator.monitoring.monitor import (
-    JobMonitor,
-    MonitorUpdate,
-    exited_ranks,
-    scrape_targets,
-)
-from gpujob_operator.monitoring.scrape import ErrorKind, ScrapeResult, ScrapeTarget
+from gpujob_operator.monitoring.monitor import JobMonitor, exited_ranks, scrape_targets
+from gpujob_operator.monitoring.scrape_result import ErrorKind, ScrapeResult, ScrapeTarget
+from gpujob_operator.monitoring.update import MonitorUpdate
+from gpujob_operator.monitoring.verdict import HEALTHY, INPUT_BOUND, STALLED
 from tests.unit.test_analysis import T0, Job, RankSim
 
 SPEC = {
@@ -73,7 +69,7 @@ def test_healthy_then_input_bound_with_events_and_conditions() -> None:
     updates = [mon.observe(results_of(job, i), job.now) for i in range(4)]
     assert cond(updates[0], c.BOTTLENECK_DETECTED)["reason"] == c.WARMING_UP
     u = updates[-1]
-    assert u.bottleneck is not None and u.bottleneck["verdict"] == an.HEALTHY
+    assert u.bottleneck is not None and u.bottleneck["verdict"] == HEALTHY
     assert cond(u, c.METRICS_AVAILABLE)["status"] == c.TRUE
     assert cond(u, c.STALLED)["status"] == c.FALSE
     assert cond(u, c.BOTTLENECK_DETECTED)["reason"] == c.NO_BOTTLENECK
@@ -83,13 +79,13 @@ def test_healthy_then_input_bound_with_events_and_conditions() -> None:
         r.phases["data_wait"] = 0.1
     seen = [mon.observe(results_of(job, i), job.now) for i in range(4, 8)]
     published = [s.bottleneck["verdict"] for s in seen if s.bottleneck]
-    assert published[-1] == an.INPUT_BOUND and published[0] == an.HEALTHY  # hysteresis
+    assert published[-1] == INPUT_BOUND and published[0] == HEALTHY  # hysteresis
     changes = [e for s in seen for e in s.events]
     assert len(changes) == 1 and changes[0].type == "Warning"
     assert changes[0].message.startswith("InputBound (was Healthy): data loading takes")
     last = seen[-1]
     assert cond(last, c.BOTTLENECK_DETECTED)["status"] == c.TRUE
-    assert cond(last, c.BOTTLENECK_DETECTED)["reason"] == an.INPUT_BOUND
+    assert cond(last, c.BOTTLENECK_DETECTED)["reason"] == INPUT_BOUND
     api.GPUTrainingJobStatus.model_validate(
         {
             "progress": last.progress,
@@ -182,7 +178,7 @@ def test_stall_sets_the_condition_at_once_and_confirms_it_on_the_next_scrape() -
     first, second = stalled[0], stalled[1]
     assert cond(first, c.STALLED)["reason"] == c.STALL_DETECTED
     assert [e.reason for e in first.events] == [c.STALL_DETECTED]
-    assert first.bottleneck is not None and first.bottleneck["verdict"] == an.STALLED
+    assert first.bottleneck is not None and first.bottleneck["verdict"] == STALLED
     assert cond(second, c.STALLED)["reason"] == c.STALL_CONFIRMED
     assert "2 consecutive scrapes" in cond(second, c.STALLED)["message"]
     # a round that reached no rank neither confirms nor clears; a step clears at once
@@ -312,7 +308,7 @@ def test_absurd_values_are_dropped_reported_once_and_analysis_goes_on() -> None:
     # Progress and ETA keep coming from the sane values (the spec's totalSteps: 1000).
     assert last.progress["totalSteps"] == 1000 and last.progress["step"] >= 60
     assert "etaSeconds" in last.progress and last.progress["epoch"] < 1e6
-    assert last.bottleneck is not None and last.bottleneck["verdict"] == an.HEALTHY
+    assert last.bottleneck is not None and last.bottleneck["verdict"] == HEALTHY
     m = cond(last, c.METRICS_AVAILABLE)
     assert m["status"] == c.TRUE and "rejected 4 value(s)" in m["message"]
     assert "gpujob_train_target_steps=+Inf" in m["message"]

@@ -12,8 +12,10 @@ from aiohttp import web
 
 from gpujob_localcluster.ports import free_port
 from gpujob_operator.monitoring.expfmt import WANTED, parse
-from gpujob_operator.monitoring.scrape import ErrorKind, Scraper, ScrapeTarget
-from gpujob_operator.monitoring.window import NEEDED, R_STEPS, frame
+from gpujob_operator.monitoring.frame import NEEDED, frame
+from gpujob_operator.monitoring.rows import R_STEPS
+from gpujob_operator.monitoring.scrape import Scraper
+from gpujob_operator.monitoring.scrape_result import ErrorKind, ScrapeTarget
 
 PAYLOAD = (
     Path(__file__).resolve().parents[1] / "data" / "payloads" / "healthy-scrape2-rank1.prom"
@@ -256,13 +258,13 @@ def split(data: bytes, size: int) -> list[bytes]:
 def test_a_chunked_body_is_decoded_as_it_arrives_not_reparsed() -> None:
     """1 MB in 16 KiB chunks: each read decodes only the new bytes, so what stays buffered
     is bounded by one chunk header (today's quadratic re-parse kept, and re-read, it all)."""
-    from gpujob_operator.monitoring.scrape import _Conn
+    from gpujob_operator.monitoring.httpclient import Conn
 
     body = (PAYLOAD * (2**20 // len(PAYLOAD) + 1))[: 2**20]
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        conn = _Conn(loop, ("127.0.0.1", 1))
+        conn = Conn(loop, ("127.0.0.1", 1))
         conn.connection_made(_NullTransport())
         fut = conn.request(b"GET / HTTP/1.1\r\n\r\n", 2 * 2**20)
         conn.data_received(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
@@ -282,7 +284,7 @@ def test_a_chunked_body_is_decoded_as_it_arrives_not_reparsed() -> None:
 def test_chunked_bodies_split_anywhere_decode_the_same() -> None:
     import random
 
-    from gpujob_operator.monitoring.scrape import _Conn
+    from gpujob_operator.monitoring.httpclient import Conn
 
     rng = random.Random(7)
     message = (
@@ -294,7 +296,7 @@ def test_chunked_bodies_split_anywhere_decode_the_same() -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
         for _ in range(30):
-            conn = _Conn(loop, ("127.0.0.1", 1))
+            conn = Conn(loop, ("127.0.0.1", 1))
             conn.connection_made(_NullTransport())
             fut = conn.request(b"GET / HTTP/1.1\r\n\r\n", 2**20)
             cuts = sorted(rng.sample(range(1, len(message)), 40))

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
-from gpujob_operator.monitoring import analysis as an
 from gpujob_operator.monitoring.hysteresis import VerdictState, step
+from gpujob_operator.monitoring.verdict import (
+    COMMUNICATION_BOUND,
+    HARDWARE_FAULT,
+    HEALTHY,
+    INPUT_BOUND,
+    STALLED,
+    WARNING,
+    Verdict,
+)
 
 
-def v(name: str) -> an.Verdict:
-    return an.Verdict(name, an.WARNING, f"{name} summary")
+def v(name: str) -> Verdict:
+    return Verdict(name, WARNING, f"{name} summary")
 
 
 def feed(names: list[str | None], n: int = 3) -> tuple[VerdictState, list[tuple[int, str]]]:
@@ -20,7 +28,7 @@ def feed(names: list[str | None], n: int = 3) -> tuple[VerdictState, list[tuple[
     return state, changes
 
 
-H, IB, CB = an.HEALTHY, an.INPUT_BOUND, an.COMMUNICATION_BOUND
+H, IB, CB = HEALTHY, INPUT_BOUND, COMMUNICATION_BOUND
 
 
 def test_first_healthy_is_published_at_once_and_warmup_is_ignored() -> None:
@@ -47,8 +55,8 @@ def test_flapping_candidates_clear_to_healthy() -> None:
 
 
 def test_stall_and_hardware_fault_are_immediate_both_ways() -> None:
-    _, changes = feed([H, an.STALLED, H, an.HARDWARE_FAULT, an.HARDWARE_FAULT, IB])
-    assert changes == [(0, H), (1, an.STALLED), (2, H), (3, an.HARDWARE_FAULT), (5, H)]
+    _, changes = feed([H, STALLED, H, HARDWARE_FAULT, HARDWARE_FAULT, IB])
+    assert changes == [(0, H), (1, STALLED), (2, H), (3, HARDWARE_FAULT), (5, H)]
 
 
 def test_numbers_refresh_while_held_and_since_stays() -> None:
@@ -56,7 +64,7 @@ def test_numbers_refresh_while_held_and_since_stays() -> None:
     for i in range(3):
         state, _ = step(state, v(IB), float(i), 3)
     assert state.since == 2.0
-    newer = an.Verdict(IB, an.WARNING, "newer numbers")
+    newer = Verdict(IB, WARNING, "newer numbers")
     state, change = step(state, newer, 10.0, 3)
     assert change is None and state.published == newer and state.since == 2.0
 

@@ -14,24 +14,22 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpujob_operator.monitoring import expfmt
-from gpujob_operator.monitoring.window import (
+from gpujob_operator.monitoring.frame import NEEDED, frame, frame_payload
+from gpujob_operator.monitoring.rows import (
     G_MEM_USED,
     G_POWER,
     G_THROTTLE,
     G_UTIL,
-    NEEDED,
     R_CURRENT_PHASE,
     R_HEARTBEAT,
     R_PHASE,
     R_STEPS,
     R_WIDTH,
-    Window,
-    frame,
-    frame_payload,
     increase,
     rate,
     throttle_reasons,
 )
+from gpujob_operator.monitoring.window import Window
 from gpujob_trainer import contract
 
 PAYLOADS = Path(__file__).resolve().parents[1] / "data" / "payloads"
@@ -172,11 +170,11 @@ def test_memory_of_a_thousand_jobs_of_eight_ranks_is_bounded_and_steady() -> Non
     """Full windows (9 rows per series) of 1,000 jobs x 8 ranks through the scraper's own
     path (its series cache counted), and no growth once the windows are full: anything kept
     per scrape (rows, series, cache entries keyed on values) would show as growth."""
-    import gpujob_operator.monitoring.window as window_module
+    import gpujob_operator.monitoring.frame as frame_module
 
     jobs, fill_rounds, more_rounds = 100, 9, 9
     payloads = _fleet_payloads(fill_rounds + more_rounds)
-    window_module._ACTIONS.clear()
+    frame_module._ACTIONS.clear()
     tracemalloc.start()
     windows = [Window(max_points=9, max_age=1e9) for _ in range(jobs)]
 

@@ -21,7 +21,8 @@ from array import array
 from dataclasses import dataclass, replace
 from typing import Final
 
-from gpujob_operator.monitoring import window as w
+from gpujob_operator.monitoring import rows
+from gpujob_operator.monitoring.frame import Frame
 from gpujob_trainer import contract
 
 MAX_GPUS_PER_ENDPOINT: Final = 64
@@ -42,33 +43,33 @@ _CLOCK_SKEW: Final = 86400.0
 
 # field index -> (name for messages, low, high); low/high inclusive.
 _RANK_LIMITS: Final[dict[int, tuple[str, float, float]]] = {
-    w.R_STEPS: (contract.STEPS.name, 0.0, _EXACT),
-    w.R_TARGET: (contract.TARGET_STEPS.name, 0.0, _EXACT),
-    w.R_SAMPLES: (contract.SAMPLES.name, 0.0, _COUNT),
-    w.R_TOKENS: (contract.TOKENS.name, 0.0, _COUNT),
-    w.R_EPOCH: (contract.EPOCH.name, 0.0, _EXACT),
-    w.R_LOSS: (contract.LOSS.name, -1e30, 1e30),
-    w.R_STEP_COUNT: (contract.STEP_DURATION.name + "_count", 0.0, _COUNT),
-    w.R_STEP_SUM: (contract.STEP_DURATION.name + "_sum", 0.0, _SECONDS),
-    w.R_COMPUTE: (contract.COMPUTE_SECONDS.name, 0.0, _SECONDS),
-    w.R_CUDA_RESERVED: (contract.CUDA_MEMORY_RESERVED.name, 0.0, _BYTES),
-    w.R_CUDA_RETRIES: (contract.CUDA_ALLOC_RETRIES.name, 0.0, _COUNT),
-    w.R_CUDA_OOMS: (contract.CUDA_OOMS.name, 0.0, _COUNT),
+    rows.R_STEPS: (contract.STEPS.name, 0.0, _EXACT),
+    rows.R_TARGET: (contract.TARGET_STEPS.name, 0.0, _EXACT),
+    rows.R_SAMPLES: (contract.SAMPLES.name, 0.0, _COUNT),
+    rows.R_TOKENS: (contract.TOKENS.name, 0.0, _COUNT),
+    rows.R_EPOCH: (contract.EPOCH.name, 0.0, _EXACT),
+    rows.R_LOSS: (contract.LOSS.name, -1e30, 1e30),
+    rows.R_STEP_COUNT: (contract.STEP_DURATION.name + "_count", 0.0, _COUNT),
+    rows.R_STEP_SUM: (contract.STEP_DURATION.name + "_sum", 0.0, _SECONDS),
+    rows.R_COMPUTE: (contract.COMPUTE_SECONDS.name, 0.0, _SECONDS),
+    rows.R_CUDA_RESERVED: (contract.CUDA_MEMORY_RESERVED.name, 0.0, _BYTES),
+    rows.R_CUDA_RETRIES: (contract.CUDA_ALLOC_RETRIES.name, 0.0, _COUNT),
+    rows.R_CUDA_OOMS: (contract.CUDA_OOMS.name, 0.0, _COUNT),
     **{
         i: (f'{contract.PHASE_SECONDS.name}{{phase="{p}"}}', 0.0, _SECONDS)
-        for p, i in w.R_PHASE.items()
+        for p, i in rows.R_PHASE.items()
     },
 }
 _GPU_LIMITS: Final[dict[int, tuple[str, float, float]]] = {
-    w.G_UTIL: (contract.GPU_UTILIZATION.name, 0.0, 1.0),
-    w.G_MEM_USED: (contract.GPU_MEMORY_USED.name, 0.0, _BYTES),
-    w.G_MEM_TOTAL: (contract.GPU_MEMORY_TOTAL.name, 0.0, _BYTES),
-    w.G_POWER: (contract.GPU_POWER.name, 0.0, 1e6),
-    w.G_POWER_LIMIT: (contract.GPU_POWER_LIMIT.name, 0.0, 1e6),
-    w.G_TEMP: (contract.GPU_TEMPERATURE.name, -273.15, 1000.0),
-    w.G_SM_CLOCK: (contract.GPU_SM_CLOCK.name, 0.0, 1e11),
-    w.G_XID: (contract.GPU_XID_ERRORS.name, 0.0, _COUNT),
-    w.G_ECC: (contract.GPU_ECC_UNCORRECTED.name, 0.0, _COUNT),
+    rows.G_UTIL: (contract.GPU_UTILIZATION.name, 0.0, 1.0),
+    rows.G_MEM_USED: (contract.GPU_MEMORY_USED.name, 0.0, _BYTES),
+    rows.G_MEM_TOTAL: (contract.GPU_MEMORY_TOTAL.name, 0.0, _BYTES),
+    rows.G_POWER: (contract.GPU_POWER.name, 0.0, 1e6),
+    rows.G_POWER_LIMIT: (contract.GPU_POWER_LIMIT.name, 0.0, 1e6),
+    rows.G_TEMP: (contract.GPU_TEMPERATURE.name, -273.15, 1000.0),
+    rows.G_SM_CLOCK: (contract.GPU_SM_CLOCK.name, 0.0, 1e11),
+    rows.G_XID: (contract.GPU_XID_ERRORS.name, 0.0, _COUNT),
+    rows.G_ECC: (contract.GPU_ECC_UNCORRECTED.name, 0.0, _COUNT),
 }
 
 
@@ -76,14 +77,14 @@ _GPU_LIMITS: Final[dict[int, tuple[str, float, float]]] = {
 class Admitted:
     """A frame fit for the window, and what was taken out of it."""
 
-    frame: w.Frame
+    frame: Frame
     dropped_series: int = 0
     dropped_values: int = 0
     notes: tuple[tuple[str, str], ...] = ()
     """(kind, words) of what was dropped, e.g. (KIND_RANK, "rank label(s) 7 are not ...")."""
 
 
-def admit(fr: w.Frame, rank: int | None, t: float) -> Admitted:
+def admit(fr: Frame, rank: int | None, t: float) -> Admitted:
     """The part of `fr` (scraped at `t`) that rank `rank` may speak for (None: any rank)."""
     notes: list[tuple[str, str]] = []
     dropped_series = 0
@@ -109,10 +110,10 @@ def admit(fr: w.Frame, rank: int | None, t: float) -> Admitted:
     dropped_values = 0
     for row in fr.ranks.values():
         dropped_values += _check(row, _RANK_LIMITS, bad)
-        last = row[w.R_LAST_STEP]
+        last = row[rows.R_LAST_STEP]
         if last == last and not (0.0 <= last <= t + _CLOCK_SKEW):
             bad.append(f"{contract.LAST_STEP_TIMESTAMP.name}={_show(last)}")
-            row[w.R_LAST_STEP] = math.nan
+            row[rows.R_LAST_STEP] = math.nan
             dropped_values += 1
     for b in fr.buckets.values():
         dropped_values += _check_all(b, contract.STEP_DURATION.name + "_bucket", bad)

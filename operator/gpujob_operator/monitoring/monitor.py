@@ -10,38 +10,31 @@ interval, does::
     patch = update.status_patch(current_status)           # None: nothing worth writing
     if patch: patch_status(patch)
 
-`status_patch` returns a JSON merge patch only when something changed meaningfully (or
-the last write is older than `refresh_seconds`), so a thousand jobs do not flood the API
-server with a write per job per scrape.
+`status_patch` (see `update`) returns a JSON merge patch only when something changed
+meaningfully (or the last write is older than `refresh_seconds`), so a thousand jobs do not
+flood the API server with a write per job per scrape.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
 from gpujob_operator import api
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import LABEL_NODE_RANK, controller_uid, owned
-from gpujob_operator.api.display import render_display
 from gpujob_operator.api.events import Event
-from gpujob_operator.api.patches import replacing_patch
-from gpujob_operator.monitoring import analysis as an
 from gpujob_operator.monitoring import guard, hysteresis
-from gpujob_operator.monitoring.scrape import ErrorKind, ScrapeResult, ScrapeTarget
-from gpujob_operator.monitoring.window import MAX_SERIES, Window, frame
+from gpujob_operator.monitoring.analysis import Analysis, analyze
+from gpujob_operator.monitoring.frame import frame
+from gpujob_operator.monitoring.scrape_result import ErrorKind, ScrapeResult, ScrapeTarget
+from gpujob_operator.monitoring.settings import Settings
+from gpujob_operator.monitoring.update import REFRESH_SECONDS, MonitorUpdate, PatchClock
+from gpujob_operator.monitoring.verdict import CRITICAL, HARDWARE_FAULT, HEALTHY, STALLED, WARNING
+from gpujob_operator.monitoring.window import MAX_SERIES, Window
 from gpujob_trainer import contract
 
-REFRESH_SECONDS: Final = 60.0
-"""Rewrite status at most this often when only noise changed."""
-PERCENT_STEP: Final = 0.1
-ETA_RELATIVE: Final = 0.10
-ETA_ABSOLUTE: Final = 30.0
-RATE_RELATIVE: Final = 0.05
-UTIL_ABSOLUTE: Final = 0.05
 MAX_FAILURES_LISTED: Final = 5
 MAX_NOTES_LISTED: Final = 3
 STARTUP_GRACE: Final = 180.0
@@ -106,75 +99,17 @@ def exited_ranks(pods: Iterable[Mapping[str, Any]], uid: str | None = None) -> i
     return sum(1 for pod in mine if (pod.get("status") or {}).get("phase") == "Succeeded")
 
 
-@dataclass(slots=True)
-class _PatchClock:
-    last: float = -math.inf
-
-
-@dataclass
-class MonitorUpdate:
-    """What one observation produced; all dicts are camelCase status parts."""
-
-    now: float
-    progress: dict[str, Any]
-    bottleneck: dict[str, Any] | None
-    """The published verdict (None until the first evaluation after warm-up)."""
-    gpus: dict[str, Any]
-    conditions: list[dict[str, Any]]
-    """Observability conditions to set (conditions.make dicts); merge with set_condition."""
-    events: list[Event]
-    analysis: an.Analysis
-    failures: list[ScrapeResult] = field(default_factory=list)
-    dropped_series: int = 0
-    """Series refused this round (a rank not the target's, over a cap)."""
-    dropped_values: int = 0
-    """Non-finite or implausible values refused this round."""
-    refresh_seconds: float = REFRESH_SECONDS
-    _clock: _PatchClock = field(default_factory=_PatchClock, repr=False)
-
-    def status_patch(self, old_status: Mapping[str, Any] | None) -> dict[str, Any] | None:
-        """A merge patch for status, or None when nothing changed meaningfully.
-
-        Removed keys are set to null; `conditions` (a list, replaced whole by a merge
-        patch) is the old list with ours merged in; `display` follows the new values.
-        Calling it counts as a write for the refresh timer.
-        """
-        old = dict(old_status or {})
-        new = dict(old)
-        if self.progress:
-            new["progress"] = self.progress
-        if self.bottleneck is not None:
-            new["bottleneck"] = self.bottleneck
-        if self.gpus:
-            new["gpus"] = self.gpus
-        when = datetime.fromtimestamp(self.now, UTC)
-        new["conditions"] = c.merge_conditions(old.get("conditions"), self.conditions, when)
-        new["display"] = render_display(new)
-        meaningful = _meaningful(old, new)
-        due = self.now - self._clock.last >= self.refresh_seconds
-        if not meaningful and not (due and _differs(old, new)):
-            return None
-        self._clock.last = self.now
-        patch: dict[str, Any] = {}
-        for key in ("progress", "bottleneck", "gpus", "display"):
-            if key in new and new[key] != old.get(key):
-                patch[key] = replacing_patch(old.get(key), new[key])
-        if new["conditions"] != old.get("conditions"):
-            patch["conditions"] = new["conditions"]
-        return json_safe(patch) or None
-
-
 class JobMonitor:
     """One job's window, verdict hysteresis and transition memory."""
 
     def __init__(
         self,
-        spec: api.GPUTrainingJobSpec | Mapping[str, Any] | an.Settings,
+        spec: api.GPUTrainingJobSpec | Mapping[str, Any] | Settings,
         *,
         generation: int | None = None,
         refresh_seconds: float = REFRESH_SECONDS,
     ) -> None:
-        self.settings = spec if isinstance(spec, an.Settings) else an.Settings.from_spec(spec)
+        self.settings = spec if isinstance(spec, Settings) else Settings.from_spec(spec)
         self.generation = generation
         self.refresh_seconds = refresh_seconds
         self.window = Window(
@@ -188,7 +123,7 @@ class JobMonitor:
         self._finished = False
         self._last_step: float | None = None
         self._stall_streak = 0
-        self._clock = _PatchClock()
+        self._clock = PatchClock()
 
     def reset(self) -> None:
         """Forget the window and verdict (after a gang restart or a resume)."""
@@ -242,7 +177,7 @@ class JobMonitor:
                 f"the job's series exceed the cap of {self.window.max_series}"
             )
         self.window.end_round(now, {r.target.pod for r in results})
-        result = an.analyze(self.window, self.settings, now)
+        result = analyze(self.window, self.settings, now)
         step, total = result.progress.get("step"), result.progress.get("totalSteps")
         eta = result.progress.get("etaSeconds")
         # Done, or so close that ranks exiting between two scrapes is the likely story.
@@ -251,8 +186,8 @@ class JobMonitor:
         # A round without a new step carries no new evidence (ranks finishing, a pause): it
         # neither confirms nor clears a verdict, except the ones that are about not stepping.
         urgent = result.verdict is not None and result.verdict.verdict in (
-            an.STALLED,
-            an.HARDWARE_FAULT,
+            STALLED,
+            HARDWARE_FAULT,
         )
         change = None
         if urgent or step is None or self._last_step is None or step > self._last_step:
@@ -277,7 +212,7 @@ class JobMonitor:
         conds = [metrics]
         if any(r.ok for r in results) and result.stalled_for is not None:
             # Only rounds that reached a rank count; one without any leaves the streak alone.
-            stalled = any(v.verdict == an.STALLED for v in result.candidates)
+            stalled = any(v.verdict == STALLED for v in result.candidates)
             self._stall_streak = self._stall_streak + 1 if stalled else 0
             conds.append(self._stalled_condition(result, now))
         conds.append(self._bottleneck_condition(result, now))
@@ -365,8 +300,8 @@ class JobMonitor:
             self._metrics_ok = ok
         return self._make(c.METRICS_AVAILABLE, ok, reason, msg, now)
 
-    def _stalled_condition(self, result: an.Analysis, now: float) -> dict[str, Any]:
-        stall = next((v for v in result.candidates if v.verdict == an.STALLED), None)
+    def _stalled_condition(self, result: Analysis, now: float) -> dict[str, Any]:
+        stall = next((v for v in result.candidates if v.verdict == STALLED), None)
         if stall is not None:
             n = self._stall_streak
             if n >= STALL_CONFIRM_SCRAPES:
@@ -377,19 +312,19 @@ class JobMonitor:
         note = result.stall_note or f"steps advance (stall after {limit:.0f}s without one)"
         return self._make(c.STALLED, False, result.stall_reason, note, now)
 
-    def _bottleneck_condition(self, result: an.Analysis, now: float) -> dict[str, Any]:
+    def _bottleneck_condition(self, result: Analysis, now: float) -> dict[str, Any]:
         pub = self.verdict.published
         if pub is None:
             why = result.not_ready_reason or "waiting for the first evaluation"
             return self._make(c.BOTTLENECK_DETECTED, False, c.WARMING_UP, why, now)
-        if pub.verdict == an.HEALTHY:
+        if pub.verdict == HEALTHY:
             return self._make(c.BOTTLENECK_DETECTED, False, c.NO_BOTTLENECK, pub.summary, now)
         return self._make(c.BOTTLENECK_DETECTED, True, pub.verdict, pub.summary, now)
 
 
-def _max_series(spec: api.GPUTrainingJobSpec | Mapping[str, Any] | an.Settings) -> int:
+def _max_series(spec: api.GPUTrainingJobSpec | Mapping[str, Any] | Settings) -> int:
     """Series a job's window may hold: its ranks, and a generous GPU allowance per node."""
-    if isinstance(spec, an.Settings):
+    if isinstance(spec, Settings):
         return MAX_SERIES
     s = api.parse_spec(spec)
     return s.nodes * s.procs_per_node + s.nodes * max(2 * s.gpus_per_node, 16)
@@ -408,7 +343,7 @@ def _rejected_text(series: int, values: int, notes: Mapping[str, Sequence[str]])
     return f"rejected {counts} from the payloads: " + "; ".join(texts[:MAX_NOTES_LISTED]) + more
 
 
-def _missing_text(missing: Sequence[tuple[int, str]], seen: int, settings: an.Settings) -> str:
+def _missing_text(missing: Sequence[tuple[int, str]], seen: int, settings: Settings) -> str:
     if not missing:
         return ""
     shown = ", ".join(f"{rank} ({pod})" for rank, pod in missing[:MAX_FAILURES_LISTED])
@@ -423,92 +358,13 @@ def _missing_text(missing: Sequence[tuple[int, str]], seen: int, settings: an.Se
     )
 
 
-def json_safe(value: Any) -> Any:
-    """`value` with every NaN or infinity replaced by None (in a merge patch: "unknown now").
-
-    The API server refuses them in a status patch; nothing upstream should produce one,
-    and this is the last guard that makes sure.
-    """
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, Mapping):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    return value
-
-
 def _verdict_event(change: hysteresis.Change) -> Event:
     v = change.verdict
     was = f" (was {change.previous})" if change.previous else ""
     message = f"{v.verdict}{was}: {v.summary}"
-    if v.verdict == an.STALLED:
+    if v.verdict == STALLED:
         return Event("Warning", c.STALL_DETECTED, message)
-    if change.previous == an.STALLED:
+    if change.previous == STALLED:
         return Event("Normal", c.STALL_CLEARED, message)
-    warn = v.severity in (an.WARNING, an.CRITICAL)
+    warn = v.severity in (WARNING, CRITICAL)
     return Event("Warning" if warn else "Normal", c.BOTTLENECK_CHANGED, message)
-
-
-# ---- what counts as a change worth writing ------------------------------------------------
-
-
-def _num(d: Mapping[str, Any] | None, key: str) -> float | None:
-    v = (d or {}).get(key)
-    return float(v) if isinstance(v, int | float) else None
-
-
-def _moved(old: float | None, new: float | None, rel: float, abs_: float = 0.0) -> bool:
-    if (old is None) != (new is None):
-        return True
-    if old is None or new is None:
-        return False
-    return abs(new - old) > max(abs_, rel * abs(old))
-
-
-def _meaningful(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    op, np_ = old.get("progress") or {}, new.get("progress") or {}
-    if set(op) != set(np_):
-        return True
-    for key in ("totalSteps", "epoch"):
-        if op.get(key) != np_.get(key):
-            return True
-    if "percent" in np_:
-        if abs(float(np_["percent"]) - float(op.get("percent", 0.0))) >= PERCENT_STEP:
-            return True
-    elif _moved(_num(op, "step"), _num(np_, "step"), 0.01, 0.5):
-        return True
-    # ETA: both more than 10% and more than 30 s, so neither a long ETA's 30 s jitter nor a
-    # short ETA's few-second countdown rewrites status every scrape.
-    if _moved(_num(op, "etaSeconds"), _num(np_, "etaSeconds"), ETA_RELATIVE, ETA_ABSOLUTE):
-        return True
-    for key in ("samplesPerSecond", "tokensPerSecond"):
-        if _moved(_num(op, key), _num(np_, key), RATE_RELATIVE):
-            return True
-    ob, nb = old.get("bottleneck") or {}, new.get("bottleneck") or {}
-    for key in ("verdict", "severity", "rank", "pod", "node", "gpuUUID"):
-        if ob.get(key) != nb.get(key):
-            return True
-    og, ng = old.get("gpus") or {}, new.get("gpus") or {}
-    for key in ("requested", "observed", "telemetry"):
-        if og.get(key) != ng.get(key):
-            return True
-    for key in ("meanUtilizationRatio", "maxMemoryUsedRatio"):
-        if _moved(_num(og, key), _num(ng, key), 0.0, UTIL_ABSOLUTE):
-            return True
-    return _conditions_changed(old.get("conditions"), new.get("conditions"))
-
-
-def _conditions_changed(old: Any, new: Any) -> bool:
-    def key(conds: Any) -> set[tuple[Any, ...]]:
-        out = set()
-        for cond in conds or ():
-            msg = cond.get("message") if cond.get("type") == c.METRICS_AVAILABLE else None
-            out.add((cond.get("type"), cond.get("status"), cond.get("reason"), msg))
-        return out
-
-    return key(old) != key(new)
-
-
-def _differs(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    return any(old.get(k) != new.get(k) for k in ("progress", "bottleneck", "gpus", "conditions"))

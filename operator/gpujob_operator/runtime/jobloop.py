@@ -39,8 +39,8 @@ from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import job_uid
 from gpujob_operator.api.patches import minimal_patch
 from gpujob_operator.lifecycle import backoff, gangprobe, observations, planner, refusals
-from gpujob_operator.monitoring.monitor import json_safe
 from gpujob_operator.monitoring.scrape import Scraper
+from gpujob_operator.monitoring.update import json_safe
 from gpujob_operator.observability import opmetrics
 from gpujob_operator.observability.opmetrics import METRICS
 from gpujob_operator.runtime import gangstate

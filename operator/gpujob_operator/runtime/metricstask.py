@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import job_uid
 from gpujob_operator.monitoring.monitor import JobMonitor, exited_ranks
-from gpujob_operator.monitoring.scrape import ErrorKind
+from gpujob_operator.monitoring.scrape_result import ErrorKind
 from gpujob_operator.observability.opmetrics import METRICS
 from gpujob_operator.runtime.kube import JobGone
 
