@@ -2,7 +2,7 @@
 
 Plain dicts in the API's camelCase JSON, ready for any client (kopf, kubernetes, kubectl).
 
-Contract (DESIGN.md section 3): pod ``<job>-node-<i>`` with ``hostname`` and ``subdomain``
+Contract: pod ``<job>-node-<i>`` with ``hostname`` and ``subdomain``
 so ``<job>-node-0.<job>`` resolves through the headless Service ``<job>``; the torchrun /
 Kubeflow PyTorchJob env (``MASTER_ADDR``, ``WORLD_SIZE`` = nodes, ``RANK`` = node rank,
 ``PET_*``); one pod per node, ``restartPolicy: Never`` (the operator restarts the gang).

@@ -1,0 +1,38 @@
+"""The repository explains itself: no tracked file points at documents outside it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+OUTSIDE = ("../shared", "DESIGN.md")
+
+
+def test_no_tracked_file_refers_outside_the_repository() -> None:
+    listed = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True
+    ).stdout.decode()
+    offenders = []
+    for rel in filter(None, listed.split("\0")):
+        path = REPO / rel
+        if rel == "tests/unit/test_repository.py" or not path.is_file():
+            continue
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        offenders += [f"{rel}: {needle}" for needle in OUTSIDE if needle in text]
+    assert offenders == []
+
+
+def test_the_architecture_map_names_only_modules_that_exist() -> None:
+    text = (REPO / "docs" / "architecture.md").read_text()
+    pkg = REPO / "operator" / "gpujob_operator"
+    named = set(
+        re.findall(r"`((?:api|lifecycle|monitoring|observability|runtime)/[\w/]+\.py)", text)
+    )
+    assert named, "the map names no module"
+    missing = sorted(rel for rel in named if not (pkg / rel).is_file())
+    assert missing == []
