@@ -59,7 +59,6 @@ from gpujob_operator.lifecycle.refusals import Refused
 
 GANG_GRACE_SECONDS: Final = 10.0
 """How long pods of an incomplete, refused gang may hold resources before they are deleted."""
-RESTART_BACKOFF: Final = backoff.Policy(backoff.RESTART_BASE_SECONDS, backoff.RESTART_MAX_SECONDS)
 
 
 @dataclass(frozen=True)
@@ -150,7 +149,7 @@ def plan(
     service_exists: bool,
     log_tails: Mapping[str, str] | None = None,
     refused: Refused | None = None,
-    restart_backoff: backoff.Policy = RESTART_BACKOFF,
+    restart_backoff: backoff.Policy = backoff.RESTART,
     gang_grace_seconds: float = GANG_GRACE_SECONDS,
     gang_obs: GangObservation | None = None,
     gone: Sequence[ObservedPod] = (),
