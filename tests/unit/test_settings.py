@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from gpujob_operator import api
@@ -91,3 +95,20 @@ def test_a_backoff_cap_below_its_base_is_refused() -> None:
 
 def test_blank_values_mean_unset() -> None:
     assert from_env({"GPUJOB_WORKER_LIMIT": " ", "GPUJOB_PEERING": ""}) == Settings()
+
+
+def test_the_operator_refuses_to_start_with_a_bad_setting_and_says_why() -> None:
+    """The process ends before kopf starts (no API server is needed to see it)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUJOB_")}
+    env["GPUJOB_DEFAULT_GANG"] = "gang"
+    res = subprocess.run(
+        [sys.executable, "-m", "gpujob_operator", "operator", "--metrics-port", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines()[-1] == (
+        "gpujob operator: GPUJOB_DEFAULT_GANG='gang': must be one of None, Native, Kueue"
+    )
