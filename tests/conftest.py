@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpujob_localcluster.cluster import LocalCluster
-from gpujob_localcluster.controlplane import ClusterError
+from gpujob_localcluster.processes import ClusterError
 from gpujob_localcluster.tools import ToolsUnavailable
 from tests.support.kube import Kube
 from tests.support.waiting import wait_until

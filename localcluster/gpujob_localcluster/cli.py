@@ -18,13 +18,8 @@ import time
 from pathlib import Path
 
 from gpujob_localcluster.cluster import DEFAULT_FOLDER, LocalCluster, NodeConfig
-from gpujob_localcluster.controlplane import (
-    STATE_FILE,
-    ClusterError,
-    log_tail,
-    pid_alive,
-    stop_folder,
-)
+from gpujob_localcluster.controlplane import STATE_FILE, stop_folder
+from gpujob_localcluster.processes import ClusterError, log_tail, pid_alive
 
 
 def _nodes(args: argparse.Namespace) -> NodeConfig:

@@ -15,8 +15,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpujob_localcluster.controlplane import ControlPlane, pid_alive, wait_for
-from gpujob_localcluster.nodeagent import descendants
+from gpujob_localcluster.controlplane import ControlPlane
+from gpujob_localcluster.processes import descendants, pid_alive, wait_for
 
 log = logging.getLogger("gpujob.localcluster")
 

@@ -4,6 +4,8 @@ etcd, kube-apiserver (RBAC on, service-account signing keys so ``kubectl create
 token`` works), kube-controller-manager and kube-scheduler run as child processes,
 each in its own process group with its log in ``<folder>/logs``. Readiness is waited
 for with deadlines; a component that exits early fails start-up with its log tail.
+The folder's state file records every pid, so a second start refuses a live cluster and
+``stop_folder`` can stop one started elsewhere. Process helpers: :mod:`processes`.
 """
 
 from __future__ import annotations
@@ -17,16 +19,22 @@ import signal
 import ssl
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from gpujob_localcluster.pki import API_SERVER_SANS, Identity, Pki
+from gpujob_localcluster.pki import API_SERVER_SANS, Identity, Pki, kubeconfig
 from gpujob_localcluster.ports import free_port
+from gpujob_localcluster.processes import (
+    ClusterError,
+    Component,
+    http_ok,
+    pid_alive,
+    terminate_group,
+    wait_for,
+)
 from gpujob_localcluster.tools import bin_dir
 
 log = logging.getLogger("gpujob.localcluster")
@@ -41,109 +49,6 @@ GANG_FEATURE_GATES = "GenericWorkload=true"
 """Kubernetes v1.37: the Workload/PodGroup API and kube-scheduler's GangScheduling plugin."""
 GANG_RUNTIME_CONFIG = "scheduling.k8s.io/v1alpha3=true,scheduling.k8s.io/v1beta1=true"
 """Both versions of the Workload API (kube-scheduler watches PodGroups through v1beta1)."""
-
-
-class ClusterError(RuntimeError):
-    """The local control plane could not start or is in a state we refuse to touch."""
-
-
-def proc_state(pid: int) -> str | None:
-    """The state letter of ``pid`` from /proc (``Z`` for a zombie), or None when it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with ``pid`` exists (and is not a zombie we could reap)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return proc_state(pid) != "Z"
-
-
-def wait_for(
-    check: Callable[[], bool],
-    timeout: float,
-    what: str,
-    alive: Callable[[], str | None] | None = None,
-) -> None:
-    """Poll ``check`` until it is true; fail after ``timeout`` or when ``alive`` reports death."""
-    deadline = time.monotonic() + timeout
-    delay = 0.05
-    while True:
-        if alive is not None:
-            problem = alive()
-            if problem:
-                raise ClusterError(f"while waiting for {what}: {problem}")
-        with contextlib.suppress(Exception):
-            if check():
-                return
-        if time.monotonic() > deadline:
-            raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.5)
-
-
-def log_tail(path: Path, lines: int = 25) -> str:
-    """The last ``lines`` lines of a log file, for error messages."""
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-@dataclass
-class Component:
-    """One running binary of the control plane."""
-
-    name: str
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-    args: list[str] = field(default_factory=list)
-    """The command line, kept so that a restart brings back the same ports, certs and data."""
-    ready: Callable[[], bool] | None = None
-    """Whether the component serves (its health endpoint answers), for restarts."""
-    env: dict[str, str] | None = None
-    """Extra environment it was started with, kept for restarts too."""
-
-    def problem(self) -> str | None:
-        """A message if the process has exited, else None."""
-        code = self.proc.poll()
-        if code is None:
-            return None
-        return f"{self.name} exited with code {code}; last lines of {self.log_path}:\n{log_tail(self.log_path)}"
-
-
-def kubeconfig(
-    server: str,
-    ca: Path,
-    user: str,
-    cert: Path | None = None,
-    key: Path | None = None,
-    token: str | None = None,
-) -> dict:
-    """A kubeconfig dict for one user; either a client certificate or a bearer token."""
-    creds: dict[str, str] = {}
-    if token is not None:
-        creds["token"] = token
-    if cert is not None and key is not None:
-        creds["client-certificate"] = str(cert)
-        creds["client-key"] = str(key)
-    return {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {"name": "local", "cluster": {"server": server, "certificate-authority": str(ca)}}
-        ],
-        "users": [{"name": user, "user": creds}],
-        "contexts": [{"name": "local", "context": {"cluster": "local", "user": user}}],
-        "current-context": "local",
-    }
 
 
 @dataclass
@@ -358,9 +263,9 @@ class ControlPlane:
                 "--log-level",
                 "warn",
             ],
-            ready=lambda: _http_ok(f"{etcd_url}/health"),
+            ready=lambda: http_ok(f"{etcd_url}/health"),
         )
-        wait_for(lambda: _http_ok(f"{etcd_url}/health"), 30, "etcd /health", etcd.problem)
+        wait_for(lambda: http_ok(f"{etcd_url}/health"), 30, "etcd /health", etcd.problem)
 
         ctx = self.ssl_context(admin)
         api = self._spawn(
@@ -414,10 +319,10 @@ class ControlPlane:
                 "--v",
                 "1",
             ],
-            ready=lambda: _http_ok(f"{self.server}/readyz", ctx),
+            ready=lambda: http_ok(f"{self.server}/readyz", ctx),
         )
         wait_for(
-            lambda: _http_ok(f"{self.server}/readyz", ctx),
+            lambda: http_ok(f"{self.server}/readyz", ctx),
             timeout,
             "kube-apiserver /readyz",
             api.problem,
@@ -477,13 +382,13 @@ class ControlPlane:
         insecure.check_hostname = False
         insecure.verify_mode = ssl.CERT_NONE
         wait_for(
-            lambda: _http_ok(f"https://127.0.0.1:{cm_port}/healthz", insecure),
+            lambda: http_ok(f"https://127.0.0.1:{cm_port}/healthz", insecure),
             timeout,
             "kube-controller-manager /healthz",
             cm_proc.problem,
         )
         wait_for(
-            lambda: _http_ok(f"https://127.0.0.1:{sched_port}/healthz", insecure),
+            lambda: http_ok(f"https://127.0.0.1:{sched_port}/healthz", insecure),
             timeout,
             "kube-scheduler /healthz",
             sched_proc.problem,
@@ -569,19 +474,6 @@ class ControlPlane:
             state.unlink()
 
 
-def terminate_group(pid: int, grace: float) -> None:
-    """SIGTERM a process group, then SIGKILL it once ``grace`` seconds have passed."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and pid_alive(pid):
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-
-
 def stop_folder(folder: Path, grace: float = 10.0) -> list[str]:
     """Stop whatever a state file in ``folder`` records; returns the names stopped."""
     state = folder / STATE_FILE
@@ -605,11 +497,3 @@ def stop_folder(folder: Path, grace: float = 10.0) -> list[str]:
             stopped.append(name)
     state.unlink()
     return stopped
-
-
-def _http_ok(url: str, ctx: ssl.SSLContext | None = None) -> bool:
-    try:
-        with urllib.request.urlopen(url, context=ctx, timeout=2) as resp:
-            return int(resp.status) == 200
-    except (urllib.error.URLError, OSError):
-        return False

@@ -24,7 +24,8 @@ from typing import Any
 
 import yaml
 
-from gpujob_localcluster.controlplane import ControlPlane, stop_folder, wait_for
+from gpujob_localcluster.controlplane import ControlPlane, stop_folder
+from gpujob_localcluster.processes import wait_for
 from gpujob_localcluster.tools import REPO_ROOT, bin_dir
 
 DEMO_DIR = Path(os.environ.get("GPUJOB_DEMO_DIR", "/tmp/gpujob-demo"))

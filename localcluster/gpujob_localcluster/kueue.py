@@ -29,13 +29,9 @@ from typing import Any
 
 import yaml
 
-from gpujob_localcluster.controlplane import (
-    ClusterError,
-    ControlPlane,
-    _http_ok,
-    wait_for,
-)
+from gpujob_localcluster.controlplane import ControlPlane
 from gpujob_localcluster.ports import free_port
+from gpujob_localcluster.processes import ClusterError, http_ok, wait_for
 from gpujob_localcluster.tools import REPO_ROOT
 
 log = logging.getLogger("gpujob.localcluster")
@@ -155,7 +151,7 @@ class Kueue:
         ]  # fmt: skip
         comp = cp._spawn("kueue", args, env={"KUBECONFIG": str(cp.admin_kubeconfig)})
         wait_for(
-            lambda: _http_ok(f"http://127.0.0.1:{health_port}/readyz"),
+            lambda: http_ok(f"http://127.0.0.1:{health_port}/readyz"),
             timeout,
             "kueue manager /readyz",
             comp.problem,

@@ -3,6 +3,7 @@
 EC keys keep generation fast. Every identity gets a client certificate signed by one
 CA: the API server's client-CA authenticator maps CN to the user and O to groups,
 which is exactly what RBAC's bootstrap bindings expect for the components.
+:func:`kubeconfig` hands one identity (or a bearer token) to a client.
 """
 
 from __future__ import annotations
@@ -118,3 +119,30 @@ class Pki:
             _ec_key(key)
             _openssl("ec", "-in", str(key), "-pubout", "-out", str(pub), cwd=self.folder)
         return key, pub
+
+
+def kubeconfig(
+    server: str,
+    ca: Path,
+    user: str,
+    cert: Path | None = None,
+    key: Path | None = None,
+    token: str | None = None,
+) -> dict:
+    """A kubeconfig dict for one user; either a client certificate or a bearer token."""
+    creds: dict[str, str] = {}
+    if token is not None:
+        creds["token"] = token
+    if cert is not None and key is not None:
+        creds["client-certificate"] = str(cert)
+        creds["client-key"] = str(key)
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "local", "cluster": {"server": server, "certificate-authority": str(ca)}}
+        ],
+        "users": [{"name": user, "user": creds}],
+        "contexts": [{"name": "local", "context": {"cluster": "local", "user": user}}],
+        "current-context": "local",
+    }

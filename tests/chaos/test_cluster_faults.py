@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpujob_localcluster.controlplane import pid_alive
+from gpujob_localcluster.processes import pid_alive
 from tests.chaos.harness import ChaosOperator, Ledger, PodRecorder, gated_script, shell_job
 from tests.integration.conftest import wait_job_phase
 from tests.support.kube import Kube

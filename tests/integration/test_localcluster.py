@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from gpujob_localcluster.cluster import LocalCluster
-from gpujob_localcluster.controlplane import STATE_FILE, ClusterError, ControlPlane
+from gpujob_localcluster.controlplane import STATE_FILE, ControlPlane
+from gpujob_localcluster.processes import ClusterError
 from tests.support.kube import Kube, simple_pod
 from tests.support.waiting import wait_until
 

@@ -21,8 +21,8 @@ from typing import TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpujob_localcluster.nodeagent import become_subreaper, descendants
 from gpujob_localcluster.ports import free_port
+from gpujob_localcluster.processes import become_subreaper, descendants
 from gpujob_trainer import contract
 
 RUN_MARKER_ENV = "GPUJOB_TEST_RUN"

@@ -1,0 +1,492 @@
+"""The node agent's loop: pod events in; pods started, probed, restarted and stopped.
+
+:class:`NodeAgent` is what the ``nodeagent`` command runs. One thread watches the pods
+(relisting after every broken watch), one heartbeats the nodes (:mod:`nodes`), one waits
+on each container attempt and one runs each probe; they all put events on one queue, and
+only the main loop acts on them, so the pods' records (:mod:`podrun`) change in one
+thread. It composes the pieces that do the work: the pod's files (:mod:`podfiles`), the
+container runtime (:mod:`containers`), status and Events (:mod:`podstatus`), and the
+kubelet API for ``kubectl logs`` (:mod:`kubeletapi`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import os
+import queue
+import random
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
+
+from gpujob_localcluster import containers, images, podenv, podfiles, podstatus, probes, volumes
+from gpujob_localcluster.kubeletapi import BadRequest, KubeletServer, LogRequest, LogSource
+from gpujob_localcluster.nodes import Nodes, NodeShape
+from gpujob_localcluster.podrun import ContainerRun, PodRun, now_iso
+from gpujob_localcluster.podstatus import PodReporter
+from gpujob_localcluster.processes import become_subreaper, descendants
+from gpujob_localcluster.restarts import backoff_message, should_restart
+
+log = logging.getLogger("gpujob.nodeagent")
+
+MOUNT_RETRY_SECONDS = 2.0
+
+
+class NodeAgent:
+    """Registers nodes, heartbeats them, and runs the pods bound to them."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        node_names: list[str],
+        shape: NodeShape,
+        state_dir: Path,
+        isolate: bool | None = None,
+        kubelet_tls: tuple[Path, Path, Path] | None = None,
+        image_table: dict[str, images.ImageConfig] | None = None,
+    ) -> None:
+        self.core = client.CoreV1Api(api)
+        self.state_dir = state_dir
+        self.pods_dir = state_dir / "pods"
+        self.pods_dir.mkdir(parents=True, exist_ok=True)
+        self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.runs: dict[str, PodRun] = {}
+        self.waiting_mounts: dict[str, tuple[dict[str, Any], float]] = {}
+        """Pods whose volumes could not be filled yet: uid -> (pod, retry at)."""
+        self.stopping = threading.Event()
+        # A random second octet keeps two clusters on one machine (parallel test runs) apart.
+        first = random.randint(1, 200)
+        self._ips = (
+            f"127.{a}.{b}.{c}"
+            for a, b, c in itertools.product(range(first, 255), range(256), range(1, 255))
+        )
+        become_subreaper()
+        self._last_census = 0.0
+        api_host, api_port = containers.api_endpoint(api.configuration.host)
+        self.runtime = containers.ContainerRuntime(
+            containers.base_env(api_host, api_port),
+            images.load_table() if image_table is None else image_table,
+            self.events,
+            isolate,
+        )
+        self.reporter = PodReporter(self.core)
+        self.kubelet: KubeletServer | None = None
+        if kubelet_tls is not None:
+            cert, key, ca = kubelet_tls
+            self.kubelet = KubeletServer(self.resolve_log, cert, key, ca).start()
+        self.nodes = Nodes(api, node_names, shape, self.kubelet_port)
+
+    @property
+    def kubelet_port(self) -> int:
+        return self.kubelet.port if self.kubelet is not None else 0
+
+    # -- pods ----------------------------------------------------------------------
+    def watch_loop(self) -> None:
+        """Feed pod events into the queue, relisting after every broken watch."""
+        while not self.stopping.is_set():
+            try:
+                resp: Any = self.core.list_pod_for_all_namespaces(_preload_content=False)
+                listing = json.loads(resp.data)
+                seen = set()
+                for item in listing["items"]:
+                    seen.add(item["metadata"]["uid"])
+                    self.events.put(("pod", item))
+                self.events.put(("resync", seen))
+                w = watch.Watch()
+                for ev in w.stream(
+                    self.core.list_pod_for_all_namespaces,
+                    resource_version=listing["metadata"]["resourceVersion"],
+                    timeout_seconds=300,
+                    allow_watch_bookmarks=True,
+                ):
+                    if self.stopping.is_set():
+                        w.stop()
+                        break
+                    kind, obj = ev["type"], ev["raw_object"]
+                    if kind == "DELETED":
+                        self.events.put(("deleted", obj))
+                    elif kind in ("ADDED", "MODIFIED"):
+                        self.events.put(("pod", obj))
+            except Exception as e:
+                if not self.stopping.is_set():
+                    log.warning("pod watch broke (%s); relisting", e)
+                    self.stopping.wait(1.0)
+
+    def run(self) -> None:
+        """The agent's main loop; returns when ``stop()`` is called."""
+        threading.Thread(target=self.watch_loop, name="pod-watch", daemon=True).start()
+        threading.Thread(
+            target=self.nodes.heartbeat_loop, args=(self.stopping,), name="heartbeat", daemon=True
+        ).start()
+        while not self.stopping.is_set():
+            try:
+                kind, payload = self.events.get(timeout=0.2)
+            except queue.Empty:
+                kind, payload = "tick", None
+            try:
+                self._handle(kind, payload)
+                self._enforce_grace()
+                self._restart_due()
+                self._retry_mounts()
+                podfiles.refresh_tokens(self.core, self.runs.values())
+                self._census()
+            except Exception:
+                log.exception("handling %s failed", kind)
+        self.shutdown()
+
+    def _handle(self, kind: str, payload: Any) -> None:
+        if kind == "pod":
+            self.on_pod(payload)
+        elif kind == "deleted":
+            uid = payload["metadata"]["uid"]
+            self.waiting_mounts.pop(uid, None)
+            run = self.runs.pop(uid, None)
+            if run:
+                log.info("pod %s deleted; stopping its processes", run.key)
+                containers.kill_pod(run, signal.SIGKILL)
+                containers.kill_family(run)
+                podfiles.refresh_hosts(self.runs.values(), run.group())
+        elif kind == "exit":
+            uid, cname, attempt, code = payload
+            self.on_exit(uid, cname, attempt, code)
+        elif kind == "probe":
+            self.on_probe(*payload)
+        elif kind == "resync":
+            for uid in [u for u in self.runs if u not in payload]:
+                run = self.runs.pop(uid)
+                containers.kill_pod(run, signal.SIGKILL)
+                containers.kill_family(run)
+            for uid in [u for u in self.waiting_mounts if u not in payload]:
+                self.waiting_mounts.pop(uid)
+
+    def on_pod(self, pod: dict[str, Any]) -> None:
+        spec, meta, status = pod.get("spec", {}), pod["metadata"], pod.get("status", {})
+        if spec.get("nodeName") not in self.nodes.names:
+            return
+        uid = meta["uid"]
+        run = self.runs.get(uid)
+        deleting = bool(meta.get("deletionTimestamp"))
+        if run is not None:
+            run.pod["metadata"] = meta
+            if deleting and run.kill_at is None:
+                grace = meta.get(
+                    "deletionGracePeriodSeconds", spec.get("terminationGracePeriodSeconds", 30)
+                )
+                log.info("pod %s is being deleted; SIGTERM, SIGKILL after %ss", run.key, grace)
+                run.kill_at = time.monotonic() + float(grace or 0)
+                for c in run.containers:
+                    c.restart_at = None
+                containers.kill_pod(run, signal.SIGTERM)
+                if not run.alive():
+                    self._finalize_delete(run)
+            return
+        if deleting:
+            self.waiting_mounts.pop(uid, None)
+            self._force_delete(meta["namespace"], meta["name"], uid)
+            return
+        if uid in self.waiting_mounts:
+            self.waiting_mounts[uid] = (pod, self.waiting_mounts[uid][1])
+            return
+        if status.get("phase") in ("Succeeded", "Failed"):
+            return
+        if status.get("podIP"):
+            self.reporter.patch_status(
+                pod,
+                {
+                    "phase": "Failed",
+                    "reason": "NodeAgentRestarted",
+                    "message": "the local node agent restarted and lost this pod's processes",
+                },
+            )
+            return
+        self.start_pod(pod)
+
+    # -- starting pods and containers ----------------------------------------------
+    def start_pod(self, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        folder = self.pods_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
+        folder.mkdir(parents=True, exist_ok=True)
+        run = PodRun(meta["uid"], meta["namespace"], meta["name"], pod, "", folder)
+        try:
+            podfiles.prepare_volumes(self.core, self.reporter, run)
+        except (volumes.VolumeNotReady, ApiException, OSError, ValueError) as e:
+            # The kubelet keeps the pod in ContainerCreating and says why in FailedMount Events.
+            first = meta["uid"] not in self.waiting_mounts
+            self.waiting_mounts[meta["uid"]] = (pod, time.monotonic() + MOUNT_RETRY_SECONDS)
+            if first:
+                reason = getattr(e, "reason", None) or str(e)
+                log.info("pod %s waits for its volumes: %s", run.key, reason)
+                self.reporter.event(
+                    run, "Warning", "FailedMount", f"MountVolume.SetUp failed: {reason}"
+                )
+            return
+        self.waiting_mounts.pop(meta["uid"], None)
+        ip = next(self._ips)
+        run.ip = ip
+        pod.setdefault("status", {}).update(
+            {
+                "podIP": ip,
+                "podIPs": [{"ip": ip}],
+                "hostIP": "127.0.0.1",
+                "hostIPs": [{"ip": "127.0.0.1"}],
+            }
+        )
+        self.runs[run.uid] = run
+        podfiles.refresh_hosts(self.runs.values(), run.group(), also=run)
+        run.started_at = now_iso()
+        for c in pod["spec"].get("containers", []):
+            crun = ContainerRun(c["name"], c, folder / f"{c['name']}.log")
+            run.containers.append(crun)
+            self._start_container(run, crun)
+        (folder / "pod.json").write_text(
+            json.dumps(
+                {
+                    "namespace": run.namespace,
+                    "name": run.name,
+                    "ip": ip,
+                    "logs": {c.name: str(c.log_path) for c in run.containers},
+                }
+            )
+        )
+        log.info("pod %s running at %s; logs in %s", run.key, ip, folder)
+        self.reporter.publish(run)
+
+    def _retry_mounts(self) -> None:
+        now = time.monotonic()
+        for uid, (pod, at) in list(self.waiting_mounts.items()):
+            if now >= at and uid not in self.runs:
+                self.start_pod(pod)
+
+    def _start_container(self, run: PodRun, crun: ContainerRun) -> None:
+        """Start one attempt of a container (the first, or a restart) and its probes."""
+        crun.attempt += 1
+        crun.proc = None
+        crun.exit_code, crun.reason, crun.message, crun.finished_at = None, "", "", ""
+        crun.waiting, crun.restart_at, crun.kill_at = None, None, None
+        crun.family = set()
+        crun.started_at = now_iso()
+        crun.probe_states = {p.kind: probes.ProbeState(p) for p in probes.probes_of(crun.spec)}
+        try:
+            self.runtime.spawn(run, crun.spec, crun, podfiles.env_lookup(self.core, run.namespace))
+        except Exception as e:
+            crun.exit_code, crun.reason, crun.message = 128, "StartError", str(e)
+            crun.finished_at = now_iso()
+            log.warning("pod %s container %s could not start: %s", run.key, crun.name, e)
+            self.reporter.event(run, "Warning", "Failed", f"Error: {e}", crun.name)
+            self.events.put(("exit", (run.uid, crun.name, crun.attempt, 128)))
+            return
+        for probe in crun.probe_states.values():
+            threading.Thread(
+                target=self._probe_loop,
+                args=(run, crun, crun.attempt, probe.probe),
+                name=f"probe-{run.name}-{crun.name}-{probe.probe.kind}",
+                daemon=True,
+            ).start()
+
+    # -- probes ----------------------------------------------------------------------
+    def _probe_loop(
+        self, run: PodRun, crun: ContainerRun, attempt: int, probe: probes.Probe
+    ) -> None:
+        """Run one probe of one container attempt every period, as the kubelet's prober does."""
+        if self.stopping.wait(probe.initial_delay):
+            return
+        while crun.attempt == attempt and crun.running and run.uid in self.runs:
+            gated = probe.kind != "startup" and not crun.passing("startup")
+            done = probe.kind == "startup" and crun.passing("startup")
+            if done:
+                return
+            if not gated and not run.deleting:
+                ok, message = probes.check(probe, run.ip, crun.spec, self.runtime.exec_runner(crun))
+                self.events.put(("probe", (run.uid, crun.name, attempt, probe.kind, ok, message)))
+            if self.stopping.wait(probe.period):
+                return
+
+    def on_probe(self, uid: str, cname: str, attempt: int, kind: str, ok: bool, msg: str) -> None:
+        run = self.runs.get(uid)
+        if run is None or run.deleting:
+            return
+        crun = next(c for c in run.containers if c.name == cname)
+        state = crun.probe_states.get(kind)
+        if crun.attempt != attempt or not crun.running or state is None:
+            return
+        if not ok:
+            self.reporter.event(
+                run, "Warning", "Unhealthy", f"{kind.capitalize()} probe failed: {msg}", cname
+            )
+        change = state.record(ok, msg)
+        if change is None:
+            return
+        log.info("pod %s container %s: %s probe %s", run.key, cname, kind, change)
+        if change == "failed" and kind in ("liveness", "startup"):
+            grace = state.probe.termination_grace
+            if grace is None:
+                grace = float(run.pod["spec"].get("terminationGracePeriodSeconds", 30))
+            self.reporter.event(
+                run,
+                "Normal",
+                "Killing",
+                f"Container {cname} failed {kind} probe, will be restarted",
+                cname,
+            )
+            crun.kill_at = time.monotonic() + grace
+            containers.kill_container(crun, signal.SIGTERM)
+        self.reporter.publish(run)
+
+    # -- exits and restarts ----------------------------------------------------------
+    def on_exit(self, uid: str, cname: str, attempt: int, code: int) -> None:
+        run = self.runs.get(uid)
+        if run is None:
+            return
+        crun = next(c for c in run.containers if c.name == cname)
+        if crun.attempt != attempt:
+            return
+        if not crun.finished_at:
+            crun.exit_code = 128 - code if code < 0 else code
+            if not crun.reason:
+                crun.reason = "Completed" if crun.exit_code == 0 else "Error"
+            crun.finished_at = now_iso()
+            if (
+                crun.exit_code != 0
+                and crun.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError"
+            ):
+                with contextlib.suppress(OSError):
+                    crun.message = podenv.termination_tail(
+                        crun.log_path.read_text(errors="replace")
+                    )
+            log.info("pod %s container %s exited with %s", run.key, cname, crun.exit_code)
+        crun.kill_at = None
+        containers.kill_leftovers(crun)
+        if run.finished:
+            return
+        restart = should_restart(run.policy, crun.exit_code or 0)
+        if restart and not run.deleting and not self.stopping.is_set():
+            wait = crun.backoff.wait_after(time.monotonic())
+            crun.restart_at = time.monotonic() + wait
+            if wait > 0:
+                message = backoff_message(wait, cname, run.name, run.namespace, run.uid)
+                crun.waiting = ("CrashLoopBackOff", message)
+                self.reporter.event(
+                    run, "Warning", "BackOff", "Back-off restarting failed container", cname
+                )
+                self.reporter.publish(run)
+            return
+        if run.alive() or any(c.restart_at is not None for c in run.containers):
+            self.reporter.publish(run)
+            return
+        run.finished = True
+        containers.kill_family(run)
+        self.reporter.publish(run)
+        if run.deleting:
+            self._finalize_delete(run)
+
+    def _restart_due(self) -> None:
+        now = time.monotonic()
+        for run in list(self.runs.values()):
+            for crun in run.containers:
+                if crun.restart_at is None or now < crun.restart_at or run.deleting:
+                    continue
+                crun.last_state = {"terminated": podstatus.terminated(crun)}
+                crun.restart_count += 1
+                crun.backoff.restarted(now)
+                with contextlib.suppress(OSError):
+                    os.replace(crun.log_path, crun.previous_log)
+                log.info("pod %s container %s: restart %d", run.key, crun.name, crun.restart_count)
+                self._start_container(run, crun)
+                self.reporter.publish(run)
+
+    # -- logs (the kubelet API) ------------------------------------------------------
+    def resolve_log(self, req: LogRequest) -> LogSource:
+        """Where ``kubectl logs`` of a container reads (called from the kubelet API's threads)."""
+        run = next(
+            (
+                r
+                for r in list(self.runs.values())
+                if (r.namespace, r.name) == (req.namespace, req.pod)
+            ),
+            None,
+        )
+        if run is None:
+            raise BadRequest(
+                404, f'pod "{req.pod}" in namespace "{req.namespace}" is not on this node'
+            )
+        crun = next((c for c in run.containers if c.name == req.container), None)
+        if crun is None:
+            raise BadRequest(404, f'container "{req.container}" in pod "{req.pod}" not found')
+        if req.previous:
+            if crun.restart_count == 0 or not crun.previous_log.exists():
+                raise BadRequest(
+                    400,
+                    f'previous terminated container "{req.container}" in pod "{req.pod}" not found',
+                )
+            return LogSource(crun.previous_log, lambda: False)
+        attempt = crun.attempt
+        return LogSource(crun.log_path, lambda: crun.attempt == attempt and crun.running)
+
+    # -- stopping ----------------------------------------------------------------------
+    def _census(self) -> None:
+        """Once a second: note each container's processes and reap orphans that died under us."""
+        now = time.monotonic()
+        if now - self._last_census < 1.0:
+            return
+        self._last_census = now
+        for run in list(self.runs.values()):
+            if run.unsent is not None:
+                self.reporter.patch_status(run.pod, run.unsent, run)
+        containers.track(self.runs.values())
+
+    def _enforce_grace(self) -> None:
+        now = time.monotonic()
+        for run in list(self.runs.values()):
+            if run.kill_at is not None and now >= run.kill_at and run.alive():
+                log.info("pod %s grace period over; SIGKILL", run.key)
+                containers.kill_pod(run, signal.SIGKILL)
+                run.kill_at = now + 3600  # once
+            for c in run.containers:
+                if c.kill_at is not None and now >= c.kill_at and c.running:
+                    log.info("pod %s container %s grace period over; SIGKILL", run.key, c.name)
+                    containers.kill_container(c, signal.SIGKILL)
+                    c.kill_at = None
+
+    def _finalize_delete(self, run: PodRun) -> None:
+        self.runs.pop(run.uid, None)
+        podfiles.refresh_hosts(self.runs.values(), run.group())
+        self._force_delete(run.namespace, run.name, run.uid)
+
+    def _force_delete(self, namespace: str, name: str, uid: str) -> None:
+        body = client.V1DeleteOptions(
+            grace_period_seconds=0, preconditions=client.V1Preconditions(uid=uid)
+        )
+        with contextlib.suppress(ApiException):
+            self.core.delete_namespaced_pod(name, namespace, body=body)
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def shutdown(self) -> None:
+        """Stop every pod process: SIGTERM, a short grace, then SIGKILL."""
+        if self.kubelet is not None:
+            self.kubelet.stop()
+        for run in self.runs.values():
+            containers.kill_pod(run, signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(r.alive() for r in self.runs.values()):
+            for run in self.runs.values():
+                for c in run.alive():
+                    assert c.proc is not None
+                    if c.proc.poll() is not None:
+                        c.exit_code = c.proc.returncode
+            time.sleep(0.05)
+        for run in self.runs.values():
+            containers.kill_pod(run, signal.SIGKILL)
+            containers.kill_family(run)
+        for pid in descendants(os.getpid()):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)

@@ -1,0 +1,168 @@
+"""The agent's nodes: what each one advertises, registering it, and its heartbeats.
+
+The scheduler binds pods only to Ready nodes with room: every node advertises the same
+:class:`NodeShape` (with ``nvidia.com/gpu`` when it has GPUs), posts a Ready status that
+names the kubelet API's port (``kubectl logs``), and renews its Lease in
+``kube-node-lease`` every heartbeat, as a kubelet does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, cast
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from gpujob_localcluster.podrun import now_iso
+
+log = logging.getLogger("gpujob.nodeagent")
+
+HEARTBEAT_SECONDS = 10.0
+K8S_VERSION = "v1.37.2"
+
+
+@dataclass
+class NodeShape:
+    """The capacity every registered node advertises."""
+
+    gpus: int = 4
+    cpu: str = "16"
+    memory: str = "64Gi"
+    pods: str = "110"
+
+
+class Nodes:
+    """Registers the agent's nodes and heartbeats them (node status and Lease)."""
+
+    def __init__(
+        self, api: client.ApiClient, names: list[str], shape: NodeShape, kubelet_port: int
+    ) -> None:
+        self.core = client.CoreV1Api(api)
+        self.coord = client.CoordinationV1Api(api)
+        self.names = names
+        self.shape = shape
+        self.kubelet_port = kubelet_port
+
+    def body(self, name: str) -> dict[str, Any]:
+        """The Node object: labels and the shape's capacity."""
+        capacity = {
+            "cpu": self.shape.cpu,
+            "memory": self.shape.memory,
+            "pods": self.shape.pods,
+            "ephemeral-storage": "100Gi",
+        }
+        if self.shape.gpus:
+            capacity["nvidia.com/gpu"] = str(self.shape.gpus)
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "labels": {
+                    "kubernetes.io/hostname": name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    "gpujob.dev/local-node": "true",
+                    "nvidia.com/gpu.present": "true" if self.shape.gpus else "false",
+                },
+            },
+            "spec": {},
+            "status": {"capacity": capacity, "allocatable": capacity},
+        }
+
+    def status(self, name: str) -> dict[str, Any]:
+        """A status patch: Ready, no pressure, addresses, versions, the kubelet API port."""
+        body = self.body(name)
+        ts = now_iso()
+        ready = {
+            "type": "Ready",
+            "status": "True",
+            "reason": "KubeletReady",
+            "message": "gpujob local node agent is posting ready status",
+            "lastHeartbeatTime": ts,
+            "lastTransitionTime": ts,
+        }
+        pressure = [
+            {
+                "type": t,
+                "status": "False",
+                "reason": f"KubeletHas{r}",
+                "message": "ok",
+                "lastHeartbeatTime": ts,
+                "lastTransitionTime": ts,
+            }
+            for t, r in (
+                ("MemoryPressure", "SufficientMemory"),
+                ("DiskPressure", "NoDiskPressure"),
+                ("PIDPressure", "SufficientPID"),
+            )
+        ]
+        return {
+            "status": {
+                **body["status"],
+                "conditions": [ready, *pressure],
+                "addresses": [
+                    {"type": "InternalIP", "address": "127.0.0.1"},
+                    {"type": "Hostname", "address": name},
+                ],
+                "nodeInfo": {
+                    "kubeletVersion": K8S_VERSION,
+                    "kubeProxyVersion": K8S_VERSION,
+                    "operatingSystem": "linux",
+                    "architecture": "amd64",
+                    "containerRuntimeVersion": "gpujob-local://1",
+                    "osImage": "local processes",
+                    "kernelVersion": os.uname().release,
+                    "machineID": name,
+                    "systemUUID": name,
+                    "bootID": name,
+                },
+                "daemonEndpoints": {"kubeletEndpoint": {"Port": self.kubelet_port}},
+            }
+        }
+
+    def register(self) -> None:
+        """Create every node (or take over an existing one), post its status, renew its Lease."""
+        for name in self.names:
+            try:
+                self.core.create_node(cast(Any, self.body(name)))
+                log.info("registered node %s (gpus=%s)", name, self.shape.gpus)
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+            self.core.patch_node_status(name, self.status(name))
+        self.renew_leases()
+
+    def renew_leases(self) -> None:
+        for name in self.names:
+            body = {
+                "metadata": {"name": name, "namespace": "kube-node-lease"},
+                "spec": {
+                    "holderIdentity": name,
+                    "leaseDurationSeconds": 40,
+                    "renewTime": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+                },
+            }
+            try:
+                self.coord.patch_namespaced_lease(name, "kube-node-lease", body)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+                with contextlib.suppress(ApiException):
+                    self.coord.create_namespaced_lease("kube-node-lease", cast(Any, body))
+
+    def heartbeat_loop(self, stopping: threading.Event) -> None:
+        """Post every node's status and renew its Lease every heartbeat until ``stopping``."""
+        while not stopping.wait(HEARTBEAT_SECONDS):
+            try:
+                for name in self.names:
+                    self.core.patch_node_status(name, self.status(name))
+                self.renew_leases()
+            except Exception as e:  # keep beating through API hiccups
+                log.warning("heartbeat failed: %s", e)
