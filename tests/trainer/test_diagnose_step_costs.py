@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_diagnose_runs import BASE, HEALTHY, diagnose_until, urls, wait_warm
+from test_diagnose_runs import BASE, HEALTHY_ARGS, diagnose_until, urls, wait_warm
 from trainer_harness import torchrun_example
 
 from gpujob_operator.monitoring.verdict import (
@@ -68,7 +68,7 @@ def test_periodic_phase_gets_its_verdict(
     name: str, switches: list[str], expected: str, rank: int | None, tmp_path: Path
 ) -> None:
     # The healthy run's size: gloo's all-reduce stays well under CommunicationBound's 15%.
-    with torchrun_example([*HEALTHY, *switches], tmp_path) as run:
+    with torchrun_example([*HEALTHY_ARGS, *switches], tmp_path) as run:
         wait_warm(run)
         update, published = diagnose_until(run, expected)
         b = update.bottleneck
