@@ -18,9 +18,9 @@ import pytest
 from trainer_harness import TrainerRun, scrape, torchrun_example, wait_for
 
 from gpujob_operator import cli
+from gpujob_operator.monitoring.analysis_settings import Settings
 from gpujob_operator.monitoring.diagnose import diagnose, targets_from_urls
 from gpujob_operator.monitoring.monitor import JobMonitor
-from gpujob_operator.monitoring.settings import Settings
 from gpujob_operator.monitoring.update import MonitorUpdate
 from gpujob_operator.monitoring.verdict import (
     COMMUNICATION_BOUND,

@@ -14,8 +14,8 @@ import pytest
 from gpujob_operator import api
 from gpujob_operator.monitoring import expfmt
 from gpujob_operator.monitoring.analysis import Analysis, analyze
+from gpujob_operator.monitoring.analysis_settings import Settings
 from gpujob_operator.monitoring.frame import frame
-from gpujob_operator.monitoring.settings import Settings
 from gpujob_operator.monitoring.stall import median_step_seconds
 from gpujob_operator.monitoring.verdict import (
     COMMUNICATION_BOUND,

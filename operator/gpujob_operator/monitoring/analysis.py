@@ -18,12 +18,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpujob_operator.api import conditions as c
+from gpujob_operator.monitoring.analysis_settings import Settings
 from gpujob_operator.monitoring.device import device_verdicts, gpu_summary, hardware_fault
 from gpujob_operator.monitoring.formatting import pct
 from gpujob_operator.monitoring.progress import progress_status, smoothed_step_rate
 from gpujob_operator.monitoring.ranktimes import post_warmup
 from gpujob_operator.monitoring.rows import R_T
-from gpujob_operator.monitoring.settings import Settings
 from gpujob_operator.monitoring.stall import stall_verdict
 from gpujob_operator.monitoring.steptime import StepTimeFindings, step_time_verdicts
 from gpujob_operator.monitoring.verdict import HEALTHY, INFO, PRIORITY, Verdict, clean_evidence

@@ -15,6 +15,7 @@ import statistics
 from array import array
 from typing import Any, Final
 
+from gpujob_operator.monitoring.analysis_settings import Settings
 from gpujob_operator.monitoring.formatting import pct, round4
 from gpujob_operator.monitoring.rows import (
     G_ECC,
@@ -31,7 +32,6 @@ from gpujob_operator.monitoring.rows import (
     latest,
     throttle_reasons,
 )
-from gpujob_operator.monitoring.settings import Settings
 from gpujob_operator.monitoring.verdict import (
     ADVICE,
     CRITICAL,

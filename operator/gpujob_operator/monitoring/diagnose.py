@@ -22,10 +22,10 @@ from pydantic import ValidationError
 
 from gpujob_operator import api
 from gpujob_operator.api.display import format_duration, format_percent, format_rate
+from gpujob_operator.monitoring.analysis_settings import Settings
 from gpujob_operator.monitoring.monitor import JobMonitor
 from gpujob_operator.monitoring.scrape import Scraper
 from gpujob_operator.monitoring.scrape_result import ScrapeTarget
-from gpujob_operator.monitoring.settings import Settings
 from gpujob_operator.monitoring.update import MonitorUpdate
 from gpujob_trainer import contract
 

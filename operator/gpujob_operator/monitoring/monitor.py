@@ -27,9 +27,9 @@ from gpujob_operator.api.children import LABEL_NODE_RANK, controller_uid, owned
 from gpujob_operator.api.events import Event
 from gpujob_operator.monitoring import guard, hysteresis
 from gpujob_operator.monitoring.analysis import Analysis, analyze
+from gpujob_operator.monitoring.analysis_settings import Settings
 from gpujob_operator.monitoring.frame import frame
 from gpujob_operator.monitoring.scrape_result import ErrorKind, ScrapeResult, ScrapeTarget
-from gpujob_operator.monitoring.settings import Settings
 from gpujob_operator.monitoring.update import REFRESH_SECONDS, MonitorUpdate, PatchClock
 from gpujob_operator.monitoring.verdict import CRITICAL, HARDWARE_FAULT, HEALTHY, STALLED, WARNING
 from gpujob_operator.monitoring.window import MAX_SERIES, Window

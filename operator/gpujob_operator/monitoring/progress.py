@@ -15,6 +15,7 @@ from array import array
 from collections.abc import Sequence
 from typing import Any, Final
 
+from gpujob_operator.monitoring.analysis_settings import Settings
 from gpujob_operator.monitoring.formatting import iso
 from gpujob_operator.monitoring.rows import (
     R_EPOCH,
@@ -28,7 +29,6 @@ from gpujob_operator.monitoring.rows import (
     latest,
     rate,
 )
-from gpujob_operator.monitoring.settings import Settings
 from gpujob_operator.monitoring.window import RankSeries
 
 EWMA_ALPHA: Final = 0.3

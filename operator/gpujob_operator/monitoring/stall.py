@@ -16,9 +16,9 @@ from typing import Final
 
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.display import format_duration
+from gpujob_operator.monitoring.analysis_settings import Settings
 from gpujob_operator.monitoring.formatting import round4
 from gpujob_operator.monitoring.rows import R_CURRENT_PHASE, R_STEPS, R_TARGET, latest
-from gpujob_operator.monitoring.settings import Settings
 from gpujob_operator.monitoring.verdict import ADVICE, CRITICAL, STALLED, Evidence, Verdict
 from gpujob_operator.monitoring.window import RankSeries, Window
 from gpujob_trainer import contract
