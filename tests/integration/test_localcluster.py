@@ -141,17 +141,20 @@ def test_pods_reach_each_other_by_dns_over_tcp(kube: Kube) -> None:
 
 
 def test_delete_sends_sigterm_then_pod_disappears(kube: Kube, tmp_path: Path) -> None:
-    marker = tmp_path / "got-sigterm"
+    marker, ready = tmp_path / "got-sigterm", tmp_path / "handler-installed"
     script = textwrap.dedent(f"""
         import signal, sys, time
         def bye(*_):
             open({str(marker)!r}, 'w').write('term'); sys.exit(0)
         signal.signal(signal.SIGTERM, bye)
-        print('ready', flush=True)
+        open({str(ready)!r}, 'w').write('ready')
         while True: time.sleep(0.1)
     """)
     kube.apply(simple_pod("sleeper", script))
     kube.wait_phase("sleeper", ("Running",))
+    # Running means the process started, not that Python has installed its handler yet: on a
+    # loaded machine a SIGTERM sent before that kills it the default way, with no marker.
+    wait_until(ready.exists, 60, "the pod's SIGTERM handler to be installed")
     kube.run("delete", "pod", "sleeper", "--wait=false", check=True)
     kube.wait_gone("pod", "sleeper", timeout=30)
     wait_until(marker.exists, 10, "the process to record SIGTERM")
