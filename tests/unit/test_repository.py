@@ -7,7 +7,8 @@ import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-OUTSIDE = ("../shared", "DESIGN.md")
+# Spelled in pieces so that this file, checked like every other, does not hold them whole.
+OUTSIDE = ("../" + "shared", "DESIGN" + ".md")
 
 
 def test_no_tracked_file_refers_outside_the_repository() -> None:
@@ -17,7 +18,7 @@ def test_no_tracked_file_refers_outside_the_repository() -> None:
     offenders = []
     for rel in filter(None, listed.split("\0")):
         path = REPO / rel
-        if rel == "tests/unit/test_repository.py" or not path.is_file():
+        if not path.is_file():
             continue
         try:
             text = path.read_text()
