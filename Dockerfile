@@ -15,7 +15,7 @@ COPY trainer_image/gpujob_trainer/ trainer_image/gpujob_trainer/
 COPY localcluster/ localcluster/
 # A regular (non-editable) install of the distribution, without extras.
 RUN /opt/gpujob/bin/pip install --no-compile . \
-    && /opt/gpujob/bin/python -c "import gpujob_operator.main, gpujob_operator.opmetrics"
+    && /opt/gpujob/bin/python -c "import gpujob_operator.runtime.main, gpujob_operator.observability.opmetrics"
 
 FROM python:3.11-slim-bookworm
 LABEL org.opencontainers.image.title="gpujob-operator" \

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import re
+from pathlib import Path
+
 import pytest
 
 from gpujob_localcluster import images
@@ -57,3 +61,20 @@ def test_dockerfile_stages_shell_form_and_continuations() -> None:
 def test_an_unknown_image_without_command_is_refused_with_the_fix() -> None:
     with pytest.raises(images.UnknownImage, match="--image REPOSITORY=DOCKERFILE"):
         images.container_argv({"name": "c", "image": "example.com/x:1"}, {})
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "trainer_image/Dockerfile"])
+def test_the_modules_a_dockerfile_imports_to_check_its_build_exist(dockerfile: str) -> None:
+    """The image build smoke-tests its install with `python -c "import ..."`: the names must
+    be real modules, or `docker build` fails where no test here runs it (torch and NVML
+    are the trainer image's own and are not checked here)."""
+    text = (Path(__file__).resolve().parents[2] / dockerfile).read_text()
+    names = [
+        name.strip()
+        for stmt in re.findall(r'python -c "import ([\w., ]+)[;"]', text)
+        for name in stmt.split(",")
+    ]
+    ours = [n for n in names if n.startswith(("gpujob_operator", "gpujob_trainer"))]
+    assert ours, f"{dockerfile}: no import of the project's modules found"
+    missing = [n for n in ours if importlib.util.find_spec(n) is None]
+    assert missing == []
