@@ -73,11 +73,10 @@ def test_every_variable_is_read() -> None:
     [
         ("GPUJOB_DEFAULT_GANG", "native", "one of None, Native, Kueue"),
         ("GPUJOB_KUEUE", "yes", "0 or 1"),
-        ("GPUJOB_PEERING_LIFETIME", "3", "whole seconds >= 10"),
         ("GPUJOB_SCRAPE_CONCURRENCY", "0", "an integer >= 1"),
         ("GPUJOB_SCRAPE_TIMEOUT", "nan", "a number of seconds > 0"),
-        ("GPUJOB_RETRY_MAX_SECONDS", "nonsense", "a number of seconds > 0"),
-        ("GPUJOB_GANG_GRACE_SECONDS", "-1", "a number of seconds > 0"),
+        ("GPUJOB_RETRY_MAX_SECONDS", "nonsense", "a number of seconds >= 0"),
+        ("GPUJOB_GANG_GRACE_SECONDS", "-1", "a number of seconds >= 0"),
         ("GPUJOB_OPERATOR_METRICS_PORT", "70000", "a port 0..65535"),
         ("GPUJOB_FAULT_EXIT_AT", "somewhere", "one of after-status-write"),
     ],
@@ -112,3 +111,24 @@ def test_the_operator_refuses_to_start_with_a_bad_setting_and_says_why() -> None
     assert res.stderr.strip().splitlines()[-1] == (
         "gpujob operator: GPUJOB_DEFAULT_GANG='gang': must be one of None, Native, Kueue"
     )
+
+
+def test_peering_variables_count_only_with_peering() -> None:
+    """A standalone replica ignores them; with peering they are read and checked."""
+    loose = {"GPUJOB_PEERING_LIFETIME": "3", "GPUJOB_PEERING_CLUSTERWIDE": "1"}
+    assert from_env(loose) == Settings()
+    with pytest.raises(SettingsError, match=r"GPUJOB_PEERING_LIFETIME='3': must be whole"):
+        from_env({**loose, "GPUJOB_PEERING": "gpujob"})
+
+
+def test_zero_means_no_backoff_and_no_grace_and_an_empty_liveness_means_none() -> None:
+    s = from_env(
+        {
+            "GPUJOB_RESTART_BACKOFF_BASE_SECONDS": "0",
+            "GPUJOB_RESTART_BACKOFF_MAX_SECONDS": "0",
+            "GPUJOB_GANG_GRACE_SECONDS": "0",
+            "GPUJOB_LIVENESS": "",
+        }
+    )
+    assert s.restart_backoff == backoff.Policy(0.0, 0.0)
+    assert s.gang_grace_seconds == 0.0 and s.liveness is None

@@ -39,5 +39,7 @@ GangMechanism = Literal["None", "Native", "Kueue"]
 GANG_NONE: Final = "None"
 GANG_NATIVE: Final = "Native"
 GANG_KUEUE: Final = "Kueue"
+GANGS: Final = (GANG_NONE, GANG_NATIVE, GANG_KUEUE)
+"""Every gang mechanism, in the order the docs list them."""
 KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
 KUEUE_PRIORITY_LABEL: Final = "kueue.x-k8s.io/priority-class"

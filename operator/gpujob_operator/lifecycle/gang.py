@@ -88,7 +88,7 @@ def mechanism(job: Mapping[str, Any], spec: api.GPUTrainingJobSpec, default: str
     never moves a running job to another mechanism.
     """
     recorded = ((job.get("status") or {}).get("gang") or {}).get("mechanism")
-    if recorded in (api.GANG_NONE, api.GANG_NATIVE, api.GANG_KUEUE):
+    if recorded in api.GANGS:
         return str(recorded)
     chosen = spec.scheduling.gang if spec.scheduling else None
     if chosen is not None:

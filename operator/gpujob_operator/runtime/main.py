@@ -17,7 +17,12 @@ from typing import Any, cast
 
 from gpujob_operator.observability import opmetrics
 from gpujob_operator.runtime import peers
-from gpujob_operator.runtime.settings import Settings, SettingsError, from_env
+from gpujob_operator.runtime.settings import (
+    DEFAULT_LIVENESS,
+    Settings,
+    SettingsError,
+    from_env,
+)
 
 
 def run(
@@ -94,19 +99,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--liveness",
         default=None,
-        help="kopf's health endpoint (default: env GPUJOB_LIVENESS, else "
-        "http://0.0.0.0:8080/healthz)",
+        help=f"kopf's health endpoint (default: env GPUJOB_LIVENESS, else {DEFAULT_LIVENESS}; "
+        "empty: none)",
     )
     p.add_argument(
         "--metrics-port",
         type=int,
         default=None,
         help=f"port of the operator's /metrics (0: off; default: env {opmetrics.ENV_PORT}, "
-        f"else {opmetrics.DEFAULT_PORT})",
+        f"else {Settings.metrics_port})",
     )
     p.add_argument(
         "--metrics-addr",
         default=None,
-        help=f"address /metrics binds (default: env {opmetrics.ENV_ADDR}, else 0.0.0.0)",
+        help=f"address /metrics binds (default: env {opmetrics.ENV_ADDR}, else "
+        f"{Settings.metrics_addr})",
     )
     p.add_argument("--verbose", "-v", action="store_true")

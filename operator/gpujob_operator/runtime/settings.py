@@ -10,10 +10,10 @@ before kopf starts. Nothing else in the operator reads the environment.
 | variable | default | what |
 |---|---|---|
 | ``GPUJOB_DEFAULT_GANG`` | ``None`` | gang mechanism of jobs that choose none |
-| ``GPUJOB_KUEUE`` | off | ``1``: watch Kueue Workloads (Kueue is installed) |
+| ``GPUJOB_KUEUE`` | ``0`` | ``1``: watch Kueue Workloads (Kueue is installed) |
 | ``GPUJOB_PEERING`` | standalone | kopf peering object name: run as one of several replicas |
-| ``GPUJOB_PEERING_CLUSTERWIDE`` | off | ``1``: the peering object is cluster-wide |
-| ``GPUJOB_PEERING_LIFETIME`` | 60 | seconds a replica's keep-alive counts (>= 10) |
+| ``GPUJOB_PEERING_CLUSTERWIDE`` | ``0`` | ``1``: the peering object is cluster-wide (with peering) |
+| ``GPUJOB_PEERING_LIFETIME`` | 60 | seconds a replica's keep-alive counts (>= 10; with peering) |
 | ``POD_ID`` | host/pid | this replica's peering identity (the chart sets the pod's name) |
 | ``GPUJOB_SCRAPE_CONCURRENCY`` | 64 | scrapes in flight, over every job |
 | ``GPUJOB_SCRAPE_TIMEOUT`` | 5 | seconds one scrape may take |
@@ -22,7 +22,7 @@ before kopf starts. Nothing else in the operator reads the environment.
 | ``GPUJOB_RETRY_BASE_SECONDS`` / ``..._MAX_SECONDS`` | 1 / 300 | backoff of failed API calls |
 | ``GPUJOB_RESTART_BACKOFF_BASE_SECONDS`` / ``..._MAX_SECONDS`` | 10 / 360 | gang restarts |
 | ``GPUJOB_GANG_GRACE_SECONDS`` | 10 | how long a refused, partial gang may hold resources |
-| ``GPUJOB_LIVENESS`` | ``http://0.0.0.0:8080/healthz`` | kopf's health endpoint |
+| ``GPUJOB_LIVENESS`` | ``http://0.0.0.0:8080/healthz`` | kopf's health endpoint (set empty: none) |
 | ``GPUJOB_OPERATOR_METRICS_PORT`` / ``..._ADDR`` | 8081 / ``0.0.0.0`` | the operator's /metrics |
 | ``GPUJOB_FAULT_EXIT_AT`` | unset | tests only: die at a named write boundary |
 """
@@ -43,7 +43,6 @@ from gpujob_operator.runtime import faults, peers
 T = TypeVar("T")
 
 DEFAULT_LIVENESS: Final = "http://0.0.0.0:8080/healthz"
-GANGS: Final = (api.GANG_NONE, api.GANG_NATIVE, api.GANG_KUEUE)
 
 
 class SettingsError(ValueError):
@@ -68,7 +67,8 @@ class Settings:
     retry: backoff.Policy = backoff.RETRY
     restart_backoff: backoff.Policy = backoff.RESTART
     gang_grace_seconds: float = GANG_GRACE_SECONDS
-    liveness: str = DEFAULT_LIVENESS
+    liveness: str | None = DEFAULT_LIVENESS
+    """kopf's health endpoint; None (``GPUJOB_LIVENESS`` set empty): none."""
     metrics_port: int = opmetrics.DEFAULT_PORT
     metrics_addr: str = "0.0.0.0"
     fault_exit_at: str | None = None
@@ -104,6 +104,10 @@ def _positive_seconds(v: float) -> bool:
     return math.isfinite(v) and v > 0
 
 
+def _seconds_or_zero(v: float) -> bool:
+    return math.isfinite(v) and v >= 0
+
+
 def _flag(raw: str) -> bool:
     if raw not in ("0", "1"):
         raise ValueError(raw)
@@ -111,81 +115,98 @@ def _flag(raw: str) -> bool:
 
 
 def from_env(env: Mapping[str, str]) -> Settings:
-    """Read every setting from ``env``; raise :class:`SettingsError` on the first bad one."""
-    seconds = "a number of seconds > 0"
+    """Read every setting from ``env``; raise :class:`SettingsError` on the first bad one.
 
-    def policy(prefix: str, base: float, cap: float, jitter: float) -> backoff.Policy:
-        b = _read(env, f"{prefix}_BASE_SECONDS", base, float, seconds, _positive_seconds)
-        c = _read(env, f"{prefix}_MAX_SECONDS", cap, float, seconds, _positive_seconds)
+    The peering variables are read only when ``GPUJOB_PEERING`` turns peering on: a
+    standalone replica never refuses to start over a variable it does not use. A backoff or
+    the gang grace may be 0 (none); a timeout may not.
+    """
+    d = Settings()
+    seconds, seconds_or_zero = "a number of seconds > 0", "a number of seconds >= 0"
+
+    def policy(prefix: str, default: backoff.Policy) -> backoff.Policy:
+        b = _read(
+            env, f"{prefix}_BASE_SECONDS", default.base, float, seconds_or_zero, _seconds_or_zero
+        )
+        c = _read(
+            env, f"{prefix}_MAX_SECONDS", default.cap, float, seconds_or_zero, _seconds_or_zero
+        )
         if c < b:
             raise SettingsError(f"{prefix}_MAX_SECONDS={c:g} must be >= the base ({b:g})")
-        return backoff.Policy(b, c, jitter)
+        return backoff.Policy(b, c, default.jitter)
 
+    peering = env.get("GPUJOB_PEERING", "").strip()
+    liveness = env.get("GPUJOB_LIVENESS", d.liveness or "").strip()
     return Settings(
         default_gang=_read(
             env,
             "GPUJOB_DEFAULT_GANG",
-            api.GANG_NONE,
+            d.default_gang,
             str,
-            "one of None, Native, Kueue",
-            lambda v: v in GANGS,
+            "one of " + ", ".join(api.GANGS),
+            lambda v: v in api.GANGS,
         ),
-        kueue=_read(env, "GPUJOB_KUEUE", False, _flag, "0 or 1"),
-        peering=env.get("GPUJOB_PEERING", "").strip(),
-        peering_clusterwide=_read(env, "GPUJOB_PEERING_CLUSTERWIDE", False, _flag, "0 or 1"),
+        kueue=_read(env, "GPUJOB_KUEUE", d.kueue, _flag, "0 or 1"),
+        peering=peering,
+        peering_clusterwide=bool(peering)
+        and _read(env, "GPUJOB_PEERING_CLUSTERWIDE", d.peering_clusterwide, _flag, "0 or 1"),
         peering_lifetime=_read(
             env,
             peers.ENV_LIFETIME,
-            peers.DEFAULT_LIFETIME,
+            d.peering_lifetime,
             int,
             "whole seconds >= 10",
             lambda v: v >= 10,
-        ),
+        )
+        if peering
+        else d.peering_lifetime,
         pod_id=env.get("POD_ID") or None,
         scrape_concurrency=_read(
-            env, "GPUJOB_SCRAPE_CONCURRENCY", 64, int, "an integer >= 1", lambda v: v >= 1
+            env,
+            "GPUJOB_SCRAPE_CONCURRENCY",
+            d.scrape_concurrency,
+            int,
+            "an integer >= 1",
+            lambda v: v >= 1,
         ),
-        scrape_timeout=_read(env, "GPUJOB_SCRAPE_TIMEOUT", 5.0, float, seconds, _positive_seconds),
+        scrape_timeout=_read(
+            env, "GPUJOB_SCRAPE_TIMEOUT", d.scrape_timeout, float, seconds, _positive_seconds
+        ),
         watch_server_timeout=_read(
-            env, "GPUJOB_WATCH_SERVER_TIMEOUT", 300, int, "whole seconds >= 1", lambda v: v >= 1
+            env,
+            "GPUJOB_WATCH_SERVER_TIMEOUT",
+            d.watch_server_timeout,
+            int,
+            "whole seconds >= 1",
+            lambda v: v >= 1,
         ),
         worker_limit=_read(
-            env, "GPUJOB_WORKER_LIMIT", 200, int, "an integer >= 1", lambda v: v >= 1
+            env, "GPUJOB_WORKER_LIMIT", d.worker_limit, int, "an integer >= 1", lambda v: v >= 1
         ),
-        retry=policy(
-            "GPUJOB_RETRY",
-            backoff.RETRY_BASE_SECONDS,
-            backoff.RETRY_MAX_SECONDS,
-            backoff.RETRY_JITTER,
-        ),
-        restart_backoff=policy(
-            "GPUJOB_RESTART_BACKOFF",
-            backoff.RESTART_BASE_SECONDS,
-            backoff.RESTART_MAX_SECONDS,
-            0.0,
-        ),
+        retry=policy("GPUJOB_RETRY", d.retry),
+        restart_backoff=policy("GPUJOB_RESTART_BACKOFF", d.restart_backoff),
         gang_grace_seconds=_read(
             env,
             "GPUJOB_GANG_GRACE_SECONDS",
-            GANG_GRACE_SECONDS,
+            d.gang_grace_seconds,
             float,
-            seconds,
-            _positive_seconds,
+            seconds_or_zero,
+            _seconds_or_zero,
         ),
-        liveness=env.get("GPUJOB_LIVENESS", "").strip() or DEFAULT_LIVENESS,
+        liveness=liveness or None,
         metrics_port=_read(
             env,
             opmetrics.ENV_PORT,
-            opmetrics.DEFAULT_PORT,
+            d.metrics_port,
             int,
             "a port 0..65535 (0: off)",
             lambda v: 0 <= v <= 65535,
         ),
-        metrics_addr=env.get(opmetrics.ENV_ADDR, "").strip() or "0.0.0.0",
+        metrics_addr=env.get(opmetrics.ENV_ADDR, "").strip() or d.metrics_addr,
         fault_exit_at=_read(
             env,
             faults.ENV,
-            None,
+            d.fault_exit_at,
             str,
             "one of " + ", ".join(faults.BOUNDARIES),
             lambda v: v in faults.BOUNDARIES,
