@@ -1,4 +1,4 @@
-"""The generated CRD: structural, described, validated, and identical to the committed YAML."""
+"""The generated CRD: structural, described, validated (test_generate compares the committed YAML)."""
 
 from __future__ import annotations
 

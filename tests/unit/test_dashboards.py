@@ -1,4 +1,4 @@
-"""Dashboards and alert rules: committed files match the generators; every name is exported."""
+"""Dashboards and alert rules: every query names an exported series (test_generate compares the committed files)."""
 
 from __future__ import annotations
 

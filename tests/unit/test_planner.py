@@ -892,7 +892,7 @@ def test_observe_pod_scheduling_init_failure_and_defaults() -> None:
     assert bare.phase == "Pending" and bare.node_rank is None and not bare.terminating
 
 
-# ---- merge_patch ---------------------------------------------------------------------------
+# ---- minimal_patch -------------------------------------------------------------------------
 
 
 def test_merge_patch_round_trips_and_deletes_with_null() -> None:

@@ -1,6 +1,6 @@
 """The planner's side of refusals and backoff: what a refused create and a gang restart look like.
 
-The shell (reconciler) remembers the latest refused create (:class:`refusals.Refused`) and
+The shell (the job loop) remembers the latest refused create (:class:`refusals.Refused`) and
 hands it to the pure planner; these tests play that shell with the planner tests' ``Sim``.
 """
 

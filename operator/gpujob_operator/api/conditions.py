@@ -89,7 +89,7 @@ BOTTLENECK_CHANGED: Final = "BottleneckChanged"
 
 METRICS_REJECTED: Final = "MetricsRejected"
 """Event: a payload carried series or values the operator refused (guard.py)."""
-# Refusals by the API server (apierrors.py): the reason of Created/Running=False while a
+# Refusals by the API server (lifecycle/refusals.py): the reason of Created/Running=False while a
 # transient one is retried, of Failed=True for a permanent one.
 QUOTA_EXCEEDED: Final = "QuotaExceeded"
 POD_SECURITY_VIOLATION: Final = "PodSecurityViolation"

@@ -1,7 +1,7 @@
 """Render the API reference (docs/api.md) from the CRD the model generates.
 
 Why generated: the pydantic model is the single source of truth, so the reference can
-never disagree with what the API server validates. ``--check`` fails on drift.
+never disagree with what the API server validates. ``python -m gpujob_operator.generate --check`` fails on drift.
 """
 
 from __future__ import annotations

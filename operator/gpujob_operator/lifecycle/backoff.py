@@ -1,6 +1,6 @@
 """Exponential backoff with jitter, as pure functions (the caller supplies the randomness).
 
-Two users: the reconciler retries a refused or failed API call (base 1 s, capped), so that a
+Two users: the job loop retries a refused or failed API call (base 1 s, capped), so that a
 thousand jobs under a throttled API server slow down instead of sending a request each every
 few seconds; the planner delays a gang restart (10 s, 20 s, 40 s ... capped at 6 min, like
 batch/v1 Job's pod failure backoff), so a short network blip cannot use up ``backoffLimit``.

@@ -2,7 +2,7 @@
 
 A server-side dry run of each pod checks each pod alone: a ResourceQuota with 2 GPUs left
 admits every 2-GPU pod of a 2 x 2-GPU gang, and the real creates then stop half way. Dry
-runs do not add up, so the reconciler also dry-runs this probe: the first pod of the gang
+runs do not add up, so the job loop also dry-runs this probe: the first pod of the gang
 with every container's requests and limits summed over all the pods being created. The
 quota plugin then judges the gang's total and answers with its own message (``exceeded
 quota: gpu, requested: requests.nvidia.com/gpu=4, ...``), scopes (priority class,

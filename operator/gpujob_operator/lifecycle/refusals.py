@@ -166,7 +166,7 @@ _NETWORK_ERRORS: Final = frozenset(
 
 @dataclass(frozen=True)
 class Refused:
-    """The job's latest refused create, as the reconciler remembers it, handed to the planner.
+    """The job's latest refused create, as the job loop remembers it, handed to the planner.
 
     ``since`` is when this run of refusals began (the gang's grace counts from it),
     ``retry_at`` when the next try is due, ``tries`` how many in a row were refused.

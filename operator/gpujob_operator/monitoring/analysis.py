@@ -8,7 +8,7 @@ with the numbers behind them; `hysteresis` then applies hysteresis before public
 verdicts (`device`: HardwareFault on every window, then MemoryPressure, Throttled and
 GPUUnderutilized), the stall (`stall`), the step-time verdicts (`steptime`: Straggler,
 InputBound, CheckpointBound, EvalBound, CommunicationBound) and the progress (`progress`);
-the verdict names, priority and advice are in `verdict`, the settings in `settings`.
+the verdict names, priority and advice are in `verdict`, the settings in `analysis_settings`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One job's status read into the numbers that become its series on the operator's /metrics.
 
-The reconciler hands each job's freshly computed status (wire format, camelCase) to
+The job loop hands each job's freshly computed status (wire format, camelCase) to
 :meth:`JobMetrics.update <gpujob_operator.observability.opmetrics.JobMetrics.update>`, which
 keeps it as a :class:`JobSample` until the next scrape renders it. Reading is lenient: a
 missing or odd value makes its series absent, never an error.

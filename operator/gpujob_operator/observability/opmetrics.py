@@ -1,7 +1,7 @@
 """The operator's own /metrics: a fleet view of every job, and the operator's health.
 
 One Prometheus target (the operator) answers "how far is every job, and what limits it"
-without scraping every rank: the reconciler hands each job's freshly computed status to
+without scraping every rank: the job loop hands each job's freshly computed status to
 :meth:`JobMetrics.update` (read into a :class:`~gpujob_operator.observability.jobsample.JobSample`),
 and a collector renders the latest values at scrape time. A job's series vanish with
 :meth:`JobMetrics.forget` when the job is deleted. The families' names, help texts and labels
@@ -297,7 +297,7 @@ class JobMetrics:
 
     def observe_api_error(self, call: str, reason: str) -> None:
         """Count one failed API call: ``call`` (create_pod, patch_status, ...) and the
-        classified reason (:mod:`apierrors`); both come from small fixed sets."""
+        classified reason (:mod:`~gpujob_operator.lifecycle.refusals`); both come from small fixed sets."""
         with self._lock:
             key = (_label(call), _label(reason))
             self._api_errors[key] = self._api_errors.get(key, 0.0) + 1
@@ -333,4 +333,4 @@ def error_reason(exc: BaseException) -> str:
 
 
 METRICS = JobMetrics()
-"""The process-wide instance the operator serves and the reconciler updates."""
+"""The process-wide instance the operator serves and the job loops update."""

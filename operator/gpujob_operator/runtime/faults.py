@@ -6,7 +6,7 @@ the process ends with exit code 137 (SIGKILL's) the first time it reaches that b
 with no cleanup, no flush and no graceful shutdown: exactly the states a real crash leaves.
 Unarmed (always, in production) a fault point costs one comparison.
 
-Boundaries of a gang restart, in the order the reconciler writes:
+Boundaries of a gang restart, in the order the job loop writes:
 ``after-status-write`` (status written, pods not yet touched), ``between-pod-deletes``,
 ``between-pod-creates``.
 """

@@ -1,7 +1,7 @@
 """kopf wiring: kopf's settings, the pod index, one job loop per job, wake-ups.
 
 Level-based (kopf's "reconciliation" pattern): handlers never carry state machines;
-each job's daemon observes the job and the index of its pods, asks the pure planner
+each job's loop (:mod:`.jobloop`) observes the job and the index of its pods, asks the pure planner
 what the world should look like, and applies the difference. Events on the job or
 its pods only wake that daemon early.
 """

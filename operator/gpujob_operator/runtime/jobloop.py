@@ -15,7 +15,7 @@ A loop ends when its job is gone: on the DELETED event, or, since watches can mi
 when the API server answers 404 for the job (a status write, or the GET a quiet loop makes
 every `RECHECK_SECONDS`).
 
-Every API error is classified (:mod:`apierrors`): a refused create of the gang or its
+Every API error is classified (:mod:`~gpujob_operator.lifecycle.refusals`): a refused create of the gang or its
 Service is remembered (:class:`refusals.Refused`) and handed to the planner, which shows it
 in the status and decides when to retry; any other failed call backs the whole pass off
 exponentially with jitter. Both log one line per error (no traceback for an expected

@@ -3,7 +3,7 @@
 kopf watches and lists; everything that writes (pods, the Service, the job's status,
 the job's deletion) goes through the official client here, in worker threads via
 ``asyncio.to_thread``. Each call treats "already exists" and "already gone" as done,
-because a level-based reconciler re-applies the same plan after any crash.
+because the level-based job loop re-applies the same plan after any crash.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class JobGone(Exception):
 
 
 class Kube:
-    """The few writes the reconciler needs, each idempotent."""
+    """The few writes the job loop needs, each idempotent."""
 
     def __init__(self, api_client: client.ApiClient | None = None) -> None:
         if api_client is None:
