@@ -120,6 +120,3 @@ class PodRun:
 
     def alive(self) -> list[ContainerRun]:
         return [c for c in self.containers if c.running]
-
-    def family(self) -> set[int]:
-        return set().union(*(c.family for c in self.containers)) if self.containers else set()

@@ -9,7 +9,6 @@ the count of the first instead of adding another.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from typing import Any, cast
 
@@ -113,7 +112,7 @@ class PodReporter:
     ) -> None:
         """Record an Event on the pod, as the kubelet does: a repeat of the same event bumps
         its count instead of adding another (failures are only logged)."""
-        ts = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        ts = now_iso()
         message = message[:1024]
         key = (run.uid, container or "", type_, reason, message)
         seen = self._recorded.get(key)

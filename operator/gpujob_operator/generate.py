@@ -20,12 +20,12 @@ from gpujob_operator.observability import alerts, dashboards
 
 COMMAND: Final = "python -m gpujob_operator.generate"
 
-RENDERERS: Final[Mapping[str, Callable[[], dict[Path, str]]]] = {
-    "crd": crd.artefacts,
-    "reference": reference.artefacts,
-    "dashboards": dashboards.artefacts,
-    "alerts": alerts.artefacts,
-}
+RENDERERS: Final[tuple[Callable[[], dict[Path, str]], ...]] = (
+    crd.artefacts,
+    reference.artefacts,
+    dashboards.artefacts,
+    alerts.artefacts,
+)
 """Each generator's files, relative to the repository root, with the text they must hold."""
 
 
@@ -37,7 +37,7 @@ def repo_root() -> Path:
 def artefacts() -> dict[Path, str]:
     """Every generated file, relative to the repository root, with its text."""
     out: dict[Path, str] = {}
-    for render in RENDERERS.values():
+    for render in RENDERERS:
         out.update(render())
     return out
 

@@ -11,10 +11,12 @@ from gpujob_operator.api import crd, reference
 from gpujob_operator.observability import alerts, dashboards
 
 REPO = Path(__file__).resolve().parents[2]
+WANTED = generate.artefacts()
+"""Rendered once for the module: every test below compares against the same render."""
 
 
 def test_generate_knows_every_artefact() -> None:
-    wanted = generate.artefacts()
+    wanted = WANTED
     assert set(crd.CRD_PATHS) <= set(wanted)
     assert reference.DOC_PATH in wanted
     assert alerts.RULES_FILE in wanted
@@ -22,12 +24,12 @@ def test_generate_knows_every_artefact() -> None:
     assert committed == {rel for rel in wanted if rel.parent == dashboards.DASHBOARD_DIR}
 
 
-@pytest.mark.parametrize("rel", sorted(generate.artefacts()), ids=str)
+@pytest.mark.parametrize("rel", sorted(WANTED), ids=str)
 def test_committed_artefact_matches_its_source(rel: Path) -> None:
     """Drift test: regenerate and compare with the committed file byte for byte."""
     path = REPO / rel
     assert path.exists(), f"{rel} is missing: run `{generate.COMMAND}`"
-    assert path.read_text() == generate.artefacts()[rel], (
+    assert path.read_text() == WANTED[rel], (
         f"{rel} drifted from its source: run `{generate.COMMAND}`"
     )
 
@@ -39,7 +41,7 @@ def test_the_repository_passes_check() -> None:
 def test_check_mode_names_each_drifted_file_and_writes_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    wanted = generate.artefacts()
+    wanted = WANTED
     assert generate.main(["--check", "--root", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert all(str(rel) in err for rel in wanted)

@@ -4,11 +4,13 @@ A merge patch replaces lists whole and deletes a key with null. The planner owns
 the status and patches only what changed (:func:`minimal_patch`); the monitor owns whole
 parts of it (progress, bottleneck, gpus) and rewrites each part it changed in full, so a
 part never ends up half from one write and half from another (:func:`replacing_patch`).
+Either passes through :func:`json_safe` on its way out: the API server refuses NaN.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,3 +41,18 @@ def replacing_patch(old: Any, new: Any) -> Any:
         if k not in new:
             out[k] = None
     return out
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with every NaN or infinity replaced by None (in a merge patch: "unknown now").
+
+    The API server refuses them in a status patch; nothing upstream should produce one,
+    and this is the last guard that makes sure.
+    """
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value

@@ -4,7 +4,7 @@
 GPUs, conditions), the Events, the analysis and the failed scrapes. `status_patch` returns
 a JSON merge patch only when something changed meaningfully (or the last write is older
 than `refresh_seconds`), so a thousand jobs do not flood the API server with a write per
-job per scrape; `json_safe` is the last guard against a NaN or an infinity in it.
+job per scrape; `api.patches.json_safe` is the last guard against a NaN or an infinity in it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, Final
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.display import render_display
 from gpujob_operator.api.events import Event
-from gpujob_operator.api.patches import replacing_patch
+from gpujob_operator.api.patches import json_safe, replacing_patch
 from gpujob_operator.monitoring.analysis import Analysis
 from gpujob_operator.monitoring.scrape_result import ScrapeResult
 
@@ -89,21 +89,6 @@ class MonitorUpdate:
         if new["conditions"] != old.get("conditions"):
             patch["conditions"] = new["conditions"]
         return json_safe(patch) or None
-
-
-def json_safe(value: Any) -> Any:
-    """`value` with every NaN or infinity replaced by None (in a merge patch: "unknown now").
-
-    The API server refuses them in a status patch; nothing upstream should produce one,
-    and this is the last guard that makes sure.
-    """
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, Mapping):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    return value
 
 
 # ---- what counts as a change worth writing ------------------------------------------------

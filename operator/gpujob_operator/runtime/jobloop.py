@@ -37,10 +37,9 @@ from typing import Any, Final
 from gpujob_operator import api
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import job_uid
-from gpujob_operator.api.patches import minimal_patch
+from gpujob_operator.api.patches import json_safe, minimal_patch
 from gpujob_operator.lifecycle import backoff, gangprobe, observations, planner, refusals
 from gpujob_operator.monitoring.scrape import Scraper
-from gpujob_operator.monitoring.update import json_safe
 from gpujob_operator.observability import opmetrics
 from gpujob_operator.observability.opmetrics import METRICS
 from gpujob_operator.runtime import gangstate
@@ -179,7 +178,7 @@ class JobLoop:
             self.service_seen_at = time.monotonic()
         service = time.monotonic() - self.service_seen_at <= SERVICE_RECHECK_SECONDS
         self.call = "get_gang"
-        gang_obs = await self.observe_gang(job)
+        gang_obs = await gangstate.observe(self.kube, job, self.default_gang)
         plan = planner.plan(
             job,
             observed,
@@ -237,10 +236,6 @@ class JobLoop:
                 [e.reason for e in plan.events],
             )
         return plan
-
-    async def observe_gang(self, job: Mapping[str, Any]) -> observations.GangObservation:
-        """What the planner needs of the job's gang admission objects (:mod:`.gangstate`)."""
-        return await gangstate.observe(self.kube, job, self.default_gang)
 
     async def _create(self, ns: str, name: str, plan: planner.Plan) -> bool:
         """Create the Service and the gang, all or nothing; True when the server refused.
