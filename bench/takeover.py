@@ -14,7 +14,7 @@ pod, which only a working operator can repair (a gang restart). Scenarios:
 Prints per round: the handover (disturbance -> another replica active by kopf's rule), the
 recovery (disturbance -> the lost rank's restart counted in the job's status), the job's
 final restarts (must be 1) and the most pods seen per rank (must be 1). Figures only.
-Run: ``PYTHONPATH=... python bench/takeover.py [--rounds 2] [--lifetime 20]``.
+Run: ``$(bash hack/venv.sh)/bin/python bench/takeover.py [--rounds 2] [--lifetime 20]``.
 """
 
 from __future__ import annotations

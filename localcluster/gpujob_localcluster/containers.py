@@ -41,14 +41,18 @@ def api_endpoint(url: str) -> tuple[str, int]:
 
 
 def base_env(api_host: str, api_port: int) -> dict[str, str]:
-    """The host environment a pod's process starts from (the image is ignored)."""
+    """The host environment a pod's process starts from (the image is ignored).
+
+    Not ``PYTHONPATH``: what a pod imports must not depend on the shell that started the
+    cluster. The venv (the image) carries the installed packages; a pod that runs code of
+    the checkout that nothing installs says so in its own env, as it would on a real node.
+    """
     keep = (
         "HOME",
         "LANG",
         "LC_ALL",
         "TMPDIR",
         "VIRTUAL_ENV",
-        "PYTHONPATH",
         "OPENBLAS_CORETYPE",
         "OPENBLAS_L2_SIZE",
         "XDG_CACHE_HOME",

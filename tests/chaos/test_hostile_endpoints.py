@@ -40,6 +40,7 @@ from tests.chaos.harness import (
 )
 from tests.chaos.hostile import LIAR_STEP
 from tests.integration.conftest import job_status, wait_job_phase
+from tests.support.jobs import repo_code_env
 from tests.support.kube import Kube
 from tests.support.waiting import wait_until
 
@@ -76,7 +77,7 @@ def hostile_job(mode: str, log: Path) -> dict[str, Any]:
         "",
         nodes=4 if mode == "silent" else 2,
         monitoring=True,
-        env=[{"name": "HOSTILE_LOG", "value": str(log)}],
+        env=[{"name": "HOSTILE_LOG", "value": str(log)}, repo_code_env()],
     )
     body["spec"]["command"] = ["python", "-m", "tests.chaos.hostile", mode]
     body["spec"]["monitoring"] = {

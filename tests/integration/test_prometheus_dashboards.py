@@ -26,6 +26,7 @@ from gpujob_localcluster.ports import free_port
 from gpujob_operator.observability import alerts, dashboards, opfamilies
 from tests.integration.conftest import wait_job_phase
 from tests.support.chart import find, render
+from tests.support.jobs import repo_code_env
 from tests.support.kube import Kube
 from tests.support.operator import OperatorProcess
 from tests.support.prometheus import REPO, Prometheus, QueryError, promtool
@@ -153,7 +154,7 @@ def stack(
                         "-c",
                         FAKE_TRAINER,
                     ],
-                    "env": [{"name": "PYTHONPATH", "value": str(REPO)}],
+                    "env": [repo_code_env()],
                     "training": {
                         "launcher": "none",
                         "procsPerNode": PROCS,

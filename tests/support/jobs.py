@@ -5,7 +5,16 @@ ends), `example_job` for the example trainer under torchrun."""
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def repo_code_env() -> dict[str, str]:
+    """The env entry a pod needs to import code of this checkout that no package installs
+    (``tests.*``, ``bench.*``): a pod starts from its spec, never from the test's shell."""
+    return {"name": "PYTHONPATH", "value": str(REPO)}
 
 
 def python_job(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpujob_localcluster import podenv
+from gpujob_localcluster import containers, podenv
 
 POD = {
     "metadata": {
@@ -88,3 +88,13 @@ def test_kubernetes_service_env_names_the_api_server() -> None:
     assert env["KUBERNETES_SERVICE_HOST"] == "127.0.0.1"
     assert env["KUBERNETES_SERVICE_PORT"] == "6443"
     assert env["KUBERNETES_PORT"] == "tcp://127.0.0.1:6443"
+
+
+def test_a_pod_never_inherits_the_callers_pythonpath(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a pod imports depends on its spec and the venv, not on the shell that ran make."""
+    monkeypatch.setenv("PYTHONPATH", "/somewhere/else")
+    monkeypatch.setenv("HOME", "/home/me")
+    env = containers.base_env("127.0.0.1", 6443)
+    assert "PYTHONPATH" not in env
+    assert env["HOME"] == "/home/me"
+    assert env["KUBERNETES_SERVICE_HOST"] == "127.0.0.1"
