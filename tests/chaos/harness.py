@@ -27,6 +27,8 @@ from tests.support.operator import OperatorProcess
 LABEL_JOB = "gpujob.dev/job-name"
 LABEL_ATTEMPT = "gpujob.dev/attempt"
 LABEL_RANK = "gpujob.dev/node-rank"
+WATCH_SECONDS = 3
+"""How long one watch request of the pod recorder lasts: its ``stop`` waits at most this."""
 
 
 # ---- the ledger --------------------------------------------------------------------------
@@ -55,6 +57,8 @@ class Ledger:
     operator_crashes: list[str] = field(default_factory=list)
     peak_rss: int = 0
     figures: dict[str, str] = field(default_factory=dict)
+    cases: dict[str, tuple[bool, float]] = field(default_factory=dict)
+    """Each case that ran: passed, and its wall seconds (setup, call and teardown)."""
     current_test: str = ""
 
     def inject(self, name: str) -> Fault:
@@ -68,6 +72,10 @@ class Ledger:
 
     def figure(self, name: str, value: str) -> None:
         self.figures[f"{self.current_test}: {name}"] = value
+
+    def timed(self, test: str, passed: bool, seconds: float) -> None:
+        ok, took = self.cases.get(test, (True, 0.0))
+        self.cases[test] = (ok and passed, took + seconds)
 
     def settle(self, test: str, passed: bool, detail: str) -> None:
         for fault in self.faults:
@@ -85,6 +93,13 @@ class Ledger:
         lines += [f"  ended wrong: {w}" for w in self.wrong_jobs]
         lines += [f"  operator crash: {c}" for c in self.operator_crashes]
         lines += [
+            f"  {'passed' if ok else 'FAILED'}  {took:6.1f}s  {test}"
+            for test, (ok, took) in self.cases.items()
+        ]
+        passed = sum(1 for ok, _ in self.cases.values() if ok)
+        lines += [
+            f"cases: {passed} passed, {len(self.cases) - passed} failed, "
+            f"{sum(t for _, t in self.cases.values()) / 60:.1f} min",
             f"faults injected: {len(self.faults)}",
             f"faults survived: {survived}",
             f"jobs that ended wrong: {len(self.wrong_jobs)}",
@@ -105,6 +120,9 @@ class Ledger:
             "wrong_jobs": self.wrong_jobs,
             "operator_crashes": self.operator_crashes,
             "figures": self.figures,
+            "cases": {
+                t: {"passed": ok, "seconds": round(s, 1)} for t, (ok, s) in self.cases.items()
+            },
         }
 
 
@@ -164,6 +182,8 @@ class ChaosOperator:
     health_worst: float = 0.0
     health_busy_worst: float = 0.0
     health_failures: list[str] = field(default_factory=list)
+    cpu_by_pid: dict[int, float] = field(default_factory=dict)
+    """The last CPU seconds seen of each operator process this test started."""
     _samplers: list[Sampler] = field(default_factory=list)
     _n: int = 0
 
@@ -180,6 +200,8 @@ class ChaosOperator:
         self.rss_after_start = rss_bytes(pid) or 0
 
         def sample_rss() -> None:
+            if cpu := cpu_seconds(pid):
+                self.cpu_by_pid[pid] = cpu
             rss = rss_bytes(pid)
             if rss:
                 self.peak_rss = max(self.peak_rss, rss)
@@ -243,10 +265,16 @@ class ChaosOperator:
         return code
 
     def stop(self) -> None:
+        if self.alive() and (cpu := cpu_seconds(self.pid)):
+            self.cpu_by_pid[self.pid] = cpu
         self._stop_samplers()
         if self.proc is None or self.proc.proc is None:
             return
         self.ledger.figure("operator peak RSS", f"{self.peak_rss / 2**20:.1f} MiB")
+        self.ledger.figure(
+            "operator CPU",
+            f"{sum(self.cpu_by_pid.values()):.1f}s over {len(self.cpu_by_pid)} process(es)",
+        )
         code = self.proc.proc.poll()
         if code is not None and code not in (0, -9, 137):
             self.ledger.operator_crashes.append(
@@ -327,43 +355,57 @@ class PodRecorder(threading.Thread):
         self.seen.setdefault(pod.uid, pod)
 
     def run(self) -> None:
+        rv = ""
         while not self.stopping.is_set():
             try:
-                resp: Any = self.api.list_namespaced_pod(
-                    self.namespace, label_selector=LABEL_JOB, _preload_content=False
-                )
-                listing = json.loads(resp.data)
-                with self.lock:
-                    self.relists += 1
-                    self.live = {}
-                    for item in listing["items"]:
-                        self._added(self._pod(item))
-                w = watch.Watch()
-                for ev in w.stream(
-                    self.api.list_namespaced_pod,
-                    self.namespace,
-                    label_selector=LABEL_JOB,
-                    resource_version=listing["metadata"]["resourceVersion"],
-                    timeout_seconds=60,
-                ):
-                    if self.stopping.is_set():
-                        w.stop()
-                        break
-                    obj = ev["raw_object"]
-                    if obj.get("kind") == "Status":
-                        break  # 410 Gone: relist
-                    pod = self._pod(obj)
-                    with self.lock:
-                        if ev["type"] == "DELETED":
-                            self.live.pop(pod.uid, None)
-                        else:
-                            self._added(pod)
+                if not rv:
+                    rv = self._relist()
+                rv = self._watch(rv)
             except Exception:  # a broken watch is the fault under test: relist
+                rv = ""
                 self.stopping.wait(0.5)
+
+    def _relist(self) -> str:
+        """Replace the live set with a fresh listing; returns its resourceVersion."""
+        resp: Any = self.api.list_namespaced_pod(
+            self.namespace, label_selector=LABEL_JOB, _preload_content=False
+        )
+        listing = json.loads(resp.data)
+        with self.lock:
+            self.relists += 1
+            self.live = {}
+            for item in listing["items"]:
+                self._added(self._pod(item))
+        return str(listing["metadata"]["resourceVersion"])
+
+    def _watch(self, rv: str) -> str:
+        """Follow events from ``rv`` for a few seconds (so ``stop`` is prompt); returns where
+        to go on from, or "" when the API server says the version is gone (410: relist)."""
+        w = watch.Watch()
+        for ev in w.stream(
+            self.api.list_namespaced_pod,
+            self.namespace,
+            label_selector=LABEL_JOB,
+            resource_version=rv,
+            timeout_seconds=WATCH_SECONDS,
+        ):
+            obj = ev["raw_object"]
+            if obj.get("kind") == "Status":
+                return ""
+            rv = obj["metadata"].get("resourceVersion") or rv
+            pod = self._pod(obj)
+            with self.lock:
+                if ev["type"] == "DELETED":
+                    self.live.pop(pod.uid, None)
+                else:
+                    self._added(pod)
+            if self.stopping.is_set():
+                w.stop()
+        return rv
 
     def stop(self) -> None:
         self.stopping.set()
-        self.join(70)
+        self.join(WATCH_SECONDS + 30)
 
     def created(self, job: str) -> list[SeenPod]:
         with self.lock:
