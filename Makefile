@@ -31,7 +31,7 @@ test: venv tools prometheus ## run every test tier (unit, integration on a real 
 unit: venv ## run only the unit tests (no cluster)
 	@$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-chaos: venv tools ## the chaos tier (~15 min, not in make test): operator kills, control-plane restarts, node loss, hostile endpoints
+chaos: venv tools ## the chaos tier (~4 min, after make test in CI): operator kills, control-plane restarts, node loss, hostile endpoints; ends with its ledger
 	@$(PY) -m pytest tests/chaos -m chaos $(PYTEST_ARGS)
 
 lint: venv ## ruff, mypy, the import contracts (the operator's layers) and generated artefacts

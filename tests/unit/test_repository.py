@@ -37,3 +37,14 @@ def test_the_architecture_map_names_only_modules_that_exist() -> None:
     assert named, "the map names no module"
     missing = sorted(rel for rel in named if not (pkg / rel).is_file())
     assert missing == []
+
+
+def test_ci_runs_the_readme_test_command_then_the_chaos_tier() -> None:
+    """A tier nobody runs stops proving anything: CI runs lint, the README's test command,
+    then ``make chaos``, in that order, and stops at the first failure."""
+    ci = (REPO / ".ci" / "run").read_text()
+    readme_head = "\n".join((REPO / "README.md").read_text().splitlines()[:8])
+    assert "$ make test" in readme_head
+    assert "set -euo pipefail" in ci
+    steps = [ln.strip() for ln in ci.splitlines() if ln.strip().startswith("make ")]
+    assert steps == ["make lint", "make test", "make chaos"]
