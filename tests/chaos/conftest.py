@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.harness import ChaosOperator, Ledger, PodRecorder
+from tests.chaos.harness import ChaosOperator, PodRecorder
+from tests.chaos.ledger import Ledger
 from tests.integration.conftest import crd  # noqa: F401 - the session CRD fixture, shared
 from tests.support.kube import Kube
 from tests.support.waiting import wait_until
@@ -40,7 +41,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
                 str(report.longrepr.reprcrash.message)
                 if hasattr(report.longrepr, "reprcrash")
                 else str(report.longrepr)
-            )  # type: ignore[union-attr]
+            )
             detail = text.strip().splitlines()[0][:300] if text.strip() else "failed"
         LEDGER.settle(item.nodeid, report.passed, detail)
 

@@ -1,10 +1,8 @@
-"""What the chaos tier watches while it breaks things: a ledger, the operator's RSS and health,
-and every pod the operator ever creates.
+"""What the chaos tier watches while it breaks things: the operator's RSS, CPU and health,
+and every pod the operator ever creates; both report into the ledger (:mod:`tests.chaos.ledger`).
 
 Each piece runs beside the test as a thread and only reads (the API, /proc, /healthz), so it
-sees the faults the way a user would. The ledger is what the tier prints at the end, as a
-benchmark does: faults injected and survived, jobs that ended wrong, operator restarts and
-the operator's peak RSS.
+sees the faults the way a user would.
 """
 
 from __future__ import annotations
@@ -21,6 +19,7 @@ from typing import Any
 
 from kubernetes import client, config, watch
 
+from tests.chaos.ledger import Ledger
 from tests.support.jobs import python_job
 from tests.support.operator import OperatorProcess
 
@@ -29,101 +28,6 @@ LABEL_ATTEMPT = "gpujob.dev/attempt"
 LABEL_RANK = "gpujob.dev/node-rank"
 WATCH_SECONDS = 3
 """How long one watch request of the pod recorder lasts: its ``stop`` waits at most this."""
-
-
-# ---- the ledger --------------------------------------------------------------------------
-
-
-@dataclass
-class Fault:
-    """One fault a test injected; ``survived`` is settled when the test's checks finish."""
-
-    test: str
-    name: str
-    survived: bool | None = None
-    detail: str = ""
-
-
-@dataclass
-class Ledger:
-    """Everything the tier reports at the end of the run."""
-
-    faults: list[Fault] = field(default_factory=list)
-    wrong_jobs: list[str] = field(default_factory=list)
-    operator_starts: int = 0
-    operator_restarts: int = 0
-    """Starts of an operator after another one of the same test died (killed or crashed)."""
-    operator_kills: int = 0
-    operator_crashes: list[str] = field(default_factory=list)
-    peak_rss: int = 0
-    figures: dict[str, str] = field(default_factory=dict)
-    cases: dict[str, tuple[bool, float]] = field(default_factory=dict)
-    """Each case that ran: passed, and its wall seconds (setup, call and teardown)."""
-    current_test: str = ""
-
-    def inject(self, name: str) -> Fault:
-        fault = Fault(self.current_test, name)
-        self.faults.append(fault)
-        return fault
-
-    def job_ended(self, job: str, expected: str, actual: str | None) -> None:
-        if actual != expected:
-            self.wrong_jobs.append(f"{self.current_test}: {job} ended {actual}, not {expected}")
-
-    def figure(self, name: str, value: str) -> None:
-        self.figures[f"{self.current_test}: {name}"] = value
-
-    def timed(self, test: str, passed: bool, seconds: float) -> None:
-        ok, took = self.cases.get(test, (True, 0.0))
-        self.cases[test] = (ok and passed, took + seconds)
-
-    def settle(self, test: str, passed: bool, detail: str) -> None:
-        for fault in self.faults:
-            if fault.test == test and fault.survived is None:
-                fault.survived = passed
-                fault.detail = "" if passed else detail
-
-    def summary(self) -> list[str]:
-        survived = sum(1 for f in self.faults if f.survived)
-        lines = ["chaos tier: faults injected and what became of them"]
-        for f in self.faults:
-            mark = {True: "survived", False: "FAILED  ", None: "unsettled"}[f.survived]
-            lines.append(f"  {mark}  {f.name}" + (f"  -- {f.detail}" if f.detail else ""))
-        lines += [f"  {k}: {v}" for k, v in sorted(self.figures.items())]
-        lines += [f"  ended wrong: {w}" for w in self.wrong_jobs]
-        lines += [f"  operator crash: {c}" for c in self.operator_crashes]
-        lines += [
-            f"  {'passed' if ok else 'FAILED'}  {took:6.1f}s  {test}"
-            for test, (ok, took) in self.cases.items()
-        ]
-        passed = sum(1 for ok, _ in self.cases.values() if ok)
-        lines += [
-            f"cases: {passed} passed, {len(self.cases) - passed} failed, "
-            f"{sum(t for _, t in self.cases.values()) / 60:.1f} min",
-            f"faults injected: {len(self.faults)}",
-            f"faults survived: {survived}",
-            f"jobs that ended wrong: {len(self.wrong_jobs)}",
-            f"operator restarts: {self.operator_restarts} "
-            f"({self.operator_kills} killed by the tier, {len(self.operator_crashes)} crashed)",
-            f"peak operator RSS: {self.peak_rss / 2**20:.1f} MiB",
-        ]
-        return lines
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "faults_injected": len(self.faults),
-            "faults_survived": sum(1 for f in self.faults if f.survived),
-            "jobs_ended_wrong": len(self.wrong_jobs),
-            "operator_restarts": self.operator_restarts,
-            "peak_operator_rss_bytes": self.peak_rss,
-            "faults": [f.__dict__ for f in self.faults],
-            "wrong_jobs": self.wrong_jobs,
-            "operator_crashes": self.operator_crashes,
-            "figures": self.figures,
-            "cases": {
-                t: {"passed": ok, "seconds": round(s, 1)} for t, (ok, s) in self.cases.items()
-            },
-        }
 
 
 # ---- the operator under test ---------------------------------------------------------------
@@ -270,10 +174,8 @@ class ChaosOperator:
         self._stop_samplers()
         if self.proc is None or self.proc.proc is None:
             return
-        self.ledger.figure("operator peak RSS", f"{self.peak_rss / 2**20:.1f} MiB")
-        self.ledger.figure(
-            "operator CPU",
-            f"{sum(self.cpu_by_pid.values()):.1f}s over {len(self.cpu_by_pid)} process(es)",
+        self.ledger.operator_used(
+            sum(self.cpu_by_pid.values()), len(self.cpu_by_pid), self.peak_rss
         )
         code = self.proc.proc.poll()
         if code is not None and code not in (0, -9, 137):

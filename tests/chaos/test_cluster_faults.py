@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from gpujob_localcluster.processes import pid_alive
-from tests.chaos.harness import ChaosOperator, Ledger, PodRecorder, gated_script, shell_job
+from tests.chaos.harness import ChaosOperator, PodRecorder, gated_script, shell_job
+from tests.chaos.ledger import Ledger
 from tests.integration.conftest import wait_job_phase
 from tests.support.kube import Kube
 from tests.support.waiting import wait_until

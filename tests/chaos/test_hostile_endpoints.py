@@ -31,7 +31,6 @@ import pytest
 
 from tests.chaos.harness import (
     ChaosOperator,
-    Ledger,
     PodRecorder,
     cpu_seconds,
     gated_script,
@@ -39,6 +38,7 @@ from tests.chaos.harness import (
     shell_job,
 )
 from tests.chaos.hostile import LIAR_STEP
+from tests.chaos.ledger import Ledger
 from tests.integration.conftest import job_status, wait_job_phase
 from tests.support.jobs import repo_code_env
 from tests.support.kube import Kube
@@ -130,7 +130,7 @@ def test_hostile_metrics_endpoint_is_contained(
     cpu_from, met_from = cpu_seconds(op.pid), met()
     wait_until(lambda: met() >= need + met_from, 240, f"{need} more scrapes of {mode}")
     cpu_per = (cpu_seconds(op.pid) - cpu_from) / max(met() - met_from, 1)
-    ledger.figure(f"{mode} operator CPU per request", f"{cpu_per:.3f}s")
+    ledger.figure("operator CPU per request", f"{cpu_per:.3f}s")
 
     # The canary: a whole lifecycle while the hostile endpoint is being scraped.
     release = tmp_path / "release"
@@ -142,7 +142,7 @@ def test_hostile_metrics_endpoint_is_contained(
     released = time.monotonic()
     status = wait_job_phase(kube, "canary", ("Succeeded", "Failed"), timeout=120)
     took = time.monotonic() - released
-    ledger.figure(f"{mode} canary exit-to-Succeeded", f"{took:.1f}s")
+    ledger.figure("canary exit-to-Succeeded", f"{took:.1f}s")
     ledger.job_ended("canary", "Succeeded", status.get("phase"))
     assert status["phase"] == "Succeeded", status
 
@@ -162,19 +162,17 @@ def test_hostile_metrics_endpoint_is_contained(
     except AssertionError:
         said = None
     cond = metrics_condition(kube, name)
-    ledger.figure(f"{mode} MetricsAvailable", f"{cond.get('status')} {cond.get('reason')}: "
+    ledger.figure("MetricsAvailable", f"{cond.get('status')} {cond.get('reason')}: "
                   f"{str(cond.get('message'))[:160]}")  # fmt: skip
     hostile_status = job_status(kube, name)
     progress = hostile_status.get("progress") or {}
 
     ledger.figure(
-        f"{mode} worst /healthz",
+        "worst /healthz",
         f"{op.health_worst:.2f}s wall, {op.health_busy_worst:.2f} operator CPU-s while waiting",
     )
     growth = op.peak_rss - rss_before
-    ledger.figure(
-        f"{mode} RSS growth", f"{growth / 2**20:.1f} MiB (peak {op.peak_rss / 2**20:.1f})"
-    )
+    ledger.figure("RSS growth", f"{growth / 2**20:.1f} MiB (peak {op.peak_rss / 2**20:.1f})")
     problems = []
     if took > CANARY_BOUND:
         problems.append(f"the canary took {took:.1f}s from exit to Succeeded (> {CANARY_BOUND}s)")

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from gpujob_operator.runtime.faults import ENV, EXIT_CODE
-from tests.chaos.harness import ChaosOperator, Ledger, PodRecorder, gated_script, shell_job
+from tests.chaos.harness import ChaosOperator, PodRecorder, gated_script, shell_job
+from tests.chaos.ledger import Ledger
 from tests.integration.conftest import job_status, wait_job_phase
 from tests.support.kube import Kube
 from tests.support.waiting import wait_until

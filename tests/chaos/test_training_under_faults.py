@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.chaos.harness import ChaosOperator, Ledger, PodRecorder
+from tests.chaos.harness import ChaosOperator, PodRecorder
+from tests.chaos.ledger import Ledger
 from tests.integration.conftest import job_status, wait_job_phase
 from tests.support.jobs import example_job
 from tests.support.kube import Kube
