@@ -97,7 +97,6 @@ class ChaosOperator:
         log = self.log_dir / f"operator-{self._n}.log"
         op = OperatorProcess(self.kubeconfig, self.namespaces, log, {**self.extra_env, **env})
         self.proc = op.start()
-        self.ledger.operator_starts += 1
         self.ledger.operator_restarts += self._n > 1
         assert op.proc is not None
         pid = op.proc.pid
@@ -109,7 +108,6 @@ class ChaosOperator:
             rss = rss_bytes(pid)
             if rss:
                 self.peak_rss = max(self.peak_rss, rss)
-                self.ledger.peak_rss = max(self.ledger.peak_rss, rss)
 
         def probe_health() -> None:
             if op.proc is None or op.proc.poll() is not None:

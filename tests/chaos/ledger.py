@@ -47,14 +47,17 @@ class Ledger:
 
     faults: list[Fault] = field(default_factory=list)
     wrong_jobs: list[str] = field(default_factory=list)
-    operator_starts: int = 0
     operator_restarts: int = 0
     """Starts of an operator after another one of the same test died (killed or crashed)."""
     operator_kills: int = 0
     operator_crashes: list[str] = field(default_factory=list)
-    peak_rss: int = 0
     cases: dict[str, Case] = field(default_factory=dict)
     current_test: str = ""
+
+    @property
+    def peak_rss(self) -> int:
+        """The most any case's operator held, in bytes."""
+        return max((c.operator_peak_rss for c in self.cases.values()), default=0)
 
     def case(self, test: str | None = None) -> Case:
         return self.cases.setdefault(self.current_test if test is None else test, Case())

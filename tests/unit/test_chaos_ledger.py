@@ -12,7 +12,7 @@ def run_two_cases() -> Ledger:
     ledger = Ledger()
     ledger.current_test = KILL
     ledger.inject("operator killed after-status-write")
-    ledger.operator_starts, ledger.operator_restarts, ledger.operator_kills = 3, 2, 1
+    ledger.operator_restarts, ledger.operator_kills = 2, 1
     ledger.operator_used(1.5, 2, 90 * 2**20)
     ledger.operator_used(1.0, 1, 100 * 2**20)
     for phase_seconds in (0.5, 12.0, 3.0):
@@ -26,7 +26,6 @@ def run_two_cases() -> Ledger:
     ledger.timed(HOSTILE, True, 0.2)
     ledger.timed(HOSTILE, False, 20.0)
     ledger.settle(HOSTILE, False, "AssertionError: the canary took 9.0s")
-    ledger.peak_rss = 100 * 2**20
     return ledger
 
 
