@@ -43,7 +43,7 @@ from gpujob_operator.monitoring.verdict import (
     Evidence,
     Verdict,
 )
-from gpujob_operator.monitoring.window import RankSeries, Window
+from gpujob_operator.monitoring.window import GPUSeries, RankSeries, Window
 from gpujob_trainer import contract
 
 MEMORY_CRITICAL_RATIO: Final = 0.98
@@ -87,17 +87,22 @@ def hardware_fault(window: Window) -> Verdict | None:
                 f"{ecc:.0f} new uncorrected ECC error(s) in the window"
             )
             ev: Evidence = {"xidErrors": xid, "eccUncorrectedErrors": ecc, "gpu": g.gpu}
-            return Verdict(
-                HARDWARE_FAULT,
-                CRITICAL,
-                summary,
-                ev,
-                ADVICE[HARDWARE_FAULT],
-                pod=g.pod,
-                node=g.node or None,
-                gpu_uuid=g.uuid or None,
-            )
+            return _on_gpu(HARDWARE_FAULT, CRITICAL, summary, ev, g)
     return None
+
+
+def _on_gpu(kind: str, severity: str, summary: str, ev: Evidence, g: GPUSeries) -> Verdict:
+    """A verdict that names one GPU: its pod, node and UUID."""
+    return Verdict(
+        kind,
+        severity,
+        summary,
+        ev,
+        ADVICE[kind],
+        pod=g.pod,
+        node=g.node or None,
+        gpu_uuid=g.uuid or None,
+    )
 
 
 def _memory_pressure(
@@ -200,17 +205,7 @@ def _throttled(
         f"{g.node or g.pod} by {', '.join(reasons)}"
     )
     ev: Evidence = {"throttledGPUs": len(hits), "reasons": ",".join(reasons), "gpu": g.gpu}
-    verdict = Verdict(
-        THROTTLED,
-        WARNING,
-        summary,
-        ev,
-        ADVICE[THROTTLED],
-        pod=g.pod,
-        node=g.node or None,
-        gpu_uuid=g.uuid or None,
-    )
-    return verdict, len(hits)
+    return _on_gpu(THROTTLED, WARNING, summary, ev, g), len(hits)
 
 
 def _underutilized(window: Window, warm_t: float | None, bound: float) -> Verdict | None:
