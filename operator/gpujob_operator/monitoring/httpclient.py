@@ -60,18 +60,7 @@ class Conn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.waiter: asyncio.Future[Response] | None = None
-        self.buf = bytearray()
-        self.body = bytearray()
-        """The decoded body of a chunked response so far."""
-        self.max_bytes = 0
-        self.head_end = -1
-        self.scanned = 0
-        """Where to resume the search for the end of the head."""
-        self.chunk_state = _SIZE
-        self.chunk_left = 0
-        self.trailer_bytes = 0
-        self.received = 0
-        """Bytes received for the current request (for the dropped-bytes count)."""
+        self._begin(0)
         self.status = 0
         self.reason = ""
         self.length: int | None = None
@@ -117,18 +106,25 @@ class Conn(asyncio.Protocol):
     def request(self, head: bytes, max_bytes: int) -> asyncio.Future[Response]:
         assert self.transport is not None
         self.waiter = fut = self.loop.create_future()
-        self.buf.clear()
+        self._begin(max_bytes)
+        self.uses += 1
+        self.transport.write(head)
+        return fut
+
+    def _begin(self, max_bytes: int) -> None:
+        """The parser's state at the start of a response."""
+        self.buf = bytearray()
         self.body = bytearray()
+        """The decoded body of a chunked response so far."""
         self.max_bytes = max_bytes
         self.head_end = -1
         self.scanned = 0
+        """Where to resume the search for the end of the head."""
         self.chunk_state = _SIZE
         self.chunk_left = 0
         self.trailer_bytes = 0
         self.received = 0
-        self.uses += 1
-        self.transport.write(head)
-        return fut
+        """Bytes received for the current request (for the dropped-bytes count)."""
 
     def abort(self) -> None:
         self.closed = True
