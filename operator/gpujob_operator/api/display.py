@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 TERMINAL_OR_IDLE_PHASES = frozenset({"Succeeded", "Failed", "Suspended"})
@@ -58,11 +59,43 @@ def format_bottleneck(bottleneck: Mapping[str, Any]) -> str | None:
     return f"{verdict}(r{rank})" if rank is not None else str(verdict)
 
 
+WAITING_PHASES = frozenset({None, "Pending", "Restarting"})
+
+
+def _clock(value: Any, ref: Any) -> str | None:
+    """HH:MM UTC of an RFC 3339 time; with the date when it is not ``ref``'s day."""
+    try:
+        when = datetime.fromisoformat(str(value).replace("Z", "+00:00")).astimezone(UTC)
+    except ValueError:
+        return None
+    try:
+        base = datetime.fromisoformat(str(ref).replace("Z", "+00:00")).astimezone(UTC)
+    except ValueError:
+        base = when
+    return when.strftime("%H:%M" if when.date() == base.date() else "%b %d %H:%M")
+
+
+def format_start(queue: Mapping[str, Any]) -> str | None:
+    """A waiting job's forecast start: "starts ~14:20", "starts 14:20-14:35",
+    "starts >=14:20", or "waits" when it cannot be forecast. None once it started."""
+    if queue.get("forecastErrorSeconds") is not None or not queue.get("confidence"):
+        return None
+    ref = queue.get("computedAt")
+    start = _clock(queue.get("estimatedStartTime"), ref)
+    if queue.get("confidence") == "Unknown" or start is None:
+        return "waits"
+    if queue.get("confidence") == "Exact":
+        return f"starts ~{start}"
+    latest = _clock(queue.get("latestStartTime"), ref)
+    return f"starts {start}-{latest}" if latest else f"starts >={start}"
+
+
 def render_display(status: Mapping[str, Any]) -> dict[str, str]:
     """``status.display`` from ``status.progress``/``bottleneck``/``phase``.
 
     A finished or suspended job keeps its progress but shows no ETA, throughput or
-    bottleneck: they describe a run that is no longer happening.
+    bottleneck: they describe a run that is no longer happening. A job waiting for GPUs
+    shows its start forecast (``status.queue``) in the ETA column.
     """
     out: dict[str, str] = {}
     progress = status.get("progress") or {}
@@ -76,7 +109,12 @@ def render_display(status: Mapping[str, Any]) -> dict[str, str]:
     if not live:
         return out
     eta = progress.get("etaSeconds")
-    if eta is not None and (text := format_duration(float(eta))):
+    start = (
+        format_start(status.get("queue") or {}) if status.get("phase") in WAITING_PHASES else None
+    )
+    if start is not None:
+        out["eta"] = start
+    elif eta is not None and (text := format_duration(float(eta))):
         out["eta"] = text
     if progress.get("samplesPerSecond") is not None:
         out["throughput"] = format_rate(float(progress["samplesPerSecond"]), "samples")

@@ -216,11 +216,53 @@ class GangStatus(_StatusModel):
     )
 
 
+class QueueForecast(_StatusModel):
+    """When a waiting job is forecast to start, and, once it started, how far off that was."""
+
+    estimated_start_time: Time | None = Field(
+        default=None,
+        description="Earliest time at which enough GPUs are free for the whole gang, "
+        "assuming the jobs ahead of it start first.",
+    )
+    latest_start_time: Time | None = Field(
+        default=None,
+        description="With confidence LowerBound: the latest start, where holders without "
+        "an ETA never finishing still leaves a finite one.",
+    )
+    confidence: Literal["Exact", "LowerBound", "Unknown"] | None = Field(
+        default=None,
+        description="Exact (as exact as the holders' ETAs), LowerBound (holders without an "
+        "ETA, named in reason, could delay it) or Unknown (cannot start as asked; see reason).",
+    )
+    basis: str | None = Field(
+        default=None,
+        max_length=1024,
+        description='What it waits for, e.g. "after job team/a end; 1 ahead in queue".',
+    )
+    reason: str | None = Field(
+        default=None, max_length=1024, description="Why the confidence is not Exact."
+    )
+    ahead: int | None = Field(default=None, description="Waiting jobs ahead of it in its queue.")
+    waits_for: list[str] | None = Field(
+        default=None,
+        max_length=8,
+        description="The holders whose end lets it start (jobs, pods or Workloads).",
+    )
+    computed_at: Time | None = Field(default=None, description="When the forecast was made.")
+    forecast_error_seconds: float | None = Field(
+        default=None,
+        description="Set once the job started: actual start minus the last estimatedStartTime "
+        "(positive: it started later than forecast).",
+    )
+
+
 class Display(_StatusModel):
     """Pre-formatted strings for `kubectl get` columns (JSONPath cannot format)."""
 
     progress: str | None = Field(default=None, description='e.g. "41.3%".')
-    eta: str | None = Field(default=None, description='e.g. "18m20s".')
+    eta: str | None = Field(
+        default=None, description='e.g. "18m20s"; for a waiting job its start, "starts ~14:20".'
+    )
     throughput: str | None = Field(default=None, description='e.g. "2840 samples/s".')
     bottleneck: str | None = Field(default=None, description='e.g. "Straggler(r13)".')
 
@@ -282,6 +324,9 @@ class GPUTrainingJobStatus(_StatusModel):
     display: Display | None = Field(default=None, description="Strings for kubectl get columns.")
     gang: GangStatus | None = Field(
         default=None, description="Gang admission: mechanism, PodGroup or Kueue queue state."
+    )
+    queue: QueueForecast | None = Field(
+        default=None, description="Start-time forecast while the job waits for GPUs."
     )
 
 

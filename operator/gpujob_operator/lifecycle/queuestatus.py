@@ -1,0 +1,177 @@
+"""Forecasts into ``status.queue`` patches, and each started job's forecast error.
+
+Pure: the jobs as last seen and the forecasts in, the patches to write out. A forecast is
+written only when it moved (see :data:`MOVE_FRACTION`, or its confidence, basis or
+queue position changed), so a fleet of waiting jobs costs the API server nothing while
+nothing changes. Once a job that had a forecast starts, its block keeps the last estimate
+and gains ``forecastErrorSeconds`` (actual start minus forecast), written once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from gpujob_operator import api
+from gpujob_operator.api import conditions as c
+from gpujob_operator.api.display import render_display
+from gpujob_operator.lifecycle.forecast import UNKNOWN, Forecast, forecast_all
+from gpujob_operator.lifecycle.queueview import (
+    World,
+    is_waiting,
+    key,
+    kueue_view,
+    mechanism_of,
+    node_view,
+)
+
+MOVE_SECONDS: Final = 5.0
+MOVE_FRACTION: Final = 0.05
+"""A forecast that moved less than the larger of :data:`MOVE_SECONDS` and this fraction of
+the wait still ahead is not rewritten: a start two hours away moves by minutes as the
+holders' ETAs breathe, and rewriting each breath only churns the API server."""
+STARTED_PHASES: Final = frozenset({c.PHASE_RUNNING, c.PHASE_SUCCEEDED, c.PHASE_FAILED})
+
+
+@dataclass(frozen=True)
+class QueueUpdate:
+    """One job's status patch (``queue`` and, where it changes, ``display``)."""
+
+    namespace: str
+    name: str
+    patch: dict[str, Any]
+    error_seconds: float | None = None
+    """Set once the job started: actual minus forecast start (for the operator metric)."""
+
+
+def _time(epoch: float | None) -> str | None:
+    if epoch is None:
+        return None
+    return datetime.fromtimestamp(round(epoch), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _epoch(value: Any) -> float | None:
+    when = c.parse_time(value)
+    return when.timestamp() if when is not None else None
+
+
+def block(f: Forecast, now: float) -> dict[str, Any]:
+    """``status.queue`` for one forecast (every key present: a merge patch clears the rest)."""
+    return {
+        "estimatedStartTime": _time(f.start),
+        "latestStartTime": _time(f.latest),
+        "confidence": f.confidence,
+        "basis": f.basis[:1024],
+        "reason": f.reason[:1024] or None,
+        "ahead": f.ahead,
+        "waitsFor": list(f.waits_for[:8]) or None,
+        "computedAt": _time(now),
+        "forecastErrorSeconds": None,
+    }
+
+
+def unknown(reason: str, now: float) -> dict[str, Any]:
+    """The block of a waiting job that cannot be forecast (cannot read nodes, no queue)."""
+    return block(Forecast("", None, None, UNKNOWN, "", reason=reason), now)
+
+
+def forecast_blocks(
+    now: float, jobs: Sequence[Mapping[str, Any]], world: World, default_gang: str
+) -> dict[str, dict[str, Any]]:
+    """``status.queue`` of every waiting job, by ``ns/name``: native and unmanaged gangs on
+    the nodes, Kueue gangs in their ClusterQueues. A read that failed makes its jobs'
+    forecasts Unknown with the reason, instead of silently absent."""
+    out: dict[str, dict[str, Any]] = {}
+    native: list[str] = []
+    kueue: list[str] = []
+    for job in jobs:
+        mech = mechanism_of(job, default_gang)
+        if mech is not None and is_waiting(job, mech):
+            (kueue if mech == api.GANG_KUEUE else native).append(key(job))
+    if native:
+        if world.nodes_error:
+            out.update({k: unknown(world.nodes_error, now) for k in native})
+        else:
+            view = node_view(now, jobs, world.nodes, world.pods, default_gang)
+            for name, f in forecast_all(now, view.capacity, view.holders, view.waiters).items():
+                out[name] = block(f, now)
+    if kueue:
+        if world.kueue_error:
+            out.update({k: unknown(world.kueue_error, now) for k in kueue})
+        else:
+            view = kueue_view(now, jobs, world.cluster_queues, world.local_queues, world.workloads)
+            for name, f in forecast_all(now, view.capacity, view.holders, view.waiters).items():
+                out[name] = block(f, now)
+            out.update({k: unknown(why, now) for k, why in view.unplaceable.items()})
+    return out
+
+
+def _moved(old: Mapping[str, Any], new: Mapping[str, Any], now: float) -> bool:
+    for k in ("confidence", "basis", "reason", "ahead", "waitsFor"):
+        if (old.get(k) or None) != (new.get(k) or None):
+            return True
+    if old.get("forecastErrorSeconds") is not None:
+        return True
+    for k in ("estimatedStartTime", "latestStartTime"):
+        a, b = _epoch(old.get(k)), _epoch(new.get(k))
+        if (a is None) != (b is None):
+            return True
+        if (
+            a is not None
+            and b is not None
+            and abs(a - b) >= max(MOVE_SECONDS, MOVE_FRACTION * (b - now))
+        ):
+            return True
+    return False
+
+
+def _with_display(job: Mapping[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """Add ``display`` to the patch where the ETA column would read differently."""
+    status = dict(job.get("status") or {})
+    if patch["queue"] is None:
+        status.pop("queue", None)
+    else:
+        merged = {**(status.get("queue") or {}), **patch["queue"]}
+        status["queue"] = {k: v for k, v in merged.items() if v is not None}
+    want = render_display(status)
+    have = status.get("display") or {}
+    if want.get("eta") != have.get("eta"):
+        patch["display"] = {"eta": want.get("eta")}
+    return patch
+
+
+def updates(
+    now: float,
+    jobs: Sequence[Mapping[str, Any]],
+    forecasts: Mapping[str, dict[str, Any]],
+) -> list[QueueUpdate]:
+    """What to write for every job: waiting ones (``forecasts``, by ``ns/name``) get their
+    block where it moved; started ones that still carry an open forecast get their error;
+    anything else that carries an open forecast (suspended, deleted queue) loses it."""
+    out = []
+    for job in jobs:
+        meta, status = job.get("metadata") or {}, job.get("status") or {}
+        ns, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        old = status.get("queue") or {}
+        new = forecasts.get(key(job))
+        if new is not None:
+            if not old or _moved(old, new, now):
+                out.append(QueueUpdate(ns, name, _with_display(job, {"queue": dict(new)})))
+            elif (status.get("display") or {}).get("eta") != render_display(status).get("eta"):
+                out.append(QueueUpdate(ns, name, _with_display(job, {"queue": {}})))
+            continue
+        if not old or old.get("forecastErrorSeconds") is not None:
+            continue
+        estimate = _epoch(old.get("estimatedStartTime"))
+        if status.get("phase") in STARTED_PHASES and estimate is not None:
+            started = _epoch(status.get("startTime"))
+            computed = _epoch(old.get("computedAt")) or now
+            actual = started if started is not None and started >= computed else now
+            error = round(actual - estimate, 1)
+            patch = {"queue": {"forecastErrorSeconds": error}}
+            out.append(QueueUpdate(ns, name, _with_display(job, patch), error))
+        elif status.get("phase") not in (None, c.PHASE_PENDING, c.PHASE_RESTARTING):
+            out.append(QueueUpdate(ns, name, _with_display(job, {"queue": None})))
+    return out

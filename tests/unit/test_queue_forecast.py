@@ -1,0 +1,405 @@
+"""The forecast read from plain API objects and written as status.queue (lifecycle/queueview.py,
+lifecycle/queuestatus.py), and the ETA column and metrics that show it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpujob_operator import api
+from gpujob_operator.api.display import render_display
+from gpujob_operator.lifecycle import queuestatus as qs
+from gpujob_operator.lifecycle.queueview import World, fits_node, kueue_view, node_view
+from gpujob_operator.observability.jobsample import JobSample
+
+NOW = 1_796_000_000.0  # 2026-11-30T00:53:20Z
+
+
+def iso(t: float) -> str:
+    return qs._time(t) or ""
+
+
+def job(
+    name: str,
+    phase: str | None = "Pending",
+    nodes: int = 1,
+    gpus: int = 4,
+    eta_at: float | None = None,
+    created: str = "2026-11-30T00:00:00Z",
+    labels: dict[str, str] | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
+    status: dict[str, Any] = {"phase": phase} if phase else {}
+    if eta_at is not None:
+        status["progress"] = {"estimatedCompletionTime": iso(eta_at), "etaSeconds": eta_at - NOW}
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "metadata": {
+            "name": name,
+            "namespace": "ml",
+            "uid": f"uid-{name}",
+            "creationTimestamp": created,
+            "labels": labels or {},
+        },
+        "spec": {
+            "image": "t:1",
+            "command": ["python"],
+            "nodes": nodes,
+            "gpusPerNode": gpus,
+            **spec,
+        },
+        "status": status,
+    }
+
+
+def node(
+    name: str, gpus: int = 4, labels: dict[str, str] | None = None, **spec: Any
+) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": spec,
+        "status": {"allocatable": {"nvidia.com/gpu": str(gpus), "cpu": "64"}},
+    }
+
+
+def pod(
+    name: str, node_name: str, gpus: int = 4, owner: str | None = None, phase: str = "Running"
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": "ml"}
+    if owner:
+        meta["ownerReferences"] = [{"uid": f"uid-{owner}", "controller": True, "kind": api.KIND}]
+    return {
+        "metadata": meta,
+        "spec": {
+            "nodeName": node_name,
+            "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": gpus}}}],
+        },
+        "status": {"phase": phase},
+    }
+
+
+# ---- nodes ---------------------------------------------------------------------------------
+
+
+def test_a_node_fits_only_what_its_labels_taints_and_cordon_allow() -> None:
+    spec = {
+        "nodeSelector": {"pool": "a100"},
+        "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+                    ]
+                }
+            }
+        },
+    }
+    good = {"pool": "a100", "zone": "a"}
+    assert fits_node(spec, node("n", labels=good, taints=[{"key": "gpu", "effect": "NoSchedule"}]))
+    assert not fits_node(spec, node("n", labels={**good, "pool": "h100"}))
+    assert not fits_node(spec, node("n", labels={**good, "zone": "b"}))
+    assert not fits_node(spec, node("n", labels=good, unschedulable=True))
+    other_taint = [{"key": "maint", "value": "x", "effect": "NoExecute"}]
+    assert not fits_node(spec, node("n", labels=good, taints=other_taint))
+    soft_taint = [{"key": "maint", "effect": "PreferNoSchedule"}]
+    assert fits_node(spec, node("n", labels=good, taints=soft_taint))
+
+
+def test_node_view_holders_are_jobs_with_their_eta_and_foreign_pods_without() -> None:
+    jobs = [job("a", "Running", eta_at=NOW + 600), job("w")]
+    pods = [
+        pod("a-node-0", "n1", owner="a"),
+        pod("notebook", "n2", gpus=2),
+        pod("done", "n2", phase="Succeeded"),
+        pod("unbound", "", gpus=4),
+    ]
+    view = node_view(NOW, jobs, [node("n1"), node("n2"), node("cpu", gpus=0)], pods, "None")
+    assert view.capacity == {"node:n1": 4, "node:n2": 4}
+    by_name = {h.name: h for h in view.holders}
+    assert by_name["job ml/a"].usage == {"node:n1": 4}
+    assert by_name["job ml/a"].ends_at == NOW + 600
+    assert by_name["pod ml/notebook"].ends_at is None
+    assert set(by_name) == {"job ml/a", "pod ml/notebook"}
+    (w,) = view.waiters
+    assert (w.name, w.count, w.per, w.slots) == ("ml/w", 1, 4, (("node:n1",), ("node:n2",)))
+
+
+def test_node_view_uses_the_pod_the_operator_would_build_for_placement() -> None:
+    tpl = {"nodeSelector": {"pool": "a100"}}
+    jobs = [job("w", template=tpl)]
+    view = node_view(NOW, jobs, [node("n1", labels={"pool": "a100"}), node("n2")], [], "None")
+    assert view.waiters[0].slots == (("node:n1",),)
+
+
+def test_waiting_jobs_queue_by_creation_and_others_do_not_wait() -> None:
+    jobs = [
+        job("late", created="2026-11-30T00:05:00Z"),
+        job("early", created="2026-11-30T00:01:00Z"),
+        job("running", "Running"),
+        job("suspended", suspend=True),
+        job("cpu-only", gpus=0),
+        job("kueue", labels={api.KUEUE_QUEUE_LABEL: "team"}),
+    ]
+    view = node_view(NOW, jobs, [node("n1")], [], "None")
+    assert [w.name for w in view.waiters] == ["ml/early", "ml/late"]
+
+
+# ---- Kueue ---------------------------------------------------------------------------------
+
+
+def cq(
+    name: str, nominal: int, cohort: str | None = None, borrow: int | None = None
+) -> dict[str, Any]:
+    res: dict[str, Any] = {"name": "nvidia.com/gpu", "nominalQuota": nominal}
+    if borrow is not None:
+        res["borrowingLimit"] = borrow
+    spec: dict[str, Any] = {
+        "resourceGroups": [
+            {"coveredResources": ["nvidia.com/gpu"], "flavors": [{"name": "f", "resources": [res]}]}
+        ]
+    }
+    if cohort:
+        spec["cohortName"] = cohort
+    return {"metadata": {"name": name}, "spec": spec}
+
+
+def lq(name: str, cluster_queue: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ml"}, "spec": {"clusterQueue": cluster_queue}}
+
+
+def workload(
+    name: str,
+    queue: str,
+    gpus: int = 4,
+    admitted_in: str | None = None,
+    job_name: str | None = None,
+    priority: int = 0,
+    created: str = "2026-11-30T00:00:00Z",
+) -> dict[str, Any]:
+    wl: dict[str, Any] = {
+        "metadata": {
+            "name": name,
+            "namespace": "ml",
+            "creationTimestamp": created,
+            "labels": {"gpujob.dev/job-name": job_name} if job_name else {},
+        },
+        "spec": {
+            "queueName": queue,
+            "priority": priority,
+            "podSets": [
+                {
+                    "name": "workers",
+                    "count": 1,
+                    "template": {
+                        "spec": {
+                            "containers": [
+                                {"name": "c", "resources": {"requests": {"nvidia.com/gpu": gpus}}}
+                            ]
+                        }
+                    },
+                }
+            ],
+        },
+        "status": {},
+    }
+    if admitted_in:
+        wl["status"]["admission"] = {
+            "clusterQueue": admitted_in,
+            "podSetAssignments": [
+                {
+                    "name": "workers",
+                    "flavors": {"nvidia.com/gpu": "f"},
+                    "resourceUsage": {"nvidia.com/gpu": str(gpus)},
+                    "count": 1,
+                }
+            ],
+        }
+    return wl
+
+
+KUEUE = {api.KUEUE_QUEUE_LABEL: "team"}
+
+
+def test_kueue_view_holds_quota_per_admitted_workload_and_queues_by_priority_then_age() -> None:
+    jobs = [
+        job("a", "Running", eta_at=NOW + 100, labels=KUEUE),
+        job("w1", labels=KUEUE),
+        job("w2", labels=KUEUE),
+    ]
+    wls = [
+        workload("wl-a", "team", admitted_in="gpus", job_name="a"),
+        workload("wl-other", "team", admitted_in="gpus"),
+        workload("wl-w1", "team", job_name="w1", created="2026-11-30T00:01:00Z"),
+        workload("wl-w2", "team", job_name="w2", created="2026-11-30T00:02:00Z", priority=10),
+        workload("wl-foreign", "team", created="2026-11-30T00:00:30Z"),
+    ]
+    view = kueue_view(NOW, jobs, [cq("gpus", 8)], [lq("team", "gpus")], wls)
+    assert view.capacity == {"cq:gpus/f": 8}
+    ends = {h.name: h.ends_at for h in view.holders}
+    assert ends == {"job ml/a": NOW + 100, "workload ml/wl-other": None}
+    assert [(w.name, w.target) for w in view.waiters] == [
+        ("ml/w2", True),
+        ("workload ml/wl-foreign", False),
+        ("ml/w1", True),
+    ]
+
+
+def test_kueue_cohort_pools_cap_borrowing() -> None:
+    view = kueue_view(NOW, [], [cq("a", 4, "c", borrow=2), cq("b", 8, "c"), cq("solo", 2)], [], [])
+    assert view.capacity == {
+        "cq:a/f": 6,
+        "cq:b/f": 12,
+        "cohort:c/f": 12,
+        "cq:solo/f": 2,
+    }
+
+
+def test_a_job_in_an_unknown_local_queue_is_unknown_with_why() -> None:
+    jobs = [job("w", labels=KUEUE)]
+    world = World(
+        workloads=[workload("wl", "missing", job_name="w")], cluster_queues=[cq("gpus", 8)]
+    )
+    blocks = qs.forecast_blocks(NOW, jobs, world, "None")
+    assert blocks["ml/w"]["confidence"] == "Unknown"
+    assert blocks["ml/w"]["reason"] == "LocalQueue ml/missing not found"
+
+
+def test_kueue_forecast_end_to_end_from_objects() -> None:
+    jobs = [
+        job("a", "Running", eta_at=NOW + 100, labels=KUEUE),
+        job("b", "Running", eta_at=NOW + 400, labels=KUEUE),
+        job("third", labels=KUEUE),
+        job("fourth", labels=KUEUE),
+    ]
+    world = World(
+        cluster_queues=[cq("gpus", 8)],
+        local_queues=[lq("team", "gpus")],
+        workloads=[
+            workload("wa", "team", admitted_in="gpus", job_name="a"),
+            workload("wb", "team", admitted_in="gpus", job_name="b"),
+            workload("w3", "team", job_name="third", created="2026-11-30T00:01:00Z"),
+            workload("w4", "team", job_name="fourth", created="2026-11-30T00:02:00Z"),
+        ],
+    )
+    blocks = qs.forecast_blocks(NOW, jobs, world, "None")
+    third, fourth = blocks["ml/third"], blocks["ml/fourth"]
+    assert (third["estimatedStartTime"], third["confidence"]) == (iso(NOW + 100), "Exact")
+    assert third["waitsFor"] == ["job ml/a"] and third["ahead"] == 0
+    assert (fourth["estimatedStartTime"], fourth["latestStartTime"]) == (
+        iso(NOW + 100),
+        iso(NOW + 400),
+    )
+    assert fourth["confidence"] == "LowerBound" and "ml/third" in fourth["reason"]
+
+
+def test_a_failed_read_makes_the_forecast_unknown_with_the_reason() -> None:
+    world = World(nodes_error="cannot list nodes and pods: 403 Forbidden")
+    blocks = qs.forecast_blocks(NOW, [job("w")], world, "None")
+    assert blocks["ml/w"]["confidence"] == "Unknown"
+    assert blocks["ml/w"]["reason"] == "cannot list nodes and pods: 403 Forbidden"
+
+
+# ---- status.queue patches ------------------------------------------------------------------
+
+
+def waiting_with(queue: dict[str, Any]) -> dict[str, Any]:
+    j = job("w")
+    j["status"]["queue"] = {k: v for k, v in queue.items() if v is not None}
+    j["status"]["display"] = render_display(j["status"])
+    return j
+
+
+def forecast(start: float, confidence: str = "Exact", **kw: Any) -> dict[str, Any]:
+    from gpujob_operator.lifecycle.forecast import Forecast
+
+    f = Forecast(
+        "ml/w", start, kw.pop("latest", None), confidence, kw.pop("basis", "GPUs free"), **kw
+    )  # type: ignore[arg-type]
+    return qs.block(f, NOW)
+
+
+def test_a_new_forecast_is_written_with_its_eta_column() -> None:
+    (u,) = qs.updates(NOW, [job("w")], {"ml/w": forecast(NOW + 3600)})
+    assert u.patch["queue"]["estimatedStartTime"] == iso(NOW + 3600)
+    assert u.patch["display"] == {"eta": "starts ~01:53"}
+
+
+def test_a_forecast_that_moved_little_is_not_rewritten_and_one_that_moved_is() -> None:
+    j = waiting_with(forecast(NOW + 3600))
+    assert qs.updates(NOW + 5, [j], {"ml/w": forecast(NOW + 3610)}) == []
+    # An hour ahead, two minutes is noise (under 5% of the wait); ten minutes is news.
+    assert qs.updates(NOW + 5, [j], {"ml/w": forecast(NOW + 3600 - 120)}) == []
+    (u,) = qs.updates(NOW + 5, [j], {"ml/w": forecast(NOW + 3600 - 600)})
+    assert u.patch["queue"]["estimatedStartTime"] == iso(NOW + 3000)
+    near = waiting_with(forecast(NOW + 60))
+    (u,) = qs.updates(NOW, [near], {"ml/w": forecast(NOW + 50)})  # a minute ahead, 10 s is news
+    (u,) = qs.updates(NOW + 5, [j], {"ml/w": forecast(NOW + 3600, "LowerBound", reason="r")})
+    assert u.patch["display"] == {"eta": "starts >=01:53"}
+
+
+def test_a_started_job_gets_its_forecast_error_once() -> None:
+    j = waiting_with(forecast(NOW + 600))
+    j["status"].update(phase="Running", startTime=iso(NOW + 660))
+    (u,) = qs.updates(NOW + 700, [j], {})
+    assert u.patch["queue"] == {"forecastErrorSeconds": 60.0} and u.error_seconds == 60.0
+    j["status"]["queue"]["forecastErrorSeconds"] = 60.0
+    assert qs.updates(NOW + 800, [j], {}) == []
+
+
+def test_a_stale_start_time_is_not_taken_for_the_start_the_forecast_was_about() -> None:
+    j = waiting_with(forecast(NOW + 600))
+    j["status"].update(phase="Running", startTime=iso(NOW - 9000))  # an earlier attempt's
+    (u,) = qs.updates(NOW + 650, [j], {})
+    assert u.error_seconds == 50.0
+
+
+def test_a_suspended_job_drops_its_open_forecast() -> None:
+    j = waiting_with(forecast(NOW + 600))
+    j["status"]["phase"] = "Suspended"
+    (u,) = qs.updates(NOW, [j], {})
+    assert u.patch["queue"] is None
+
+
+@pytest.mark.parametrize(
+    ("queue", "eta"),
+    [
+        ({"confidence": "Exact", "estimatedStartTime": "2026-12-05T14:20:00Z"}, "starts ~14:20"),
+        (
+            {
+                "confidence": "LowerBound",
+                "estimatedStartTime": "2026-12-05T14:20:00Z",
+                "latestStartTime": "2026-12-05T14:35:00Z",
+            },
+            "starts 14:20-14:35",
+        ),
+        (
+            {"confidence": "Exact", "estimatedStartTime": "2026-12-07T09:00:00Z"},
+            "starts ~Dec 07 09:00",
+        ),
+        ({"confidence": "Unknown", "reason": "needs 16 GPUs"}, "waits"),
+    ],
+)
+def test_the_eta_column_of_a_waiting_job_shows_its_start(queue: dict[str, Any], eta: str) -> None:
+    status = {"phase": "Pending", "queue": {**queue, "computedAt": "2026-12-05T13:00:00Z"}}
+    assert render_display(status)["eta"] == eta
+    running = {**status, "phase": "Running", "progress": {"etaSeconds": 60}}
+    assert render_display(running)["eta"] == "1m"
+
+
+def test_the_metrics_show_a_waiting_jobs_forecast_and_a_started_jobs_error() -> None:
+    waiting = {
+        "phase": "Pending",
+        "queue": {"confidence": "LowerBound", "estimatedStartTime": iso(NOW)},
+    }
+    s = JobSample.from_status(waiting)
+    assert (s.start_forecast, s.start_forecast_confidence, s.start_forecast_error) == (
+        NOW,
+        "LowerBound",
+        None,
+    )
+    started = {"phase": "Running", "queue": {**waiting["queue"], "forecastErrorSeconds": -12.5}}
+    s = JobSample.from_status(started)
+    assert (s.start_forecast, s.start_forecast_error) == (None, -12.5)
