@@ -72,13 +72,20 @@ FULL_STATUS: Final = {
     "bottleneck": {"verdict": "InputBound"},
     "gpus": {"meanUtilizationRatio": 0.5},
     "replicas": {"desired": 2, "pending": 0, "running": 2, "succeeded": 0, "failed": 0},
+    "queue": {"estimatedStartTime": "2026-01-01T00:00:05Z", "forecastErrorSeconds": -5.0},
 }
 """A status with every field the operator's job series read."""
+WAITING_STATUS: Final = {
+    "phase": "Pending",
+    "queue": {"estimatedStartTime": "2026-01-01T02:00:00Z", "confidence": "Exact"},
+}
+"""A waiting job's: the start forecast, which a started job no longer has."""
 
 
 def operator_metrics() -> str:
     jm = opmetrics.JobMetrics(process=False)
     jm.update("ns", "job", FULL_STATUS)
+    jm.update("ns", "waiting", WAITING_STATUS)
     jm.observe_reconcile(0.01)
     jm.observe_scrape(0.01, ok=False, reason="timeout")
     jm.observe_api_error("create_pod", "QuotaExceeded")

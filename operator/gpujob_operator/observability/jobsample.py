@@ -14,7 +14,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from gpujob_operator.observability.opfamilies import PHASES, REPLICA_STATES, VERDICT_OTHER, VERDICTS
+from gpujob_operator.observability.opfamilies import (
+    CONFIDENCES,
+    PHASES,
+    REPLICA_STATES,
+    VERDICT_OTHER,
+    VERDICTS,
+)
 
 
 def _num(value: Any) -> float | None:
@@ -61,6 +67,9 @@ class JobSample:
     gpus: float | None = None
     gpu_utilization: float | None = None
     replicas: Mapping[str, float] = field(default_factory=dict)
+    start_forecast: float | None = None
+    start_forecast_confidence: str | None = None
+    start_forecast_error: float | None = None
 
     @classmethod
     def from_status(cls, status: Mapping[str, Any]) -> JobSample:
@@ -81,6 +90,14 @@ class JobSample:
         verdict = bottleneck.get("verdict") if isinstance(bottleneck, Mapping) else None
         if isinstance(verdict, str) and verdict and verdict not in VERDICTS:
             verdict = VERDICT_OTHER
+        queue = status.get("queue") or {}
+        error = _num(queue.get("forecastErrorSeconds"))
+        confidence = queue.get("confidence")
+        forecast = (
+            _timestamp(queue.get("estimatedStartTime"))
+            if error is None and confidence in CONFIDENCES
+            else None
+        )
         available = _condition(status, "MetricsAvailable")
         stalled = _condition(status, "Stalled") == "True" or verdict == "Stalled"
         return cls(
@@ -101,4 +118,7 @@ class JobSample:
             gpus=_num(status.get("totalGPUs", gpus.get("requested"))),
             gpu_utilization=_num(gpus.get("meanUtilizationRatio")),
             replicas={k: v for k in REPLICA_STATES if (v := _num(replicas.get(k))) is not None},
+            start_forecast=forecast,
+            start_forecast_confidence=str(confidence) if forecast is not None else None,
+            start_forecast_error=error,
         )

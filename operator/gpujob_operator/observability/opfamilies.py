@@ -85,6 +85,18 @@ JOB_GPU_UTILIZATION = Family(
     "gpujob_job_gpu_utilization_ratio", "Mean GPU utilization of the gang over the window.", "ratio"
 )
 JOB_REPLICAS = Family("gpujob_job_replicas", "Pods of the current gang attempt by state.")
+JOB_START_FORECAST = Family(
+    "gpujob_job_start_forecast_timestamp_seconds",
+    "Unix time a waiting job is forecast to start (status.queue.estimatedStartTime), by "
+    "confidence: Exact, or LowerBound when holders without an ETA could delay it.",
+    "seconds",
+)
+JOB_START_FORECAST_ERROR = Family(
+    "gpujob_job_start_forecast_error_seconds",
+    "Once a job started: its actual start minus its last forecast start (positive: late).",
+    "seconds",
+)
+CONFIDENCES: Final = ("Exact", "LowerBound")
 
 # ---- operator health -------------------------------------------------------------------
 RECONCILES = Family("gpujob_operator_reconciles_total", "Reconcile passes, by result.")
@@ -114,6 +126,16 @@ API_ERRORS = Family(
     "API calls the server refused or that failed, by call and classified reason "
     "(QuotaExceeded, APIThrottled, ...; see the README's Troubleshooting).",
 )
+FORECAST_ERROR = Family(
+    "gpujob_operator_start_forecast_abs_error_seconds",
+    "How far each started job's start was from its last forecast, in absolute seconds.",
+    "seconds",
+)
+FORECAST_DURATION = Family(
+    "gpujob_operator_forecast_duration_seconds",
+    "Time one start-time forecast pass over the whole fleet took (reads and arithmetic).",
+    "seconds",
+)
 JOBS = Family("gpujob_operator_jobs", "Jobs the operator currently exports series for.")
 BUILD_INFO = Family("gpujob_operator_build_info", "Always 1; the version label says which build.")
 
@@ -135,6 +157,8 @@ JOB_FAMILIES: Final = (
     JOB_GPUS,
     JOB_GPU_UTILIZATION,
     JOB_REPLICAS,
+    JOB_START_FORECAST,
+    JOB_START_FORECAST_ERROR,
 )
 HEALTH_FAMILIES: Final = (
     RECONCILES,
@@ -146,16 +170,19 @@ HEALTH_FAMILIES: Final = (
     DROPPED_VALUES,
     DROPPED_BYTES,
     API_ERRORS,
+    FORECAST_ERROR,
+    FORECAST_DURATION,
     JOBS,
     BUILD_INFO,
 )
+HISTOGRAMS: Final = (RECONCILE_DURATION, SCRAPE_DURATION, FORECAST_ERROR, FORECAST_DURATION)
 
 
 def exported_names() -> set[str]:
     """Every series name the operator can export (histograms expanded), for dashboard checks."""
     out: set[str] = set()
     for m in (*JOB_FAMILIES, *HEALTH_FAMILIES):
-        if m in (RECONCILE_DURATION, SCRAPE_DURATION):
+        if m in HISTOGRAMS:
             out |= {f"{m.name}_bucket", f"{m.name}_sum", f"{m.name}_count"}
         else:
             out.add(m.name)

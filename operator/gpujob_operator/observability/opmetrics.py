@@ -37,6 +37,8 @@ from gpujob_operator.observability.opfamilies import (
     DROPPED_SERIES,
     DROPPED_VALUES,
     ERRORS,
+    FORECAST_DURATION,
+    FORECAST_ERROR,
     JOB_ETA,
     JOB_GPU_UTILIZATION,
     JOB_GPUS,
@@ -51,6 +53,8 @@ from gpujob_operator.observability.opfamilies import (
     JOB_SAMPLES_RATE,
     JOB_STALLED,
     JOB_START,
+    JOB_START_FORECAST,
+    JOB_START_FORECAST_ERROR,
     JOB_STEP,
     JOB_TARGET_STEPS,
     JOB_TOKENS_RATE,
@@ -74,6 +78,8 @@ ENV_ADDR: Final = "GPUJOB_OPERATOR_METRICS_ADDR"
 
 RECONCILE_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 SCRAPE_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+FORECAST_ERROR_BUCKETS: Final = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0)
+FORECAST_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 MAX_ERROR_REASONS: Final = 32
 """Distinct error reasons kept; later new ones count as ``other`` (bounded cardinality)."""
 REASON_OTHER: Final = "other"
@@ -112,11 +118,13 @@ class _JobCollector(Collector):
             JOB_STALLED: "stalled",
             JOB_GPUS: "gpus",
             JOB_GPU_UTILIZATION: "gpu_utilization",
+            JOB_START_FORECAST_ERROR: "start_forecast_error",
         }
         fams: dict[Family, GaugeMetricFamily] = {m: _gauge(m, JOB_LABELS) for m in simple}
         phase = _gauge(JOB_PHASE, (*JOB_LABELS, "phase"))
         verdict = _gauge(JOB_VERDICT, (*JOB_LABELS, "verdict"))
         replicas = _gauge(JOB_REPLICAS, (*JOB_LABELS, "state"))
+        forecast = _gauge(JOB_START_FORECAST, (*JOB_LABELS, "confidence"))
         restarts = CounterMetricFamily(
             JOB_RESTARTS.name, JOB_RESTARTS.help, labels=list(JOB_LABELS)
         )
@@ -135,9 +143,11 @@ class _JobCollector(Collector):
                         verdict.add_metric([*key, v], float(v == s.verdict))
             for state, value in s.replicas.items():
                 replicas.add_metric([*key, state], value)
+            if s.start_forecast is not None and s.start_forecast_confidence is not None:
+                forecast.add_metric([*key, s.start_forecast_confidence], s.start_forecast)
             restarts.add_metric(key, s.restarts)
         yield from fams.values()
-        yield from (phase, verdict, replicas, restarts)
+        yield from (phase, verdict, replicas, restarts, forecast)
 
 
 class _Histogram:
@@ -176,15 +186,22 @@ class _HealthCollector(Collector):
             errors = dict(o._errors)
             dropped = dict(o._dropped)
             api_errors = dict(o._api_errors)
-            rec_h = (o._reconcile_hist.buckets(), o._reconcile_hist.sum)
-            scr_h = (o._scrape_hist.buckets(), o._scrape_hist.sum)
+            hists = [
+                (m, h.buckets(), h.sum)
+                for m, h in (
+                    (RECONCILE_DURATION, o._reconcile_hist),
+                    (SCRAPE_DURATION, o._scrape_hist),
+                    (FORECAST_ERROR, o._forecast_error_hist),
+                    (FORECAST_DURATION, o._forecast_hist),
+                )
+            ]
             jobs = len(o._jobs)
         for m, counts in ((RECONCILES, reconciles), (SCRAPES, scrapes)):
             fam = CounterMetricFamily(m.name, m.help, labels=["result"])
             for result in ("ok", "error"):
                 fam.add_metric([result], counts.get(result, 0.0))
             yield fam
-        for m, (buckets, total) in ((RECONCILE_DURATION, rec_h), (SCRAPE_DURATION, scr_h)):
+        for m, buckets, total in hists:
             hist = HistogramMetricFamily(m.name, m.help, unit=m.unit)
             hist.add_metric([], buckets, total)
             yield hist
@@ -230,6 +247,8 @@ class JobMetrics:
         self._reasons: set[str] = set()
         self._reconcile_hist = _Histogram(RECONCILE_BUCKETS)
         self._scrape_hist = _Histogram(SCRAPE_BUCKETS)
+        self._forecast_error_hist = _Histogram(FORECAST_ERROR_BUCKETS)
+        self._forecast_hist = _Histogram(FORECAST_BUCKETS)
         self._server: Any = None
         self.registry.register(_JobCollector(self))
         self.registry.register(_HealthCollector(self))
@@ -281,6 +300,16 @@ class JobMetrics:
             if not ok:
                 key = ("scrape", self._reason(reason))
                 self._errors[key] = self._errors.get(key, 0.0) + 1
+
+    def observe_forecast(self, seconds: float) -> None:
+        """One forecast pass over the fleet took ``seconds``."""
+        with self._lock:
+            self._forecast_hist.observe(max(seconds, 0.0))
+
+    def observe_forecast_error(self, seconds: float) -> None:
+        """A job started ``seconds`` after (negative: before) its last forecast."""
+        with self._lock:
+            self._forecast_error_hist.observe(abs(seconds))
 
     def observe_dropped(self, series: int, values: int, bytes_: int) -> None:
         """Count what a scrape refused from an endpoint (see guard.py and scrape.py)."""
