@@ -96,10 +96,15 @@ def assert_least_privilege(role: dict[str, Any]) -> None:
     assert "update" not in got[("gpujob.dev", "gputrainingjobs")]
 
 
+def operator_roles(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """The operator's own (cluster) roles or bindings: not the forecast's, tested apart."""
+    return [o for o in find(objs, kind) if not o["metadata"]["name"].endswith("-forecast")]
+
+
 def test_cluster_mode_rbac() -> None:
     objs = render()
-    (role,) = find(objs, "ClusterRole")
-    (binding,) = find(objs, "ClusterRoleBinding")
+    (role,) = operator_roles(objs, "ClusterRole")
+    (binding,) = operator_roles(objs, "ClusterRoleBinding")
     assert not find(objs, "Role") and not find(objs, "RoleBinding")
     assert_least_privilege(role)
     assert rules(role)[("apiextensions.k8s.io", "customresourcedefinitions")] == {"list", "watch"}
@@ -119,7 +124,7 @@ def test_namespaced_mode_rbac_and_args() -> None:
     ]
     for r in roles:
         assert_least_privilege(r)
-    (discovery,) = find(objs, "ClusterRole")
+    (discovery,) = operator_roles(objs, "ClusterRole")
     assert rules(discovery) == {
         ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
         ("", "namespaces"): {"list", "watch"},
@@ -129,7 +134,8 @@ def test_namespaced_mode_rbac_and_args() -> None:
     strict = render(
         {**MODES["namespaced"], "rbac": {**MODES["namespaced"]["rbac"], "clusterDiscovery": False}}
     )
-    assert not find(strict, "ClusterRole") and not find(strict, "ClusterRoleBinding")
+    assert not operator_roles(strict, "ClusterRole")
+    assert not operator_roles(strict, "ClusterRoleBinding")
 
 
 def test_peering_cluster_mode() -> None:
@@ -145,7 +151,7 @@ def test_peering_cluster_mode() -> None:
     (peering,) = find(objs, "ClusterKopfPeering")
     assert peering["metadata"]["name"] == "gpujob"
     assert "post-install" in peering["metadata"]["annotations"]["helm.sh/hook"]
-    (role,) = find(objs, "ClusterRole")
+    (role,) = operator_roles(objs, "ClusterRole")
     assert rules(role)[("kopf.dev", "clusterkopfpeerings")] == {"get", "list", "watch", "patch"}
 
 
@@ -304,13 +310,13 @@ GANG = {"gang": {"native": {"enabled": True}, "kueue": {"enabled": True}}}
 
 def test_gang_rbac_and_env_only_when_enabled() -> None:
     objs = render()
-    (role,) = find(objs, "ClusterRole")
+    (role,) = operator_roles(objs, "ClusterRole")
     groups = {g for g, _ in rules(role)}
     assert "scheduling.k8s.io" not in groups and "kueue.x-k8s.io" not in groups
     assert env(objs)["GPUJOB_DEFAULT_GANG"] == "None" and "GPUJOB_KUEUE" not in env(objs)
 
     objs = render({"gang": {**GANG["gang"], "default": "Native"}})
-    (role,) = find(objs, "ClusterRole")
+    (role,) = operator_roles(objs, "ClusterRole")
     assert_least_privilege(role)
     got = rules(role)
     assert got[("scheduling.k8s.io", "workloads")] == {"get", "create", "delete"}
@@ -333,3 +339,24 @@ def test_gang_rbac_in_namespaced_mode_reads_kueue_flavors_cluster_wide() -> None
         ("kueue.x-k8s.io", "resourceflavors"): {"get"},
         ("kueue.x-k8s.io", "workloadpriorityclasses"): {"get"},
     }
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_the_forecast_lists_gpu_holders_cluster_wide_and_can_be_turned_off(mode: str) -> None:
+    objs = render({**MODES[mode], **GANG})
+    (role,) = [r for r in find(objs, "ClusterRole") if r["metadata"]["name"].endswith("-forecast")]
+    assert rules(role) == {
+        ("", "nodes"): {"list"},
+        ("", "pods"): {"list"},
+        ("kueue.x-k8s.io", "clusterqueues"): {"list"},
+        ("kueue.x-k8s.io", "localqueues"): {"list"},
+        ("kueue.x-k8s.io", "workloads"): {"list"},
+    }
+    (binding,) = [
+        b for b in find(objs, "ClusterRoleBinding") if b["metadata"]["name"].endswith("-forecast")
+    ]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert env(objs)["GPUJOB_FORECAST_INTERVAL"] == "30"
+    off = render({**MODES[mode], "forecast": {"enabled": False}})
+    assert not [r for r in find(off, "ClusterRole") if r["metadata"]["name"].endswith("-forecast")]
+    assert env(off)["GPUJOB_FORECAST_INTERVAL"] == "0"

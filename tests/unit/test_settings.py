@@ -44,6 +44,7 @@ def test_every_variable_is_read() -> None:
             "GPUJOB_OPERATOR_METRICS_PORT": "0",
             "GPUJOB_OPERATOR_METRICS_ADDR": "127.0.0.1",
             "GPUJOB_FAULT_EXIT_AT": faults.BETWEEN_POD_DELETES,
+            "GPUJOB_FORECAST_INTERVAL": "2.5",
         }
     )
     assert s == Settings(
@@ -64,6 +65,7 @@ def test_every_variable_is_read() -> None:
         metrics_port=0,
         metrics_addr="127.0.0.1",
         fault_exit_at=faults.BETWEEN_POD_DELETES,
+        forecast_interval=2.5,
     )
     assert not s.standalone
 
@@ -77,6 +79,7 @@ def test_every_variable_is_read() -> None:
         ("GPUJOB_SCRAPE_TIMEOUT", "nan", "a number of seconds > 0"),
         ("GPUJOB_RETRY_MAX_SECONDS", "nonsense", "a number of seconds >= 0"),
         ("GPUJOB_GANG_GRACE_SECONDS", "-1", "a number of seconds >= 0"),
+        ("GPUJOB_FORECAST_INTERVAL", "inf", "a number of seconds >= 0"),
         ("GPUJOB_OPERATOR_METRICS_PORT", "70000", "a port 0..65535"),
         ("GPUJOB_FAULT_EXIT_AT", "somewhere", "one of after-status-write"),
     ],

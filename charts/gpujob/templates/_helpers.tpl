@@ -114,6 +114,19 @@ ConfigMaps, no pods/exec; only the verbs kopf and the reconciler use.
   verbs: ["get"]
 {{- end }}
 
+{{- define "gpujob.forecastRules" -}}
+# Start-time forecast: every GPU node and every bound pod holding GPUs, in any namespace.
+- apiGroups: [""]
+  resources: ["nodes", "pods"]
+  verbs: ["list"]
+{{- if .Values.gang.kueue.enabled }}
+# ... and, under Kueue, the queues' quotas and every admitted or pending Workload.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["clusterqueues", "localqueues", "workloads"]
+  verbs: ["list"]
+{{- end }}
+{{- end }}
+
 {{- define "gpujob.peeringRules" -}}
 - apiGroups: ["kopf.dev"]
   resources: ["{{ if include "gpujob.namespaced" . }}kopfpeerings{{ else }}clusterkopfpeerings{{ end }}"]

@@ -23,6 +23,7 @@ from gpujob_operator.api import children
 from gpujob_operator.lifecycle import gang
 from gpujob_operator.monitoring.scrape import Scraper
 from gpujob_operator.runtime import peers, standby
+from gpujob_operator.runtime.forecaster import Forecaster
 from gpujob_operator.runtime.jobloop import JobLoop
 from gpujob_operator.runtime.kube import Kube
 from gpujob_operator.runtime.settings import Settings
@@ -42,6 +43,8 @@ SERVED = False
 """Whether kopf has handed this replica any pod or job (its indexes hold something)."""
 _KUBE: Kube | None = None
 _SCRAPER: Scraper | None = None
+_FORECASTER: Forecaster | None = None
+_FORECAST_TASK: asyncio.Task[None] | None = None
 
 
 def install(settings: Settings, namespaces: list[str], identity: str) -> None:
@@ -173,6 +176,8 @@ async def job_event(
             on_exit=_forget,
         )
         loop.start(dict(body), lambda: list(job_pods.get(key, [])))
+        if _FORECASTER is not None:
+            _FORECASTER.wake.set()  # a new job may be waiting: forecast it soon
     else:
         loop.update(dict(body))
 
@@ -250,6 +255,25 @@ async def start_standby_guard(settings: kopf.OperatorSettings, **_: Any) -> None
     )
 
 
+@kopf.on.startup()
+async def start_forecaster(**_: Any) -> None:
+    """Forecast the start of waiting jobs over the jobs this replica serves (none while it
+    stands by), every ``GPUJOB_FORECAST_INTERVAL`` seconds; 0 turns it off."""
+    global _FORECASTER, _FORECAST_TASK
+    if SETTINGS.forecast_interval <= 0:
+        return
+    _FORECASTER = Forecaster(
+        kube(),
+        lambda: [loop.freshest(loop.body) for loop in list(LOOPS.values())],
+        SETTINGS.forecast_interval,
+        SETTINGS.default_gang,
+        SETTINGS.kueue,
+    )
+    _FORECAST_TASK = asyncio.get_running_loop().create_task(
+        _FORECASTER.run(), name="start-time forecast"
+    )
+
+
 def _demote() -> None:
     """Paused after serving: exit cleanly so the pod restarts this replica as a fresh standby
     (kopf's indexes would keep ghosts of pods deleted during the pause)."""
@@ -272,6 +296,8 @@ async def stop_loops(**_: Any) -> None:
     """Let every job loop finish its current pass before the operator exits."""
     if _GUARD is not None:
         _GUARD.cancel()
+    if _FORECAST_TASK is not None:
+        _FORECAST_TASK.cancel()
     _stop_all_loops()
     if _SCRAPER is not None:
         await _SCRAPER.close()

@@ -24,6 +24,7 @@ before kopf starts. Nothing else in the operator reads the environment.
 | ``GPUJOB_GANG_GRACE_SECONDS`` | 10 | how long a refused, partial gang may hold resources |
 | ``GPUJOB_LIVENESS`` | ``http://0.0.0.0:8080/healthz`` | kopf's health endpoint (set empty: none) |
 | ``GPUJOB_OPERATOR_METRICS_PORT`` / ``..._ADDR`` | 8081 / ``0.0.0.0`` | the operator's /metrics |
+| ``GPUJOB_FORECAST_INTERVAL`` | 30 | seconds between start-time forecasts of waiting jobs (0: off) |
 | ``GPUJOB_FAULT_EXIT_AT`` | unset | tests only: die at a named write boundary |
 """
 
@@ -72,6 +73,9 @@ class Settings:
     metrics_port: int = opmetrics.DEFAULT_PORT
     metrics_addr: str = "0.0.0.0"
     fault_exit_at: str | None = None
+    forecast_interval: float = 30.0
+    """Seconds between start-time forecasts of waiting jobs (``GPUJOB_FORECAST_INTERVAL``);
+    0 turns forecasting off."""
 
     @property
     def standalone(self) -> bool:
@@ -194,6 +198,14 @@ def from_env(env: Mapping[str, str]) -> Settings:
             _seconds_or_zero,
         ),
         liveness=liveness or None,
+        forecast_interval=_read(
+            env,
+            "GPUJOB_FORECAST_INTERVAL",
+            d.forecast_interval,
+            float,
+            seconds_or_zero,
+            _seconds_or_zero,
+        ),
         metrics_port=_read(
             env,
             opmetrics.ENV_PORT,
