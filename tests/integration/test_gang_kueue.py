@@ -17,6 +17,7 @@ import pytest
 from gpujob_localcluster.cluster import LocalCluster
 from tests.integration.conftest import fresh_namespace, job_status, own_cluster
 from tests.integration.test_chart_install import SA, Release
+from tests.support import forecast
 from tests.support.jobs import python_job
 from tests.support.kube import Kube
 from tests.support.operator import OperatorProcess
@@ -47,7 +48,7 @@ def kop(kkube: Kube, tmp_path: Path) -> Iterator[OperatorProcess]:
         kkube.kubeconfig,
         [kkube.namespace],
         tmp_path / "operator.log",
-        extra_env={"GPUJOB_KUEUE": "1"},
+        extra_env={"GPUJOB_KUEUE": "1", **forecast.ENV},
     ).start()
     yield op
     op.stop()
@@ -243,3 +244,12 @@ def test_the_charts_gang_rbac_is_enough_for_kueue_and_native_jobs(
         if op is not None:
             op.stop()
         release.uninstall()
+
+
+def test_a_queued_job_is_forecast_to_start_when_the_first_holder_ends_and_does(
+    kkube: Kube, kop: OperatorProcess
+) -> None:
+    """8 GPUs of quota held by two 4-GPU jobs with different ETAs; two more wait in the
+    ClusterQueue (tests/support/forecast.py says what each forecast must be)."""
+    forecast.run(kkube, kop, labels={QUEUE_LABEL: queues(kkube)})
+    assert kop.rbac_denials() == []

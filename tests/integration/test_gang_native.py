@@ -24,6 +24,7 @@ import pytest
 
 from gpujob_localcluster.cluster import LocalCluster
 from tests.integration.conftest import fresh_namespace, job_status, own_cluster
+from tests.support import forecast
 from tests.support.jobs import python_job
 from tests.support.kube import Kube
 from tests.support.operator import OperatorProcess
@@ -50,7 +51,9 @@ def gkube(gang_cluster: LocalCluster) -> Iterator[Kube]:
 
 @pytest.fixture
 def gop(gkube: Kube, tmp_path: Path) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(gkube.kubeconfig, [gkube.namespace], tmp_path / "operator.log").start()
+    op = OperatorProcess(
+        gkube.kubeconfig, [gkube.namespace], tmp_path / "operator.log", extra_env=forecast.ENV
+    ).start()
     yield op
     op.stop()
 
@@ -280,3 +283,11 @@ def test_native_gang_without_rbac_for_podgroups_creates_no_pod_and_says_why(
     finally:
         op.stop()
         gkube.run("delete", f"clusterrolebinding/op-{ns}", f"clusterrole/op-{ns}", ns=False)
+
+
+def test_a_waiting_gang_is_forecast_to_start_when_a_node_frees_and_does(
+    gkube: Kube, gop: OperatorProcess
+) -> None:
+    """Two 4-GPU nodes held by two 1-node jobs with different ETAs; two more native gangs
+    wait for a node (tests/support/forecast.py says what each forecast must be)."""
+    forecast.run(gkube, gop, scheduling={"gang": "Native"})

@@ -37,6 +37,46 @@ def python_job(
     return _manifest(name, body, spec, labels)
 
 
+def paced_job(
+    name: str,
+    steps: int,
+    step_seconds: float,
+    gpus: int = 4,
+    nodes: int = 1,
+    labels: dict[str, str] | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
+    """A job whose ranks run ``steps`` steps of ``step_seconds`` (a sleep: the workload)
+    through the real tracker and exporter, without torch: its ETA is known and exact.
+    Scraped every 2 s; ``spec`` keys merge as in `python_job`."""
+    script = f"""
+        import time
+        from prometheus_client import CollectorRegistry
+        from gpujob_trainer import contract
+        from gpujob_trainer.env import metrics_addr, metrics_base_port
+        from gpujob_trainer.exporter import Exporter, TrainerCollector
+        from gpujob_trainer.tracker import Tracker
+
+        tracker = Tracker(total_steps={steps}, hook_optimizers=False)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(TrainerCollector(tracker))
+        port = contract.metrics_port(metrics_base_port(), tracker.rank.local_rank)
+        Exporter(registry, port, metrics_addr()).start()
+        for step in range({steps}):
+            time.sleep({step_seconds})
+            tracker.end_step()
+            tracker.log(samples=8)
+        time.sleep(0.5)  # let the last step be scraped
+    """
+    body = {"training": {"launcher": "none", "totalSteps": steps}}
+    merged = {"monitoring": {"scrapeIntervalSeconds": 2}, **body}
+    for k, v in spec.items():
+        merged[k] = (
+            {**merged[k], **v} if isinstance(v, dict) and isinstance(merged.get(k), dict) else v
+        )
+    return python_job(name, script, nodes, gpus, labels, **merged)
+
+
 def example_job(name: str, args: list[str], total_steps: int, **spec: Any) -> dict[str, Any]:
     """Two nodes of one rank running `gpujob_trainer.example` with `args`, scraped every 2 s,
     no retries; `spec` keys are merged as in `python_job`."""
