@@ -33,6 +33,8 @@ from tests.support.prometheus import REPO, Prometheus, QueryError, promtool
 from tests.support.waiting import wait_until
 
 JOB = "gpt"
+WAITER = "next"
+"""A job that needs every GPU of both nodes: it waits for gpt, so it has a start forecast."""
 FAKE_TRAINER = "from tests.support.prometheus import fake_trainer_main; fake_trainer_main()"
 NODES, PROCS = 2, 2
 DATA_DEADLINE = 120.0
@@ -166,6 +168,20 @@ def stack(
             }
         )
         wait_job_phase(kube, JOB, ("Running",), timeout=120)
+        kube.apply(
+            {
+                "apiVersion": "gpujob.dev/v1alpha1",
+                "kind": "GPUTrainingJob",
+                "metadata": {"name": WAITER},
+                "spec": {
+                    "image": "python:3.11-slim",
+                    "nodes": NODES,
+                    "gpusPerNode": cluster.nodes.gpus,
+                    "command": ["python", "-c", "pass"],
+                    "training": {"launcher": "none"},
+                },
+            }
+        )
         pods = kube.list("pods", f"gpujob.dev/job-name={JOB}")
         sd_file = folder / "pods.json"
         sd_file.write_text(json.dumps(pod_discovery(pods)))
@@ -216,6 +232,8 @@ def stack(
     finally:
         if prom is not None:
             prom.stop()
+        # The waiter first: once gpt is gone it would take every GPU of the shared cluster.
+        kube.run("delete", "gputrainingjob", WAITER)
         kube.run("delete", "gputrainingjob", JOB, "--wait=false")
         op.stop()
         kube.run("delete", "namespace", ns, "--wait=false", ns=False)

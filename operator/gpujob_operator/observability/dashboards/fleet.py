@@ -159,6 +159,42 @@ def build() -> dict[str, Any]:
             ),
         ],
     )
+    queue = Row(
+        "Queue",
+        [
+            Panel(
+                "Waiting jobs: time to forecast start",
+                "Per waiting job, how long until enough GPUs are free for its whole gang "
+                "(status.queue): from the ETAs of the jobs that hold them. LowerBound: holders "
+                "without an ETA could make it later.",
+                [
+                    t(
+                        f"{opfamilies.JOB_START_FORECAST.name}{{{NS_ANY}}} - time()",
+                        "{{namespace}}/{{job_name}} ({{confidence}})",
+                        instant=True,
+                    )
+                ],
+                kind="bargauge",
+                unit="s",
+                w=12,
+            ),
+            Panel(
+                "Start forecast error",
+                "How far started jobs' actual starts were from their last forecast "
+                "(median and 90th percentile over the rate window, absolute seconds).",
+                [
+                    t(
+                        f"histogram_quantile({q}, sum by (le) "
+                        f"(rate({opfamilies.FORECAST_ERROR.name}_bucket[$__rate_interval])))",
+                        f"p{round(q * 100)}",
+                    )
+                    for q in (0.5, 0.9)
+                ],
+                unit="s",
+                w=12,
+            ),
+        ],
+    )
     health = Row(
         "Bottlenecks and failures",
         [
@@ -218,9 +254,9 @@ def build() -> dict[str, Any]:
     return dashboard(
         "gpujob-fleet",
         "gpujob / Fleet",
-        "Every GPUTrainingJob: phase, progress, ETA, throughput, bottleneck verdict and failures, "
-        "from the operator's own /metrics.",
-        [summary, progress, health],
+        "Every GPUTrainingJob: phase, progress, ETA, waiting jobs' start forecasts, throughput, "
+        "bottleneck verdict and failures, from the operator's own /metrics.",
+        [summary, progress, queue, health],
         [
             datasource_var(),
             query_var("namespace", "Namespace", f"label_values({ph}, namespace)", multi=True),
