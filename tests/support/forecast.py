@@ -83,6 +83,15 @@ def run(kube: Kube, op: OperatorProcess, labels: dict[str, str] | None = None, *
     got = kube.run("get", "gputrainingjobs", "third", check=True).stdout
     assert "starts ~" in got, got
 
+    def forecast_events() -> str:
+        return kube.run(
+            "get", "events", "--field-selector",
+            "involvedObject.name=third,reason=StartForecast", "-o", "jsonpath={.items[*].message}",
+        ).stdout  # fmt: skip
+
+    said = wait_until(forecast_events, 30, "a StartForecast Event on third", interval=POLL)
+    assert "(Exact): after job" in said, said
+
     def fourth_bounds() -> dict[str, Any] | None:
         q = queue(kube, "fourth")
         return q if q.get("confidence") == "LowerBound" and q.get("latestStartTime") else None
@@ -92,7 +101,8 @@ def run(kube: Kube, op: OperatorProcess, labels: dict[str, str] | None = None, *
     assert b_end is not None
     near(epoch(q4["estimatedStartTime"]), a_end, "fourth's earliest start vs a's ETA")
     near(epoch(q4["latestStartTime"]), b_end, "fourth's latest start vs b's ETA")
-    assert f"{kube.namespace}/third" in q4["reason"] and q4["ahead"] == 1, q4
+    assert q4["reason"] == f"no known end: job {kube.namespace}/third", q4
+    assert q4["ahead"] == 1 and f"at the latest after job {kube.namespace}/b end" in q4["basis"], q4
 
     wait_until(
         lambda: job_status(kube, "a").get("phase") == "Succeeded", 90, "a Succeeded", interval=POLL

@@ -124,7 +124,7 @@ def test_node_view_holders_are_jobs_with_their_eta_and_foreign_pods_without() ->
     assert by_name["pod ml/notebook"].ends_at is None
     assert set(by_name) == {"job ml/a", "pod ml/notebook"}
     (w,) = view.waiters
-    assert (w.name, w.count, w.per, w.slots) == ("ml/w", 1, 4, (("node:n1",), ("node:n2",)))
+    assert (w.name, w.count, w.per, w.slots) == ("job ml/w", 1, 4, (("node:n1",), ("node:n2",)))
 
 
 def test_node_view_uses_the_pod_the_operator_would_build_for_placement() -> None:
@@ -144,7 +144,7 @@ def test_waiting_jobs_queue_by_creation_and_others_do_not_wait() -> None:
         job("kueue", labels={api.KUEUE_QUEUE_LABEL: "team"}),
     ]
     view = node_view(NOW, jobs, [node("n1")], [], "None")
-    assert [w.name for w in view.waiters] == ["ml/early", "ml/late"]
+    assert [w.name for w in view.waiters] == ["job ml/early", "job ml/late"]
 
 
 # ---- Kueue ---------------------------------------------------------------------------------
@@ -241,9 +241,9 @@ def test_kueue_view_holds_quota_per_admitted_workload_and_queues_by_priority_the
     ends = {h.name: h.ends_at for h in view.holders}
     assert ends == {"job ml/a": NOW + 100, "workload ml/wl-other": None}
     assert [(w.name, w.target) for w in view.waiters] == [
-        ("ml/w2", True),
+        ("job ml/w2", True),
         ("workload ml/wl-foreign", False),
-        ("ml/w1", True),
+        ("job ml/w1", True),
     ]
 
 
@@ -292,7 +292,11 @@ def test_kueue_forecast_end_to_end_from_objects() -> None:
         iso(NOW + 100),
         iso(NOW + 400),
     )
-    assert fourth["confidence"] == "LowerBound" and "ml/third" in fourth["reason"]
+    assert fourth["confidence"] == "LowerBound" and fourth["reason"] == "no known end: job ml/third"
+    assert fourth["basis"] == (
+        "after job ml/third end, at the latest after job ml/b end; 1 ahead in queue"
+    )
+    assert fourth["waitsFor"] == ["job ml/third", "job ml/b"]
 
 
 def test_a_failed_read_makes_the_forecast_unknown_with_the_reason() -> None:
@@ -325,6 +329,8 @@ def test_a_new_forecast_is_written_with_its_eta_column() -> None:
     (u,) = qs.updates(NOW, [job("w")], {"ml/w": forecast(NOW + 3600)})
     assert u.patch["queue"]["estimatedStartTime"] == iso(NOW + 3600)
     assert u.patch["display"] == {"eta": "starts ~01:53"}
+    assert u.event is not None and u.event.reason == "StartForecast"
+    assert u.event.message == "starts ~01:53 (Exact): GPUs free"
 
 
 def test_a_forecast_that_moved_little_is_not_rewritten_and_one_that_moved_is() -> None:
@@ -334,10 +340,12 @@ def test_a_forecast_that_moved_little_is_not_rewritten_and_one_that_moved_is() -
     assert qs.updates(NOW + 5, [j], {"ml/w": forecast(NOW + 3600 - 120)}) == []
     (u,) = qs.updates(NOW + 5, [j], {"ml/w": forecast(NOW + 3600 - 600)})
     assert u.patch["queue"]["estimatedStartTime"] == iso(NOW + 3000)
+    assert u.event is None  # a moved forecast is no news for kubectl describe
     near = waiting_with(forecast(NOW + 60))
     (u,) = qs.updates(NOW, [near], {"ml/w": forecast(NOW + 50)})  # a minute ahead, 10 s is news
     (u,) = qs.updates(NOW + 5, [j], {"ml/w": forecast(NOW + 3600, "LowerBound", reason="r")})
     assert u.patch["display"] == {"eta": "starts >=01:53"}
+    assert u.event is not None and u.event.message == "starts >=01:53 (LowerBound): GPUs free; r"
 
 
 def test_a_started_job_gets_its_forecast_error_once() -> None:
@@ -345,6 +353,8 @@ def test_a_started_job_gets_its_forecast_error_once() -> None:
     j["status"].update(phase="Running", startTime=iso(NOW + 660))
     (u,) = qs.updates(NOW + 700, [j], {})
     assert u.patch["queue"] == {"forecastErrorSeconds": 60.0} and u.error_seconds == 60.0
+    assert u.event is not None
+    assert u.event.message == f"started 60s after its forecast start {iso(NOW + 600)} (Exact)"
     j["status"]["queue"]["forecastErrorSeconds"] = 60.0
     assert qs.updates(NOW + 800, [j], {}) == []
 

@@ -83,7 +83,7 @@ class Forecast:
     ahead: int = 0
     """Waiters ahead of it in its queue."""
     waits_for: tuple[str, ...] = field(default_factory=tuple)
-    """Holders (or waiters ahead) whose end lets it start, in the exact scenario."""
+    """Holders (or waiters ahead) whose end lets it start: at the earliest, then at the latest."""
 
 
 @dataclass
@@ -229,25 +229,19 @@ def _one(
     relevant = [h.name for h in holders if h.ends_at is None and pools & set(h.usage)]
     named = relevant + list(unknown_ahead)
     reason = "no known end: " + _names(named or list(unknown))
+    waits = tuple(dict.fromkeys(early.waits_for + late.waits_for))
     return Forecast(
-        w.name,
-        early.start,
-        late.start,
-        LOWER_BOUND,
-        basis,
-        reason=reason,
-        ahead=ahead,
-        waits_for=early.waits_for,
-    )
+        w.name, early.start, late.start, LOWER_BOUND, basis, reason=reason, ahead=ahead,
+        waits_for=waits,
+    )  # fmt: skip
 
 
 def _basis(early: _Placed, late: _Placed, ahead: int) -> str:
-    parts = []
-    waits = late.waits_for if late.start is not None else early.waits_for
-    if waits:
-        parts.append("after " + _names(list(waits)) + " end")
-    elif early.start is not None:
-        parts.append("GPUs free")
+    """What it waits for: the holders whose end lets it start (at the earliest and, where
+    the unknowns make that differ, at the latest), and its place in the queue."""
+    parts = [f"after {_names(list(early.waits_for))} end" if early.waits_for else "GPUs free"]
+    if late.start is not None and late.waits_for != early.waits_for:
+        parts[0] += f", at the latest after {_names(list(late.waits_for))} end"
     if ahead:
         parts.append(f"{ahead} ahead in queue")
     return "; ".join(parts)

@@ -16,7 +16,8 @@ from typing import Any, Final
 
 from gpujob_operator import api
 from gpujob_operator.api import conditions as c
-from gpujob_operator.api.display import render_display
+from gpujob_operator.api.display import format_start, render_display
+from gpujob_operator.api.events import Event
 from gpujob_operator.lifecycle.forecast import UNKNOWN, Forecast, forecast_all
 from gpujob_operator.lifecycle.queueview import (
     World,
@@ -44,6 +45,8 @@ class QueueUpdate:
     patch: dict[str, Any]
     error_seconds: float | None = None
     """Set once the job started: actual minus forecast start (for the operator metric)."""
+    event: Event | None = None
+    """Posted on the job: the first forecast, a change of confidence, the start."""
 
 
 def _time(epoch: float | None) -> str | None:
@@ -96,14 +99,14 @@ def forecast_blocks(
         else:
             view = node_view(now, jobs, world.nodes, world.pods, default_gang)
             for name, f in forecast_all(now, view.capacity, view.holders, view.waiters).items():
-                out[name] = block(f, now)
+                out[name.removeprefix("job ")] = block(f, now)
     if kueue:
         if world.kueue_error:
             out.update({k: unknown(world.kueue_error, now) for k in kueue})
         else:
             view = kueue_view(now, jobs, world.cluster_queues, world.local_queues, world.workloads)
             for name, f in forecast_all(now, view.capacity, view.holders, view.waiters).items():
-                out[name] = block(f, now)
+                out[name.removeprefix("job ")] = block(f, now)
             out.update({k: unknown(why, now) for k, why in view.unplaceable.items()})
     return out
 
@@ -125,6 +128,16 @@ def _moved(old: Mapping[str, Any], new: Mapping[str, Any], now: float) -> bool:
         ):
             return True
     return False
+
+
+def _event(new: Mapping[str, Any]) -> Event:
+    """What ``kubectl describe`` shows: "starts ~14:20 (Exact): after job ml/a end"."""
+    if new["confidence"] == UNKNOWN:
+        return Event("Normal", c.START_FORECAST, f"cannot forecast its start: {new['reason']}")
+    text = f"{format_start(new)} ({new['confidence']}): {new['basis']}"
+    if new.get("reason"):
+        text += f"; {new['reason']}"
+    return Event("Normal", c.START_FORECAST, text[:1024])
 
 
 def _with_display(job: Mapping[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
@@ -158,7 +171,13 @@ def updates(
         new = forecasts.get(key(job))
         if new is not None:
             if not old or _moved(old, new, now):
-                out.append(QueueUpdate(ns, name, _with_display(job, {"queue": dict(new)})))
+                news = (
+                    not old
+                    or old.get("confidence") != new["confidence"]
+                    or old.get("forecastErrorSeconds") is not None
+                )
+                patch = _with_display(job, {"queue": dict(new)})
+                out.append(QueueUpdate(ns, name, patch, event=_event(new) if news else None))
             elif (status.get("display") or {}).get("eta") != render_display(status).get("eta"):
                 out.append(QueueUpdate(ns, name, _with_display(job, {"queue": {}})))
             continue
@@ -171,7 +190,14 @@ def updates(
             actual = started if started is not None and started >= computed else now
             error = round(actual - estimate, 1)
             patch = {"queue": {"forecastErrorSeconds": error}}
-            out.append(QueueUpdate(ns, name, _with_display(job, patch), error))
+            word = "after" if error >= 0 else "before"
+            event = Event(
+                "Normal",
+                c.START_FORECAST,
+                f"started {abs(error):.0f}s {word} its forecast start "
+                f"{old.get('estimatedStartTime')} ({old.get('confidence')})",
+            )
+            out.append(QueueUpdate(ns, name, _with_display(job, patch), error, event))
         elif status.get("phase") not in (None, c.PHASE_PENDING, c.PHASE_RESTARTING):
             out.append(QueueUpdate(ns, name, _with_display(job, {"queue": None})))
     return out

@@ -39,7 +39,7 @@ class View:
     holders: list[Holder] = field(default_factory=list)
     waiters: list[Waiter] = field(default_factory=list)
     unplaceable: dict[str, str] = field(default_factory=dict)
-    """Waiting jobs no pool can be found for, with why (an unknown LocalQueue...)."""
+    """Waiting jobs (by ``ns/name``) no pool can be found for, with why (no LocalQueue...)."""
 
     def extend(self, other: View) -> None:
         self.capacity.update(other.capacity)
@@ -268,7 +268,7 @@ def _node_waiter(
         slots = placements[sig] = tuple(
             (f"node:{n['metadata']['name']}",) for n in nodes if fits_node(pod["spec"], n)
         )
-    return Waiter(key(job), slots, spec.nodes, spec.gpus_per_node, job_duration(job))
+    return Waiter(f"job {key(job)}", slots, spec.nodes, spec.gpus_per_node, job_duration(job))
 
 
 # ---- Kueue --------------------------------------------------------------------------------
@@ -381,15 +381,15 @@ def kueue_view(
         lq = f"{ns}/{(wl.get('spec') or {}).get('queueName') or ''}"
         queue = lq_to_cq.get(lq)
         target = job is not None and is_waiting(job, api.GANG_KUEUE)
-        name = key(job) if job is not None else f"workload {key(wl)}"
+        name = f"job {key(job)}" if job is not None else f"workload {key(wl)}"
         if not queue or queue not in cq_slots:
-            if target:
+            if job is not None and target:
                 why = (
                     f"LocalQueue {lq} not found"
                     if not queue
                     else f"ClusterQueue {queue} has no {GPU} quota"
                 )
-                view.unplaceable[name] = why
+                view.unplaceable[key(job)] = why
             continue
         gpus = _workload_gpus(wl)
         if gpus == 0:

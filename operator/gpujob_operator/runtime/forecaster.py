@@ -52,8 +52,10 @@ class Forecaster:
         interval: float,
         default_gang: str,
         kueue: bool,
+        post_event: Callable[[Mapping[str, Any], str, str, str], None] | None = None,
     ) -> None:
         self.kube = kube
+        self.post_event = post_event
         self.jobs = jobs
         self.interval = interval
         self.default_gang = default_gang
@@ -163,6 +165,13 @@ class Forecaster:
         if written is None:
             return
         METRICS.update(update.namespace, update.name, written.get("status") or {})
+        if update.event is not None and self.post_event is not None:
+            ev = update.event
+            try:
+                self.post_event(written, ev.type, ev.reason, ev.message)
+            except Exception as e:  # an Event is a courtesy; the status already says it
+                log.warning("job %s/%s: cannot post its forecast Event: %s", update.namespace,
+                            update.name, e)  # fmt: skip
         if update.error_seconds is not None:
             METRICS.observe_forecast_error(update.error_seconds)
             log.info("job %s/%s started %+.0fs from its forecast", update.namespace,

@@ -176,6 +176,7 @@ async def job_event(
             on_exit=_forget,
         )
         loop.start(dict(body), lambda: list(job_pods.get(key, [])))
+        _start_forecaster()
         if _FORECASTER is not None:
             _FORECASTER.wake.set()  # a new job may be waiting: forecast it soon
     else:
@@ -255,12 +256,12 @@ async def start_standby_guard(settings: kopf.OperatorSettings, **_: Any) -> None
     )
 
 
-@kopf.on.startup()
-async def start_forecaster(**_: Any) -> None:
-    """Forecast the start of waiting jobs over the jobs this replica serves (none while it
-    stands by), every ``GPUJOB_FORECAST_INTERVAL`` seconds; 0 turns it off."""
+def _start_forecaster() -> None:
+    """Forecast the start of waiting jobs over the jobs this replica serves, every
+    ``GPUJOB_FORECAST_INTERVAL`` seconds (0: off). Started from the first job event, not at
+    start-up: a task inherits its context, and kopf's Event posting lives in the handlers'."""
     global _FORECASTER, _FORECAST_TASK
-    if SETTINGS.forecast_interval <= 0:
+    if _FORECAST_TASK is not None or SETTINGS.forecast_interval <= 0:
         return
     _FORECASTER = Forecaster(
         kube(),
@@ -268,6 +269,7 @@ async def start_forecaster(**_: Any) -> None:
         SETTINGS.forecast_interval,
         SETTINGS.default_gang,
         SETTINGS.kueue,
+        _post_event,
     )
     _FORECAST_TASK = asyncio.get_running_loop().create_task(
         _FORECASTER.run(), name="start-time forecast"
