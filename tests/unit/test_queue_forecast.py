@@ -151,7 +151,11 @@ def test_waiting_jobs_queue_by_creation_and_others_do_not_wait() -> None:
 
 
 def cq(
-    name: str, nominal: int, cohort: str | None = None, borrow: int | None = None
+    name: str,
+    nominal: int,
+    cohort: str | None = None,
+    borrow: int | None = None,
+    preemption: str | None = None,
 ) -> dict[str, Any]:
     res: dict[str, Any] = {"name": "nvidia.com/gpu", "nominalQuota": nominal}
     if borrow is not None:
@@ -163,6 +167,8 @@ def cq(
     }
     if cohort:
         spec["cohortName"] = cohort
+    if preemption:
+        spec["preemption"] = {"withinClusterQueue": preemption}
     return {"metadata": {"name": name}, "spec": spec}
 
 
@@ -297,6 +303,56 @@ def test_kueue_forecast_end_to_end_from_objects() -> None:
         "after job ml/third end, at the latest after job ml/b end; 1 ahead in queue"
     )
     assert fourth["waitsFor"] == ["job ml/third", "job ml/b"]
+
+
+def preemption_world(policy: str | None) -> tuple[list[dict[str, Any]], World]:
+    """8 GPUs: low (priority 10, 4 GPUs, 600 s left) and mid (100, 4 GPUs, 900 s left) run;
+    urgent (priority 1000) waits for 4."""
+    jobs = [
+        job("low", "Running", eta_at=NOW + 600, labels=KUEUE),
+        job("mid", "Running", eta_at=NOW + 900, labels=KUEUE),
+        job("urgent", labels=KUEUE),
+        job("later", labels=KUEUE),
+    ]
+    world = World(
+        cluster_queues=[cq("gpus", 8, preemption=policy)],
+        local_queues=[lq("team", "gpus")],
+        workloads=[
+            workload("w-low", "team", admitted_in="gpus", job_name="low", priority=10),
+            workload("w-mid", "team", admitted_in="gpus", job_name="mid", priority=100),
+            workload("w-urgent", "team", job_name="urgent", priority=1000),
+            workload(
+                "w-later", "team", job_name="later", priority=10, created="2026-11-30T00:09:00Z"
+            ),
+        ],
+    )
+    return jobs, world
+
+
+def test_a_preempting_queue_head_starts_now_and_its_victim_queues_again() -> None:
+    jobs, world = preemption_world("LowerPriority")
+    blocks = qs.forecast_blocks(NOW, jobs, world, "None")
+    urgent = blocks["ml/urgent"]
+    assert (urgent["estimatedStartTime"], urgent["confidence"]) == (iso(NOW), "Exact")
+    assert urgent["waitsFor"] == ["job ml/low"]  # the lowest priority is the one evicted
+    assert urgent["basis"] == "by preempting job ml/low"
+    # low requeues ahead of later (same priority, older) with its 600 s left. urgent never
+    # ran (no known duration): at the earliest it is over at once, low reruns now and later
+    # starts when that rerun ends (600 s); at the latest urgent never ends, low reruns when
+    # mid ends (900 s) and later starts after it (1,500 s).
+    later = blocks["ml/later"]
+    assert (later["estimatedStartTime"], later["latestStartTime"]) == (
+        iso(NOW + 600),
+        iso(NOW + 1500),
+    )
+    assert later["confidence"] == "LowerBound" and later["ahead"] == 2
+    assert later["reason"] == "no known end: job ml/urgent"
+
+
+def test_without_preemption_the_head_waits_for_the_first_end() -> None:
+    jobs, world = preemption_world(None)
+    urgent = qs.forecast_blocks(NOW, jobs, world, "None")["ml/urgent"]
+    assert (urgent["estimatedStartTime"], urgent["confidence"]) == (iso(NOW + 600), "Exact")
 
 
 def test_a_failed_read_makes_the_forecast_unknown_with_the_reason() -> None:

@@ -66,6 +66,8 @@ class Waiter:
     target: bool = True
     """Forecast wanted (a gpujob job); False for other frameworks' waiting Workloads, which
     only take their place in the queue."""
+    preempts: tuple[str, ...] = ()
+    """Holders its queue will evict for it (Kueue's preemption): they end as it starts."""
 
 
 @dataclass(frozen=True)
@@ -220,18 +222,21 @@ def _one(
         return Forecast(
             w.name, None, None, UNKNOWN, "never fits", reason=_too_big(capacity, w), ahead=ahead
         )
+    start = early.start
     basis = _basis(early, late, ahead)
-    if late.start is not None and abs(late.start - early.start) < SAME_SECONDS:
-        return Forecast(
-            w.name, early.start, None, EXACT, basis, ahead=ahead, waits_for=early.waits_for
-        )
+    if w.preempts:
+        first = f"by preempting {_names(list(w.preempts))}"
+        basis = first if basis == "GPUs free" else f"{first}, {basis}"
+        early = _Placed(start, w.preempts + early.waits_for)
+    if late.start is not None and abs(late.start - start) < SAME_SECONDS:
+        return Forecast(w.name, start, None, EXACT, basis, ahead=ahead, waits_for=early.waits_for)
     pools = {p for slot in w.slots for p in slot}
     relevant = [h.name for h in holders if h.ends_at is None and pools & set(h.usage)]
     named = relevant + list(unknown_ahead)
     reason = "no known end: " + _names(named or list(unknown))
     waits = tuple(dict.fromkeys(early.waits_for + late.waits_for))
     return Forecast(
-        w.name, early.start, late.start, LOWER_BOUND, basis, reason=reason, ahead=ahead,
+        w.name, start, late.start, LOWER_BOUND, basis, reason=reason, ahead=ahead,
         waits_for=waits,
     )  # fmt: skip
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Final
 
 from gpujob_operator import api
 from gpujob_operator.api import children
@@ -329,6 +329,28 @@ def _finished(wl: Obj) -> bool:
     )
 
 
+PREEMPTING: Final = frozenset({"LowerPriority", "LowerOrNewerEqualPriority"})
+"""``spec.preemption.withinClusterQueue`` values under which a queue's head may evict."""
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """A Workload as the Kueue view orders and preempts: where it queues, how it ranks."""
+
+    holder: Holder | None
+    waiter: Waiter | None
+    cq: str
+    priority: int
+    created: str
+
+
+def _priority(wl: Obj) -> int:
+    try:
+        return int((wl.get("spec") or {}).get("priority") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
 def kueue_view(
     now: float,
     jobs: Sequence[Obj],
@@ -336,7 +358,8 @@ def kueue_view(
     local_queues: Sequence[Obj],
     workloads: Sequence[Obj],
 ) -> View:
-    """Quota pools per ClusterQueue flavor, admitted Workloads holding them, pending ones."""
+    """Quota pools per ClusterQueue flavor, admitted Workloads holding them, pending ones in
+    Kueue's order (priority, then creation); a preempting queue's head evicts what it must."""
     view = View()
     view.capacity, cq_slots = _cq_pools(cqs)
     cohort_pool = {
@@ -346,13 +369,15 @@ def kueue_view(
         key(lq): str((lq.get("spec") or {}).get("clusterQueue") or "") for lq in local_queues
     }
     jobs_by_key = {key(j): j for j in jobs}
-    pending = []
+    admitted: list[_Entry] = []
+    pending: list[_Entry] = []
     for wl in workloads:
         if _finished(wl):
             continue
         job_name = ((wl.get("metadata") or {}).get("labels") or {}).get(children.LABEL_JOB_NAME)
         ns = (wl.get("metadata") or {}).get("namespace", "")
         job = jobs_by_key.get(f"{ns}/{job_name}") if job_name else None
+        name = f"job {key(job)}" if job is not None else f"workload {key(wl)}"
         admission = (wl.get("status") or {}).get("admission")
         if admission:
             cq = str(admission.get("clusterQueue") or "")
@@ -367,21 +392,12 @@ def kueue_view(
                         cpool = cohort_pool[cq][pool]
                         usage[cpool] = usage.get(cpool, 0) + gpus
             if usage:
-                name = f"job {key(job)}" if job is not None else f"workload {key(wl)}"
-                view.holders.append(Holder(name, usage, job_end(job, now) if job else None))
+                holder = Holder(name, usage, job_end(job, now) if job else None)
+                admitted.append(_Entry(holder, None, cq, _priority(wl), created(wl)))
             continue
-        pending.append((wl, job))
-
-    def order(item: tuple[Obj, Obj | None]) -> tuple[int, str, str]:
-        wl = item[0]
-        return (-int((wl.get("spec") or {}).get("priority") or 0), created(wl), key(wl))
-
-    for wl, job in sorted(pending, key=order):
-        ns = (wl.get("metadata") or {}).get("namespace", "")
         lq = f"{ns}/{(wl.get('spec') or {}).get('queueName') or ''}"
         queue = lq_to_cq.get(lq)
         target = job is not None and is_waiting(job, api.GANG_KUEUE)
-        name = f"job {key(job)}" if job is not None else f"workload {key(wl)}"
         if not queue or queue not in cq_slots:
             if job is not None and target:
                 why = (
@@ -395,5 +411,79 @@ def kueue_view(
         if gpus == 0:
             continue
         duration = job_duration(job) if job is not None else None
-        view.waiters.append(Waiter(name, tuple(cq_slots[queue]), 1, gpus, duration, target))
+        waiter = Waiter(name, tuple(cq_slots[queue]), 1, gpus, duration, target)
+        pending.append(_Entry(None, waiter, queue, _priority(wl), created(wl)))
+    policies = {
+        str(q["metadata"]["name"]): str(
+            ((q.get("spec") or {}).get("preemption") or {}).get("withinClusterQueue") or "Never"
+        )
+        for q in cqs
+    }
+    admitted, pending = _preempt(now, view.capacity, admitted, pending, policies)
+    pending.sort(key=lambda e: (-e.priority, e.created, e.waiter.name if e.waiter else ""))
+    view.holders = [e.holder for e in admitted if e.holder is not None]
+    view.waiters = [e.waiter for e in pending if e.waiter is not None]
     return view
+
+
+def _lower(e: _Entry, head: _Entry, policy: str) -> bool:
+    """Whether the queue's head may preempt ``e`` under the queue's policy."""
+    if policy == "LowerOrNewerEqualPriority" and e.priority == head.priority:
+        return e.created > head.created
+    return e.priority < head.priority
+
+
+def _preempt(
+    now: float,
+    capacity: Mapping[str, int],
+    admitted: list[_Entry],
+    pending: list[_Entry],
+    policies: Mapping[str, str],
+) -> tuple[list[_Entry], list[_Entry]]:
+    """Kueue's classic preemption within a ClusterQueue, as its head would do it now: where
+    the head does not fit and its queue preempts, the fewest lower-priority Workloads
+    (lowest priority, newest first) that make room end now and queue again, with what was
+    left of their run as their duration."""
+    order = sorted(pending, key=lambda e: (-e.priority, e.created))
+    for cq, policy in policies.items():
+        head = next((e for e in order if e.cq == cq and e.waiter is not None), None)
+        if policy not in PREEMPTING or head is None or head.waiter is None:
+            continue
+        w = head.waiter
+        used: dict[str, int] = {}
+        for e in admitted:
+            for pool, gpus in (e.holder.usage if e.holder else {}).items():
+                used[pool] = used.get(pool, 0) + gpus
+        free = {slot[0]: capacity.get(slot[0], 0) - used.get(slot[0], 0) for slot in w.slots}
+        if not free or max(free.values()) >= w.per:
+            continue
+        pool = max(free, key=lambda p: free[p])
+        need = w.per - free[pool]
+
+        victims = [
+            e
+            for e in admitted
+            if e.cq == cq and e.holder and pool in e.holder.usage and _lower(e, head, policy)
+        ]
+        victims.sort(key=lambda e: e.created, reverse=True)  # newest first ...
+        victims.sort(key=lambda e: e.priority)  # ... within the lowest priority first
+        chosen: list[_Entry] = []
+        for e in victims:
+            if need <= 0:
+                break
+            chosen.append(e)
+            need -= e.holder.usage[pool] if e.holder else 0
+        if need > 0:
+            continue  # even every lower-priority Workload would not make room: no preemption
+        head_index = pending.index(head)
+        names = tuple(e.holder.name for e in chosen if e.holder is not None)
+        pending[head_index] = replace(head, waiter=replace(w, preempts=names))
+        for e in chosen:
+            assert e.holder is not None
+            admitted.remove(e)
+            h = e.holder
+            left = max(h.ends_at - now, 0.0) if h.ends_at is not None else None
+            again = Waiter(f"{h.name} (preempted)", w.slots, 1, h.usage[pool], left, False)
+            admitted.append(_Entry(Holder(h.name, h.usage, now), None, cq, e.priority, e.created))
+            pending.append(_Entry(None, again, cq, e.priority, e.created))
+    return admitted, pending
