@@ -341,10 +341,13 @@ def test_gang_rbac_in_namespaced_mode_reads_kueue_flavors_cluster_wide() -> None
     }
 
 
-@pytest.mark.parametrize("mode", sorted(MODES))
-def test_the_forecast_lists_gpu_holders_cluster_wide_and_can_be_turned_off(mode: str) -> None:
-    objs = render({**MODES[mode], **GANG})
-    (role,) = [r for r in find(objs, "ClusterRole") if r["metadata"]["name"].endswith("-forecast")]
+def forecast_role(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in find(objs, "ClusterRole") if r["metadata"]["name"].endswith("-forecast")]
+
+
+def test_the_forecast_lists_gpu_holders_cluster_wide_in_cluster_mode() -> None:
+    objs = render(GANG)
+    (role,) = forecast_role(objs)
     assert rules(role) == {
         ("", "nodes"): {"list"},
         ("", "pods"): {"list"},
@@ -357,6 +360,17 @@ def test_the_forecast_lists_gpu_holders_cluster_wide_and_can_be_turned_off(mode:
     ]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert env(objs)["GPUJOB_FORECAST_INTERVAL"] == "30"
-    off = render({**MODES[mode], "forecast": {"enabled": False}})
-    assert not [r for r in find(off, "ClusterRole") if r["metadata"]["name"].endswith("-forecast")]
-    assert env(off)["GPUJOB_FORECAST_INTERVAL"] == "0"
+    off = render({"forecast": {"enabled": False}})
+    assert not forecast_role(off) and env(off)["GPUJOB_FORECAST_INTERVAL"] == "0"
+
+
+def test_a_namespaced_install_forecasts_only_when_granted_the_cluster_read() -> None:
+    confined = render(MODES["namespaced"])
+    assert not forecast_role(confined)
+    assert env(confined)["GPUJOB_FORECAST_INTERVAL"] == "0"
+    granted = render({**MODES["namespaced"], "forecast": {"clusterRead": True}})
+    (role,) = forecast_role(granted)
+    assert rules(role) == {("", "nodes"): {"list"}, ("", "pods"): {"list"}}
+    assert env(granted)["GPUJOB_FORECAST_INTERVAL"] == "30"
+    denied = render({"forecast": {"clusterRead": False}})
+    assert not forecast_role(denied) and env(denied)["GPUJOB_FORECAST_INTERVAL"] == "0"

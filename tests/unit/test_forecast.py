@@ -67,6 +67,24 @@ def test_a_queue_starts_in_order_and_a_waiter_of_unknown_duration_makes_the_rest
     )
 
 
+def test_a_waiter_held_back_only_by_queue_order_says_so() -> None:
+    """w2 could use n2 now, but w1 (ahead, sharing n1) starts first, at a's end."""
+    holders = [Holder("job a", {"n1": 4}, NOW + 100)]
+    waiters = [gang("w1", ["n1"]), gang("w2", ["n1", "n2"])]
+    got = forecast_all(NOW, nodes("n1", "n2"), holders, waiters)
+    assert got["w2"].start == NOW + 100
+    assert got["w2"].basis == "once the jobs ahead of it have started; 1 ahead in queue"
+
+
+def test_the_latest_start_is_never_before_the_earliest() -> None:
+    holders = [Holder("pod x", {"n1": 4}, None), Holder("job a", {"n2": 4}, NOW + 60)]
+    got = forecast_all(NOW, nodes("n1", "n2"), holders, [gang("w", ["n1", "n2"])])["w"]
+    assert got.latest is not None and got.start is not None and got.latest >= got.start
+    assert got.basis == (
+        "now if the holders without a known end were over, at the latest after job a end"
+    )
+
+
 def test_a_requeued_waiter_with_a_measured_duration_keeps_the_next_one_exact() -> None:
     holders = [Holder("job a", {"q": 4}, NOW + 100), Holder("job b", {"q": 4}, NOW + 1000)]
     waiters = [gang("w1", ["q"], duration=50.0), gang("w2", ["q"])]

@@ -134,6 +134,37 @@ def test_node_view_uses_the_pod_the_operator_would_build_for_placement() -> None
     assert view.waiters[0].slots == (("node:n1",),)
 
 
+def test_a_waiting_gangs_own_bound_pods_are_not_holders_it_waits_for() -> None:
+    """Without gang scheduling half a gang can be bound while the rest waits: it will start
+    on those GPUs, so they must not count against it (it would wait for itself forever)."""
+    jobs = [job("w", nodes=2)]
+    pods = [pod("w-node-0", "n1", owner="w")]
+    view = node_view(NOW, jobs, [node("n1"), node("n2")], pods, "None")
+    assert view.holders == []
+    got = qs.forecast_blocks(NOW, jobs, World(nodes=[node("n1"), node("n2")], pods=pods), "None")
+    assert (got["ml/w"]["confidence"], got["ml/w"]["estimatedStartTime"]) == ("Exact", iso(NOW))
+
+
+@pytest.mark.parametrize("bad", ["1e999999999", "lots", -4, "-1", True, "4Ki" * 40, {"x": 1}])
+def test_odd_quantities_and_times_cost_their_field_not_the_forecast(bad: Any) -> None:
+    noisy = node("n2")
+    noisy["status"]["allocatable"]["nvidia.com/gpu"] = bad
+    running = job("a", "Running")
+    running["status"]["progress"] = {"estimatedCompletionTime": "yesterday", "etaSeconds": "x"}
+    odd = pod("odd", "n1", gpus=4)
+    odd["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = bad
+    world = World(nodes=[node("n1"), noisy], pods=[pod("a-node-0", "n1", owner="a"), odd])
+    got = qs.forecast_blocks(NOW, [running, job("w")], world, "None")["ml/w"]
+    assert got["confidence"] == "LowerBound"  # a's ETA is unreadable: no known end
+    assert got["reason"] == "no known end: job ml/a"
+
+
+def test_input_the_forecast_cannot_use_makes_that_kinds_jobs_unknown_not_the_pass_fail() -> None:
+    broken = World(nodes=[{"metadata": {}, "status": {"allocatable": {"nvidia.com/gpu": "4"}}}])
+    got = qs.forecast_blocks(NOW, [job("w")], broken, "None")["ml/w"]
+    assert got["confidence"] == "Unknown" and got["reason"].startswith("cannot forecast: KeyError")
+
+
 def test_waiting_jobs_queue_by_creation_and_others_do_not_wait() -> None:
     jobs = [
         job("late", created="2026-11-30T00:05:00Z"),
@@ -402,6 +433,18 @@ def test_a_forecast_that_moved_little_is_not_rewritten_and_one_that_moved_is() -
     (u,) = qs.updates(NOW + 5, [j], {"ml/w": forecast(NOW + 3600, "LowerBound", reason="r")})
     assert u.patch["display"] == {"eta": "starts >=01:53"}
     assert u.event is not None and u.event.message == "starts >=01:53 (LowerBound): GPUs free; r"
+
+
+def test_a_start_of_now_is_not_rewritten_as_now_moves_on() -> None:
+    """Blocked only by holders without an ETA, the earliest start is "now" on every pass."""
+    j = waiting_with(forecast(NOW, "LowerBound", reason="r"))
+    assert qs.updates(NOW + 30, [j], {"ml/w": forecast(NOW + 30, "LowerBound", reason="r")}) == []
+
+
+def test_new_names_alone_are_not_news() -> None:
+    j = waiting_with(forecast(NOW + 600, basis="after job ml/a end", waits_for=("job ml/a",)))
+    same = forecast(NOW + 601, basis="after job ml/b end", waits_for=("job ml/b",))
+    assert qs.updates(NOW, [j], {"ml/w": same}) == []
 
 
 def test_a_started_job_gets_its_forecast_error_once() -> None:

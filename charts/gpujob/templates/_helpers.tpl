@@ -114,6 +114,15 @@ ConfigMaps, no pods/exec; only the verbs kopf and the reconciler use.
   verbs: ["get"]
 {{- end }}
 
+{{/*
+"true" when the operator forecasts start times: forecast.enabled and the cluster-wide read it
+needs granted (forecast.clusterRead: auto grants it in cluster mode only).
+*/}}
+{{- define "gpujob.forecastOn" -}}
+{{- $read := toString .Values.forecast.clusterRead }}
+{{- if and .Values.forecast.enabled (or (eq $read "true") (and (eq $read "auto") (not (include "gpujob.namespaced" .)))) }}true{{ end }}
+{{- end }}
+
 {{- define "gpujob.forecastRules" -}}
 # Start-time forecast: every GPU node and every bound pod holding GPUs, in any namespace.
 - apiGroups: [""]

@@ -64,14 +64,18 @@ WAITING_PHASES = frozenset({None, "Pending", "Restarting"})
 
 def _clock(value: Any, ref: Any) -> str | None:
     """HH:MM UTC of an RFC 3339 time; with the date when it is not ``ref``'s day."""
-    try:
-        when = datetime.fromisoformat(str(value).replace("Z", "+00:00")).astimezone(UTC)
-    except ValueError:
+
+    def parse(text: Any) -> datetime | None:
+        try:
+            t = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        return (t if t.tzinfo else t.replace(tzinfo=UTC)).astimezone(UTC)
+
+    when = parse(value)
+    if when is None:
         return None
-    try:
-        base = datetime.fromisoformat(str(ref).replace("Z", "+00:00")).astimezone(UTC)
-    except ValueError:
-        base = when
+    base = parse(ref) or when
     return when.strftime("%H:%M" if when.date() == base.date() else "%b %d %H:%M")
 
 

@@ -202,13 +202,16 @@ def forecast_queue(
     out = []
     for i, w in enumerate(waiters):
         if w.target:
-            out.append(_one(w, i, early[i], late[i], capacity, holders, unknown, unknown_ahead))
+            out.append(
+                _one(now, w, i, early[i], late[i], capacity, holders, unknown, unknown_ahead)
+            )
         if w.duration is None:
             unknown_ahead.append(w.name)
     return out
 
 
 def _one(
+    now: float,
     w: Waiter,
     ahead: int,
     early: _Placed,
@@ -223,7 +226,7 @@ def _one(
             w.name, None, None, UNKNOWN, "never fits", reason=_too_big(capacity, w), ahead=ahead
         )
     start = early.start
-    basis = _basis(early, late, ahead)
+    basis = _basis(early, late, ahead, now)
     if w.preempts:
         first = f"by preempting {_names(list(w.preempts))}"
         basis = first if basis == "GPUs free" else f"{first}, {basis}"
@@ -235,18 +238,27 @@ def _one(
     named = relevant + list(unknown_ahead)
     reason = "no known end: " + _names(named or list(unknown))
     waits = tuple(dict.fromkeys(early.waits_for + late.waits_for))
+    latest = max(late.start, start) if late.start is not None else None
     return Forecast(
-        w.name, start, late.start, LOWER_BOUND, basis, reason=reason, ahead=ahead,
+        w.name, start, latest, LOWER_BOUND, basis, reason=reason, ahead=ahead,
         waits_for=waits,
     )  # fmt: skip
 
 
-def _basis(early: _Placed, late: _Placed, ahead: int) -> str:
+def _basis(early: _Placed, late: _Placed, ahead: int, now: float) -> str:
     """What it waits for: the holders whose end lets it start (at the earliest and, where
     the unknowns make that differ, at the latest), and its place in the queue."""
-    parts = [f"after {_names(list(early.waits_for))} end" if early.waits_for else "GPUs free"]
-    if late.start is not None and late.waits_for != early.waits_for:
-        parts[0] += f", at the latest after {_names(list(late.waits_for))} end"
+    if early.waits_for:
+        first = f"after {_names(list(early.waits_for))} end"
+    elif early.start is not None and early.start > now + SAME_SECONDS:
+        first = "once the jobs ahead of it have started"
+    elif late.start is None or abs(late.start - (early.start or now)) >= SAME_SECONDS:
+        first = "now if the holders without a known end were over"
+    else:
+        first = "GPUs free"
+    if late.start is not None and late.waits_for != early.waits_for and late.waits_for:
+        first += f", at the latest after {_names(list(late.waits_for))} end"
+    parts = [first]
     if ahead:
         parts.append(f"{ahead} ahead in queue")
     return "; ".join(parts)

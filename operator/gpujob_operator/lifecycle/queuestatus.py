@@ -9,7 +9,7 @@ and gains ``forecastErrorSeconds`` (actual start minus forecast), written once.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -56,7 +56,10 @@ def _time(epoch: float | None) -> str | None:
 
 
 def _epoch(value: Any) -> float | None:
-    when = c.parse_time(value)
+    try:
+        when = c.parse_time(value)
+    except (TypeError, ValueError):
+        return None
     return when.timestamp() if when is not None else None
 
 
@@ -94,39 +97,70 @@ def forecast_blocks(
         if mech is not None and is_waiting(job, mech):
             (kueue if mech == api.GANG_KUEUE else native).append(key(job))
     if native:
-        if world.nodes_error:
-            out.update({k: unknown(world.nodes_error, now) for k in native})
-        else:
-            view = node_view(now, jobs, world.nodes, world.pods, default_gang)
-            for name, f in forecast_all(now, view.capacity, view.holders, view.waiters).items():
-                out[name.removeprefix("job ")] = block(f, now)
+        _section(
+            out, native, now, world.nodes_error, lambda: _native(now, jobs, world, default_gang)
+        )
     if kueue:
-        if world.kueue_error:
-            out.update({k: unknown(world.kueue_error, now) for k in kueue})
-        else:
-            view = kueue_view(now, jobs, world.cluster_queues, world.local_queues, world.workloads)
-            for name, f in forecast_all(now, view.capacity, view.holders, view.waiters).items():
-                out[name.removeprefix("job ")] = block(f, now)
-            out.update({k: unknown(why, now) for k, why in view.unplaceable.items()})
+        _section(out, kueue, now, world.kueue_error, lambda: _kueue(now, jobs, world))
+    return out
+
+
+def _section(
+    out: dict[str, dict[str, Any]],
+    keys: Sequence[str],
+    now: float,
+    read_error: str | None,
+    compute: Callable[[], dict[str, dict[str, Any]]],
+) -> None:
+    """One kind of wait's forecasts into ``out``; a failed read, or input the forecast cannot
+    use, makes that kind's jobs Unknown with the reason instead of stopping the pass."""
+    if read_error:
+        out.update({k: unknown(read_error, now) for k in keys})
+        return
+    try:
+        out.update(compute())
+    except Exception as e:  # odd input must cost this kind of forecast, never the operator
+        out.update(
+            {k: unknown(f"cannot forecast: {type(e).__name__}: {e}"[:512], now) for k in keys}
+        )
+
+
+def _native(
+    now: float, jobs: Sequence[Mapping[str, Any]], world: World, default_gang: str
+) -> dict[str, dict[str, Any]]:
+    view = node_view(now, jobs, world.nodes, world.pods, default_gang)
+    found = forecast_all(now, view.capacity, view.holders, view.waiters)
+    return {name.removeprefix("job "): block(f, now) for name, f in found.items()}
+
+
+def _kueue(
+    now: float, jobs: Sequence[Mapping[str, Any]], world: World
+) -> dict[str, dict[str, Any]]:
+    view = kueue_view(now, jobs, world.cluster_queues, world.local_queues, world.workloads)
+    found = forecast_all(now, view.capacity, view.holders, view.waiters)
+    out = {name.removeprefix("job "): block(f, now) for name, f in found.items()}
+    out.update({k: unknown(why, now) for k, why in view.unplaceable.items()})
     return out
 
 
 def _moved(old: Mapping[str, Any], new: Mapping[str, Any], now: float) -> bool:
-    for k in ("confidence", "basis", "reason", "ahead", "waitsFor"):
-        if (old.get(k) or None) != (new.get(k) or None):
-            return True
+    """Whether the new forecast is news: another confidence or place in the queue, or a
+    start (earliest or latest) that moved by more than the larger of :data:`MOVE_SECONDS`
+    and :data:`MOVE_FRACTION` of the wait. Times in the past read as now (a start "now" is
+    "now" on every pass), and names alone (two holders' ETAs crossing) are not news."""
     if old.get("forecastErrorSeconds") is not None:
         return True
+    for k in ("confidence", "ahead"):
+        if old.get(k) != new.get(k):
+            return True
     for k in ("estimatedStartTime", "latestStartTime"):
         a, b = _epoch(old.get(k)), _epoch(new.get(k))
         if (a is None) != (b is None):
             return True
-        if (
-            a is not None
-            and b is not None
-            and abs(a - b) >= max(MOVE_SECONDS, MOVE_FRACTION * (b - now))
-        ):
-            return True
+        if a is not None and b is not None:
+            a, b = max(a, now), max(b, now)
+            if abs(a - b) >= max(MOVE_SECONDS, MOVE_FRACTION * (b - now)):
+                return True
     return False
 
 

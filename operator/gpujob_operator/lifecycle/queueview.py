@@ -16,6 +16,7 @@ Two views, one per way a gang waits (:mod:`.forecast` does the arithmetic):
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
@@ -80,11 +81,22 @@ def key(obj: Obj) -> str:
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
+BAD_VALUE = (ArithmeticError, TypeError, ValueError, OverflowError)
+"""What reading one odd field may raise; it makes that field absent, never the pass fail."""
+MAX_GPUS = 1 << 20
+"""More GPUs than any pool has: a quantity beyond it is nonsense and counts as none."""
+
+
 def _gpus(value: Any) -> int:
-    if value is None:
+    """A GPU quantity as an int; absent, negative, fractional nonsense or unparsable is 0."""
+    if value is None or isinstance(value, bool):
         return 0
-    q = parse_quantity(value)
-    return int(q) if q is not None and q > 0 else 0
+    try:
+        q = parse_quantity(value if isinstance(value, int) else str(value))
+        n = int(q) if q is not None and q > 0 else 0
+    except BAD_VALUE:
+        return 0
+    return n if n <= MAX_GPUS else 0
 
 
 def pod_gpus(pod: Obj) -> int:
@@ -103,14 +115,21 @@ def pod_gpus(pod: Obj) -> int:
 def job_end(job: Obj, now: float) -> float | None:
     """When a running job releases its GPUs: its estimatedCompletionTime, never before now."""
     progress = (job.get("status") or {}).get("progress") or {}
-    when = c.parse_time(progress.get("estimatedCompletionTime"))
-    return max(when.timestamp(), now) if when is not None else None
+    try:
+        when = c.parse_time(progress.get("estimatedCompletionTime"))
+        return max(when.timestamp(), now) if when is not None else None
+    except BAD_VALUE:
+        return None
 
 
 def job_duration(job: Obj) -> float | None:
     """How long a waiting job runs once started: its last ETA (a requeued job measured it)."""
     eta = ((job.get("status") or {}).get("progress") or {}).get("etaSeconds")
-    return float(eta) if eta is not None else None
+    try:
+        value = float(eta) if eta is not None else None
+    except BAD_VALUE:
+        return None
+    return value if value is not None and math.isfinite(value) and value >= 0 else None
 
 
 def created(obj: Obj) -> str:
@@ -218,6 +237,12 @@ def node_view(
             view.capacity[f"node:{name}"] = alloc
             gpu_nodes.append(node)
     by_uid = {str(j["metadata"].get("uid")): j for j in jobs}
+    waiting = [
+        j
+        for j in jobs
+        if mechanism_of(j, default_gang) not in (None, api.GANG_KUEUE) and is_waiting(j, "")
+    ]
+    waiting_uids = {str(j["metadata"].get("uid")) for j in waiting}
     usage: dict[str, dict[str, int]] = {}
     ends: dict[str, float | None] = {}
     for pod in pods:
@@ -226,6 +251,8 @@ def node_view(
         if not spec.get("nodeName") or gpus == 0 or status.get("phase") in ("Succeeded", "Failed"):
             continue
         owner = children.controller_uid(pod)
+        if owner in waiting_uids:
+            continue  # a waiting gang's own bound pods: it will start on them, not wait for them
         job = by_uid.get(owner or "")
         name = f"job {key(job)}" if job is not None else f"pod {key(pod)}"
         pool = f"node:{spec['nodeName']}"
@@ -233,11 +260,6 @@ def node_view(
         held[pool] = held.get(pool, 0) + gpus
         ends[name] = job_end(job, now) if job is not None else None
     view.holders = [Holder(n, u, ends[n]) for n, u in usage.items()]
-    waiting = [
-        j
-        for j in jobs
-        if mechanism_of(j, default_gang) not in (None, api.GANG_KUEUE) and is_waiting(j, "")
-    ]
     placements: dict[str, tuple[tuple[str, ...], ...]] = {}
     for job in sorted(waiting, key=lambda j: (created(j), key(j))):
         waiter = _node_waiter(job, gpu_nodes, placements)
@@ -420,10 +442,15 @@ def kueue_view(
         for q in cqs
     }
     admitted, pending = _preempt(now, view.capacity, admitted, pending, policies)
-    pending.sort(key=lambda e: (-e.priority, e.created, e.waiter.name if e.waiter else ""))
+    pending.sort(key=_queue_order)
     view.holders = [e.holder for e in admitted if e.holder is not None]
     view.waiters = [e.waiter for e in pending if e.waiter is not None]
     return view
+
+
+def _queue_order(e: _Entry) -> tuple[int, str, str]:
+    """Kueue's order within a queue: priority, then age (then name, for a stable tie)."""
+    return (-e.priority, e.created, e.waiter.name if e.waiter else "")
 
 
 def _lower(e: _Entry, head: _Entry, policy: str) -> bool:
@@ -444,7 +471,7 @@ def _preempt(
     the head does not fit and its queue preempts, the fewest lower-priority Workloads
     (lowest priority, newest first) that make room end now and queue again, with what was
     left of their run as their duration."""
-    order = sorted(pending, key=lambda e: (-e.priority, e.created))
+    order = sorted(pending, key=_queue_order)
     for cq, policy in policies.items():
         head = next((e for e in order if e.cq == cq and e.waiter is not None), None)
         if policy not in PREEMPTING or head is None or head.waiter is None:
@@ -452,18 +479,24 @@ def _preempt(
         w = head.waiter
         used: dict[str, int] = {}
         for e in admitted:
-            for pool, gpus in (e.holder.usage if e.holder else {}).items():
+            if e.holder is None or (e.holder.ends_at is not None and e.holder.ends_at <= now):
+                continue  # ends now (preempted, or past its ETA): its GPUs are free already
+            for pool, gpus in e.holder.usage.items():
                 used[pool] = used.get(pool, 0) + gpus
-        free = {slot[0]: capacity.get(slot[0], 0) - used.get(slot[0], 0) for slot in w.slots}
-        if not free or max(free.values()) >= w.per:
+        room = {slot: min(capacity.get(p, 0) - used.get(p, 0) for p in slot) for slot in w.slots}
+        if not room or max(room.values()) >= w.per:
             continue
-        pool = max(free, key=lambda p: free[p])
-        need = w.per - free[pool]
-
+        best = max(room, key=lambda sl: room[sl])
+        pool = best[0]  # the queue's own flavor pool: what preemption within it frees
+        need = w.per - room[best]
         victims = [
             e
             for e in admitted
-            if e.cq == cq and e.holder and pool in e.holder.usage and _lower(e, head, policy)
+            if e.cq == cq
+            and e.holder
+            and pool in e.holder.usage
+            and (e.holder.ends_at is None or e.holder.ends_at > now)
+            and _lower(e, head, policy)
         ]
         victims.sort(key=lambda e: e.created, reverse=True)  # newest first ...
         victims.sort(key=lambda e: e.priority)  # ... within the lowest priority first

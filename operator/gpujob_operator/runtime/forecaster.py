@@ -17,6 +17,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Final
 
 from kubernetes.client.rest import ApiException
@@ -86,10 +87,8 @@ class Forecaster:
         native, kueue = waiting_kinds(jobs, self.default_gang)
         world = await self.read(native, kueue and self.kueue)
         if kueue and not self.kueue:
-            world = World(
-                world.nodes,
-                world.pods,
-                kueue_error="Kueue is not enabled for the operator (GPUJOB_KUEUE=0)",
+            world = replace(
+                world, kueue_error="Kueue is not enabled for the operator (GPUJOB_KUEUE=0)"
             )
         blocks = forecast_blocks(now, jobs, world, self.default_gang)
         todo = updates(now, jobs, blocks)
