@@ -69,6 +69,11 @@ class Waiter:
     preempts: tuple[str, ...] = ()
     """Holders its queue will evict for it (Kueue's preemption): they end as it starts."""
 
+    @property
+    def pools(self) -> list[str]:
+        """Every pool of every slot, in slot order."""
+        return [p for slot in self.slots for p in slot]
+
 
 @dataclass(frozen=True)
 class Forecast:
@@ -183,9 +188,13 @@ def _simulate(
     return out
 
 
+def _roomy(capacity: Mapping[str, int], w: Waiter) -> int:
+    """Slots that could hold the gang's share were the whole cluster empty."""
+    return sum(1 for s in w.slots if all(capacity.get(p, 0) >= w.per for p in s))
+
+
 def _fits_empty(capacity: Mapping[str, int], w: Waiter) -> bool:
-    slots = [s for s in w.slots if all(capacity.get(p, 0) >= w.per for p in s)]
-    return len(slots) >= w.count
+    return _roomy(capacity, w) >= w.count
 
 
 def forecast_queue(
@@ -197,14 +206,12 @@ def forecast_queue(
     """The forecast of every target waiter of one queue (waiters in queue order)."""
     early = _simulate(now, capacity, holders, waiters, unknown_end=now)
     late = _simulate(now, capacity, holders, waiters, unknown_end=math.inf)
-    unknown = [h.name for h in holders if h.ends_at is None]
+    unknown = [(h.name, set(h.usage)) for h in holders if h.ends_at is None]
     unknown_ahead: list[str] = []
     out = []
     for i, w in enumerate(waiters):
         if w.target:
-            out.append(
-                _one(now, w, i, early[i], late[i], capacity, holders, unknown, unknown_ahead)
-            )
+            out.append(_one(now, w, i, early[i], late[i], capacity, unknown, unknown_ahead))
         if w.duration is None:
             unknown_ahead.append(w.name)
     return out
@@ -217,26 +224,24 @@ def _one(
     early: _Placed,
     late: _Placed,
     capacity: Mapping[str, int],
-    holders: Sequence[Holder],
-    unknown: Sequence[str],
+    unknown: Sequence[tuple[str, set[str]]],
     unknown_ahead: Sequence[str],
 ) -> Forecast:
+    """One waiter's forecast from its two scenarios; ``unknown``: the holders without an
+    ETA and their pools, ``unknown_ahead``: the waiters ahead of unknown duration."""
     if early.start is None:
         return Forecast(
             w.name, None, None, UNKNOWN, "never fits", reason=_too_big(capacity, w), ahead=ahead
         )
     start = early.start
-    basis = _basis(early, late, ahead, now)
-    if w.preempts:
-        first = f"by preempting {_names(list(w.preempts))}"
-        basis = first if basis == "GPUs free" else f"{first}, {basis}"
-        early = _Placed(start, w.preempts + early.waits_for)
+    basis = _basis(early, late, ahead, now, w.preempts)
+    early = _Placed(start, w.preempts + early.waits_for)
     if late.start is not None and abs(late.start - start) < SAME_SECONDS:
         return Forecast(w.name, start, None, EXACT, basis, ahead=ahead, waits_for=early.waits_for)
-    pools = {p for slot in w.slots for p in slot}
-    relevant = [h.name for h in holders if h.ends_at is None and pools & set(h.usage)]
+    pools = set(w.pools)
+    relevant = [name for name, used in unknown if pools & used]
     named = relevant + list(unknown_ahead)
-    reason = "no known end: " + _names(named or list(unknown))
+    reason = "no known end: " + _names(named or [name for name, _ in unknown])
     waits = tuple(dict.fromkeys(early.waits_for + late.waits_for))
     latest = max(late.start, start) if late.start is not None else None
     return Forecast(
@@ -245,9 +250,13 @@ def _one(
     )  # fmt: skip
 
 
-def _basis(early: _Placed, late: _Placed, ahead: int, now: float) -> str:
-    """What it waits for: the holders whose end lets it start (at the earliest and, where
-    the unknowns make that differ, at the latest), and its place in the queue."""
+def _basis(
+    early: _Placed, late: _Placed, ahead: int, now: float, preempts: tuple[str, ...] = ()
+) -> str:
+    """What it waits for: whom its queue preempts for it, the holders whose end lets it
+    start (at the earliest and, where the unknowns make that differ, at the latest), and
+    its place in the queue."""
+    lead = f"by preempting {_names(list(preempts))}" if preempts else ""
     if early.waits_for:
         first = f"after {_names(list(early.waits_for))} end"
     elif early.start is not None and early.start > now + SAME_SECONDS:
@@ -255,10 +264,11 @@ def _basis(early: _Placed, late: _Placed, ahead: int, now: float) -> str:
     elif late.start is None or abs(late.start - (early.start or now)) >= SAME_SECONDS:
         first = "now if the holders without a known end were over"
     else:
-        first = "GPUs free"
+        first = lead or "GPUs free"
+        lead = ""
     if late.start is not None and late.waits_for != early.waits_for and late.waits_for:
         first += f", at the latest after {_names(list(late.waits_for))} end"
-    parts = [first]
+    parts = [f"{lead}, {first}" if lead else first]
     if ahead:
         parts.append(f"{ahead} ahead in queue")
     return "; ".join(parts)
@@ -272,7 +282,7 @@ def _names(names: Sequence[str]) -> str:
 
 def _too_big(capacity: Mapping[str, int], w: Waiter) -> str:
     best = max((min(capacity.get(p, 0) for p in s) for s in w.slots), default=0)
-    roomy = sum(1 for s in w.slots if all(capacity.get(p, 0) >= w.per for p in s))
+    roomy = _roomy(capacity, w)
     if w.count == 1:
         return f"needs {w.per} GPUs; the most its queue can ever give is {best}"
     return (
@@ -293,13 +303,13 @@ def groups(waiters: Sequence[Waiter]) -> list[list[Waiter]]:
         return x
 
     for w in waiters:
-        pools = [p for slot in w.slots for p in slot]
+        pools = w.pools
         for p in pools[1:]:
             parent[find(p)] = find(pools[0])
     out: dict[str, list[Waiter]] = {}
     lonely: list[list[Waiter]] = []
     for w in waiters:
-        pools = [p for slot in w.slots for p in slot]
+        pools = w.pools
         if not pools:
             lonely.append([w])
             continue
@@ -320,7 +330,7 @@ def forecast_all(
             by_pool.setdefault(pool, []).append(h)
     out: dict[str, Forecast] = {}
     for group in groups(waiters):
-        pools = {p for w in group for slot in w.slots for p in slot}
+        pools = {p for w in group for p in w.pools}
         cap = {p: capacity.get(p, 0) for p in pools}
         seen: dict[str, Holder] = {}
         for p in pools:

@@ -14,18 +14,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from gpujob_operator import api
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.display import format_start, render_display
 from gpujob_operator.api.events import Event
 from gpujob_operator.lifecycle.forecast import UNKNOWN, Forecast, forecast_all
 from gpujob_operator.lifecycle.queueview import (
     World,
-    is_waiting,
     key,
     kueue_view,
-    mechanism_of,
     node_view,
+    split_waiting,
 )
 
 MOVE_SECONDS: Final = 5.0
@@ -50,9 +48,7 @@ class QueueUpdate:
 
 
 def _time(epoch: float | None) -> str | None:
-    if epoch is None:
-        return None
-    return datetime.fromtimestamp(round(epoch), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return None if epoch is None else c.format_time(datetime.fromtimestamp(round(epoch), UTC))
 
 
 def _epoch(value: Any) -> float | None:
@@ -90,12 +86,8 @@ def forecast_blocks(
     the nodes, Kueue gangs in their ClusterQueues. A read that failed makes its jobs'
     forecasts Unknown with the reason, instead of silently absent."""
     out: dict[str, dict[str, Any]] = {}
-    native: list[str] = []
-    kueue: list[str] = []
-    for job in jobs:
-        mech = mechanism_of(job, default_gang)
-        if mech is not None and is_waiting(job, mech):
-            (kueue if mech == api.GANG_KUEUE else native).append(key(job))
+    waiting = split_waiting(jobs, default_gang)
+    native, kueue = ([key(j) for j in kind] for kind in waiting)
     if native:
         _section(
             out, native, now, world.nodes_error, lambda: _native(now, jobs, world, default_gang)

@@ -62,17 +62,15 @@ class World:
     kueue_error: str | None = None
 
 
-def waiting_kinds(jobs: Sequence[Obj], default_gang: str) -> tuple[bool, bool]:
-    """Whether any job waits on nodes, and whether any waits in Kueue: what to read."""
-    native = kueue = False
+def split_waiting(jobs: Sequence[Obj], default_gang: str) -> tuple[list[Obj], list[Obj]]:
+    """The jobs waiting for GPUs: those that wait for nodes (native gangs, none), and those
+    that wait in Kueue. Which kind waits decides what the runtime reads."""
+    native: list[Obj] = []
+    kueue: list[Obj] = []
     for job in jobs:
         mech = mechanism_of(job, default_gang)
-        if mech is None or not is_waiting(job, mech):
-            continue
-        if mech == api.GANG_KUEUE:
-            kueue = True
-        else:
-            native = True
+        if mech is not None and is_waiting(job, mech):
+            (kueue if mech == api.GANG_KUEUE else native).append(job)
     return native, kueue
 
 
@@ -237,11 +235,7 @@ def node_view(
             view.capacity[f"node:{name}"] = alloc
             gpu_nodes.append(node)
     by_uid = {str(j["metadata"].get("uid")): j for j in jobs}
-    waiting = [
-        j
-        for j in jobs
-        if mechanism_of(j, default_gang) not in (None, api.GANG_KUEUE) and is_waiting(j, "")
-    ]
+    waiting, _ = split_waiting(jobs, default_gang)
     waiting_uids = {str(j["metadata"].get("uid")) for j in waiting}
     usage: dict[str, dict[str, int]] = {}
     ends: dict[str, float | None] = {}

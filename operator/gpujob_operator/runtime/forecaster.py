@@ -24,7 +24,7 @@ from kubernetes.client.rest import ApiException
 
 from gpujob_operator.lifecycle import gang
 from gpujob_operator.lifecycle.queuestatus import QueueUpdate, forecast_blocks, updates
-from gpujob_operator.lifecycle.queueview import World, waiting_kinds
+from gpujob_operator.lifecycle.queueview import World, split_waiting
 from gpujob_operator.observability.opmetrics import METRICS, error_reason
 from gpujob_operator.runtime.kube import Kube, api_reason
 
@@ -83,8 +83,8 @@ class Forecaster:
     async def pass_once(self, now: float) -> list[QueueUpdate]:
         """One pass: read what the waiting jobs need, forecast, patch what moved."""
         began = time.monotonic()
-        jobs = [dict(j) for j in self.jobs()]
-        native, kueue = waiting_kinds(jobs, self.default_gang)
+        jobs = list(self.jobs())
+        native, kueue = (bool(kind) for kind in split_waiting(jobs, self.default_gang))
         world = await self.read(native, kueue and self.kueue)
         if kueue and not self.kueue:
             world = replace(
