@@ -19,13 +19,14 @@ from tests.support.operator import OperatorProcess
 from tests.support.waiting import wait_until
 
 STEP_SECONDS = 0.5
-A_STEPS, B_STEPS = 60, 170
-"""a ends ~30 s after it starts, b ~85 s: 55 s apart, well over twice the tolerance."""
-TOLERANCE = 20.0
+A_STEPS, B_STEPS = 60, 200
+"""a ends ~30 s after it starts, b ~100 s: 70 s apart, twice the tolerance."""
+TOLERANCE = 35.0
 """Seconds a start may differ from its forecast: the holder's ETA (a 2 s scrape, a rate over
-a window), then its pods' exit, the quota or GPUs handed on and the next gang's pods created,
-on a loaded 2-core machine. Far below the 55 s between the two holders' ends, so a
-forecast taken from the wrong holder fails."""
+a window), then its pods' exit, the quota or GPUs handed on, the scheduler's backoff for a
+pod it failed to place (up to 10 s) and the next gang's pods running, on a loaded 2-core
+machine (CI once saw 29 s). Half the 70 s between the two holders' ends, so a forecast taken
+from the wrong holder fails."""
 ENV = {"GPUJOB_FORECAST_INTERVAL": "1"}
 POLL = 1.0
 """Seconds between polls: each is a kubectl process, and two cores run the whole cluster."""
@@ -131,7 +132,7 @@ def run(kube: Kube, op: OperatorProcess, labels: dict[str, str] | None = None, *
     near(epoch(q4["estimatedStartTime"]), b_end, "fourth's forecast vs b's ETA")
     wait_until(
         lambda: queue(kube, "fourth").get("forecastErrorSeconds") is not None,
-        150,
+        200,
         "fourth started",
         interval=POLL,
     )

@@ -465,6 +465,19 @@ def test_a_stale_start_time_is_not_taken_for_the_start_the_forecast_was_about() 
     assert u.error_seconds == 50.0
 
 
+def test_the_start_is_when_all_ranks_ran_not_when_the_pass_noticed() -> None:
+    """Native gang pods exist (``startTime``) long before they can run; the start a user saw
+    is the ``Running`` transition, however late the forecaster's pass comes."""
+    j = waiting_with(forecast(NOW + 600))
+    running = {"type": "Running", "status": "True", "lastTransitionTime": iso(NOW + 610)}
+    j["status"].update(phase="Running", startTime=iso(NOW - 100), conditions=[running])
+    (u,) = qs.updates(NOW + 700, [j], {})
+    assert u.error_seconds == 10.0
+    running["status"] = "False"  # not running (yet): the pass time is all there is
+    (u,) = qs.updates(NOW + 700, [j], {})
+    assert u.error_seconds == 100.0
+
+
 def test_a_suspended_job_drops_its_open_forecast() -> None:
     j = waiting_with(forecast(NOW + 600))
     j["status"]["phase"] = "Suspended"

@@ -181,6 +181,21 @@ def _with_display(job: Mapping[str, Any], patch: dict[str, Any]) -> dict[str, An
     return patch
 
 
+def _started_at(status: Mapping[str, Any], computed: float, now: float) -> float:
+    """When the job started, as its user saw it: all ranks ``Running`` (the condition's
+    transition), else its pods' ``startTime``; neither counts when older than the forecast
+    (an earlier attempt's). ``now`` is the last resort, and the pass interval late."""
+    running = c.find(status.get("conditions"), c.RUNNING) or {}
+    for value in (
+        running.get("lastTransitionTime") if running.get("status") == c.TRUE else None,
+        status.get("startTime"),
+    ):
+        when = _epoch(value)
+        if when is not None and when >= computed:
+            return when
+    return now
+
+
 def updates(
     now: float,
     jobs: Sequence[Mapping[str, Any]],
@@ -211,9 +226,7 @@ def updates(
             continue
         estimate = _epoch(old.get("estimatedStartTime"))
         if status.get("phase") in STARTED_PHASES and estimate is not None:
-            started = _epoch(status.get("startTime"))
-            computed = _epoch(old.get("computedAt")) or now
-            actual = started if started is not None and started >= computed else now
+            actual = _started_at(status, _epoch(old.get("computedAt")) or now, now)
             error = round(actual - estimate, 1)
             patch = {"queue": {"forecastErrorSeconds": error}}
             word = "after" if error >= 0 else "before"
