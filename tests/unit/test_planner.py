@@ -16,7 +16,7 @@ from gpujob_operator import api
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.events import Event
 from gpujob_operator.api.patches import minimal_patch
-from gpujob_operator.lifecycle import backoff, observations, planner
+from gpujob_operator.lifecycle import backoff, observations, planner, restarts
 from gpujob_operator.lifecycle.observations import ObservedPod, observe_pod
 from gpujob_operator.lifecycle.planner import Plan
 from gpujob_operator.lifecycle.refusals import Refused
@@ -534,6 +534,19 @@ def test_pod_missing_before_the_gang_was_complete_is_just_created() -> None:
     assert sim.status["restarts"] == 0
 
 
+def test_a_stall_without_evidence_restarts_once_the_wait_for_it_is_over() -> None:
+    """A capture that never reports (a wedged operator task) never blocks restartOnStall."""
+    sim = running_sim(runPolicy={"restartOnStall": True})
+    sim.status["conditions"].append(
+        c.make(c.STALLED, "True", c.STALL_CONFIRMED, "no step for 615s", T0)
+    )
+    sim.now = T0 + timedelta(seconds=restarts.EVIDENCE_WAIT_SECONDS - 1)
+    assert not sim.reconcile().delete_pods
+    sim.now = T0 + timedelta(seconds=restarts.EVIDENCE_WAIT_SECONDS + 1)
+    assert sim.reconcile().delete_pods
+    assert "no hang evidence within 60s" in sim.status["failure"]["message"]
+
+
 def test_stall_restarts_only_when_asked_and_confirmed() -> None:
     detected = c.make(c.STALLED, "True", c.STALL_DETECTED, "no step for 600s", T0)
     confirmed = c.make(c.STALLED, "True", c.STALL_CONFIRMED, "no step for 615s (2 scrapes)", T0)
@@ -553,8 +566,19 @@ def test_stall_restarts_only_when_asked_and_confirmed() -> None:
         sim.status["conditions"], c.STALLED, "True", c.STALL_CONFIRMED, "2 scrapes", T0
     )
     p = sim.reconcile()
+    assert not p.delete_pods and sim.status["phase"] == "Running", "the evidence comes first"
+    assert p.requeue_after is not None and p.requeue_after <= 60
+    since = cond(sim.status, c.STALLED)["lastTransitionTime"]
+    sim.status["hangEvidence"] = {
+        "stalledSince": since,
+        "summary": "rank 1 (pod bert-node-1) is not in all_reduce #11 where rank 0 waits",
+        "note": "the ConfigMap was not written: 403 Forbidden",
+    }
+    p = sim.reconcile()
     assert sim.status["phase"] == "Restarting" and len(p.delete_pods) == 2
     assert sim.status["failure"]["reason"] == "Stalled"
+    assert "rank 1 (pod bert-node-1) is not in all_reduce #11" in sim.status["failure"]["message"]
+    assert "403 Forbidden" in sim.status["failure"]["message"]
     assert cond(sim.status, c.STALLED)["status"] == "False"
     assert cond(sim.status, c.STALLED)["reason"] == c.GANG_RESTART
     assert sim.status["restarts"] == 1

@@ -38,6 +38,19 @@ ENV_TRAINER: Final = (
 
 DEFAULT_METRICS_PORT: Final = 9400
 METRICS_PATH: Final = "/metrics"
+EVIDENCE_PATH: Final = "/debug/evidence"
+"""Where the same server answers with the rank's hang evidence (JSON, see evidence.py)."""
+ENV_EVIDENCE: Final = "GPUJOB_EVIDENCE"
+"""0/false/off turns the evidence endpoint off (it is on by default); the user's to set."""
+FLIGHT_RECORDER_ENV: Final = (
+    ("TORCH_FR_BUFFER_SIZE", "2000"),
+    ("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000"),
+    ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"),
+    ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "/tmp/gpujob_fr_rank_"),
+)
+"""What the operator puts in each pod unless ``spec.env`` sets it: the Flight Recorder on,
+bounded to the last 2,000 collectives (current and pre-2.7 variable names), and NCCL's
+watchdog dumping it to a local file when a collective times out."""
 
 # --- labels
 LABEL_RANK: Final = "rank"

@@ -26,8 +26,12 @@ purpose, strong enough to show on a loaded 2-core machine:
                             every N steps every rank evaluates for S seconds (forward passes
                             under no_grad, then an all-reduce of the metrics) inside
                             tracker.phase("eval"): busy, not stalled; eval bound when large
-    --hang-rank R --hang-after N
-                            rank R blocks forever before step N+1: a stall
+    --hang-rank R --hang-after N [--hang-how HOW]
+                            rank R blocks forever before step N+1: a stall. HOW: sleep (in
+                            the loop, outside any collective; the default), loader (inside
+                            the DataLoader's fetch), collective (in an all-reduce of another
+                            process group than its peers'), gil (a native call that never
+                            releases the GIL, so even its exporter cannot answer)
     --startup-seconds S     the first step takes S seconds longer (compilation, init, a
                             data download): busy, not stalled
 """
@@ -97,6 +101,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     cond.add_argument("--eval-seconds", type=float, default=1.0, metavar="S")
     cond.add_argument("--hang-rank", type=int, metavar="R")
     cond.add_argument("--hang-after", type=int, default=10, metavar="N")
+    cond.add_argument(
+        "--hang-how", choices=("sleep", "loader", "collective", "gil"), default="sleep"
+    )
     cond.add_argument("--startup-seconds", type=float, default=0.0, metavar="S")
     run = p.add_argument_group("run")
     run.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -216,15 +223,31 @@ def evaluate(model: nn.Module, batch: tuple[torch.Tensor, ...], seconds: float) 
 
 
 class SlowInput:
-    """Stands in for an expensive decode/augment: each batch takes `seconds` to assemble."""
+    """Stands in for an expensive decode/augment: each batch takes `seconds` to assemble;
+    with `block_after`, the batch after that many blocks forever (a hung data loader)."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, block_after: int | None = None) -> None:
         self.seconds = seconds
+        self.block_after = block_after
+        self.calls = 0
 
     def __call__(self, batch: Any) -> Any:
+        self.calls += 1
+        if self.block_after is not None and self.calls > self.block_after:
+            log.warning("the data loader blocks (--hang-how loader)")
+            threading.Event().wait()
         if self.seconds > 0:
             time.sleep(self.seconds)
         return batch
+
+
+def hang(how: str, side: Any) -> None:
+    """Block this rank forever, the way --hang-how says (see the usage above)."""
+    if how == "collective":  # peers wait in the default group's next all-reduce
+        dist.all_reduce(torch.ones(1), group=side)
+    elif how == "gil":  # native code that never lets the GIL go: nothing of Python runs
+        sum(range(1 << 62))
+    threading.Event().wait()
 
 
 def calibrate_batch(
@@ -296,7 +319,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         batch_size=None,
         sampler=BatchSampler(sampler, args.batch_size, drop_last=True),
         num_workers=args.workers,
-        collate_fn=SlowInput(args.slow_input),
+        collate_fn=SlowInput(
+            args.slow_input,
+            args.hang_after if args.hang_how == "loader" and args.hang_rank == rank.rank else None,
+        ),
         pin_memory=use_cuda,
     )
 
@@ -306,14 +332,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     repeat = args.slow_factor if args.slow_rank == rank.rank else 1.0
 
+    how = args.hang_how if args.hang_rank is not None else ""
+    # a second group every rank must create; only a "collective" hang ever uses it
+    side = dist.new_group(backend="gloo") if how == "collective" else None
     step, epoch = 0, 0
     t_log = time.perf_counter()
     while step < steps:
         sampler.set_epoch(epoch)
         for x, y, ids in batches:
-            if args.hang_rank == rank.rank and step == args.hang_after:
-                log.warning("rank %d hangs after %d steps (--hang-rank)", rank.rank, step)
-                threading.Event().wait()  # forever; peers block in their next all-reduce
+            if args.hang_rank == rank.rank and step == args.hang_after and how != "loader":
+                log.warning("rank %d hangs after %d steps (--hang-how %s)", rank.rank, step, how)
+                hang(how, side)  # forever; peers block in their next all-reduce
             x, y, ids = (t.to(device, non_blocking=True) for t in (x, y, ids))
             if step == 0 and args.startup_seconds > 0:  # stands in for torch.compile & co.
                 log.info("first step %.0fs longer (--startup-seconds)", args.startup_seconds)

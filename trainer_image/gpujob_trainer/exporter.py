@@ -12,15 +12,18 @@ imports no tracker: the tracker imports it, when it starts one.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from collections.abc import Iterator
 from typing import Any, Protocol
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from gpujob_trainer import contract
+from gpujob_trainer import contract, evidence
 from gpujob_trainer.cuda_memory import CudaMemoryCollector
 from gpujob_trainer.env import RankInfo, metrics_addr, metrics_base_port
 from gpujob_trainer.families import family, rank_values
@@ -92,11 +95,54 @@ class TrainerCollector(Collector):
         yield from render_snapshot(self._tracker.snapshot())
 
 
+class _Quiet(WSGIRequestHandler):
+    """No access log on the trainer's stderr (a scrape every few seconds)."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def _app(registry: CollectorRegistry, rank: int | None, debug: bool) -> Any:
+    """/metrics from the registry, and (unless turned off) the hang evidence."""
+    metrics = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        if environ.get("PATH_INFO") == contract.EVIDENCE_PATH:
+            status = "200 OK" if debug else "404 Not Found"
+            body = evidence.render(rank) if debug else b"evidence is off (GPUJOB_EVIDENCE=0)\n"
+            kind = "application/json" if debug else "text/plain"
+            start_response(status, [("Content-Type", kind), ("Content-Length", str(len(body)))])
+            return [body]
+        return metrics(environ, start_response)
+
+    return app
+
+
+def _serve(addr: str, port: int, app: Any) -> tuple[Any, threading.Thread]:
+    class Server(ThreadingWSGIServer):
+        address_family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+
+    server = make_server(addr, port, app, Server, handler_class=_Quiet)
+    thread = threading.Thread(target=server.serve_forever, name="gpujob-exporter", daemon=True)
+    thread.start()
+    return server, thread
+
+
 class Exporter:
     """The HTTP endpoint of one rank: a private registry served on one port."""
 
-    def __init__(self, registry: CollectorRegistry, port: int, addr: str = "0.0.0.0") -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        port: int,
+        addr: str = "0.0.0.0",
+        rank: int | None = None,
+        debug: bool | None = None,
+    ) -> None:
         self.registry = registry
+        self.rank = rank
+        self.debug = evidence.enabled() if debug is None else debug
+        """Whether :data:`contract.EVIDENCE_PATH` is served (``GPUJOB_EVIDENCE``)."""
         self.addr = addr
         self.port = port
         self._server: Any = None
@@ -122,14 +168,13 @@ class Exporter:
             registry.register(NvmlCollector(node_rank=rank.node_rank))
         if port is None:
             port = contract.metrics_port(metrics_base_port(), rank.local_rank)
-        return cls(registry, port, addr if addr is not None else metrics_addr())
+        return cls(registry, port, addr if addr is not None else metrics_addr(), rank=rank.rank)
 
     def start(self) -> int:
         """Start serving in a daemon thread; returns the bound port (useful with port 0)."""
         if self._server is None:
-            self._server, self._thread = start_http_server(
-                self.port, addr=self.addr, registry=self.registry
-            )
+            app = _app(self.registry, self.rank, self.debug)
+            self._server, self._thread = _serve(self.addr, self.port, app)
             self.port = int(self._server.server_port)
             log.info(
                 "gpujob metrics on http://%s:%d%s", self.addr, self.port, contract.METRICS_PATH

@@ -78,6 +78,11 @@ ConfigMaps, no pods/exec; only the verbs kopf and the reconciler use.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "delete"]
+# A stalled job's hang evidence (every rank's stacks), one ConfigMap per attempt: written,
+# never read (no get/list: the operator sees no other ConfigMap's data).
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["create", "patch"]
 # The headless Service that gives the pods their DNS names.
 - apiGroups: [""]
   resources: ["services"]

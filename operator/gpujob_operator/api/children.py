@@ -79,3 +79,24 @@ def job_uid(job: Mapping[str, Any]) -> str:
 def owned(pods: Iterable[Mapping[str, Any]], uid: str) -> list[Mapping[str, Any]]:
     """The pods whose controller is the object with `uid`."""
     return [p for p in pods if controller_uid(p) == uid]
+
+
+def hang_configmap_name(job_name: str, attempt: int) -> str:
+    """The ConfigMap holding attempt ``attempt``'s hang evidence (one per attempt)."""
+    return f"{job_name}-hang-{attempt}"
+
+
+def hang_configmap(job: Mapping[str, Any], attempt: int, data: Mapping[str, str]) -> dict[str, Any]:
+    """Every rank's stacks and collectives, owned by the job (gone with it)."""
+    name, namespace, _ = job_meta(job)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": hang_configmap_name(name, attempt),
+            "namespace": namespace,
+            "labels": {**selector_labels(name), "gpujob.dev/evidence": "hang"},
+            "ownerReferences": [owner_reference(job)],
+        },
+        "data": dict(data),
+    }

@@ -256,6 +256,44 @@ class QueueForecast(_StatusModel):
     )
 
 
+class HangEvidence(_StatusModel):
+    """What every rank was doing when the job was last found stalled, compared."""
+
+    attempt: int | None = Field(default=None, description="Gang attempt that stalled.")
+    stalled_since: Time | None = Field(
+        default=None,
+        description="The Stalled condition's lastTransitionTime: which stall this is about "
+        "(evidence is taken once per stall).",
+    )
+    captured_at: Time | None = Field(default=None, description="When the ranks were asked.")
+    summary: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="The answer in one line: which rank is not where the others are, and "
+        "where it is instead.",
+    )
+    culprits: list[int] | None = Field(
+        default=None,
+        max_length=64,
+        description="Ranks named as not where the others are (or silent).",
+    )
+    silent: list[int] | None = Field(
+        default=None, max_length=64, description="Ranks that did not answer at all."
+    )
+    pod: str | None = Field(default=None, description="Pod of the first rank named.")
+    node: str | None = Field(default=None, description="Node of the first rank named.")
+    config_map: str | None = Field(
+        default=None,
+        description="ConfigMap (owned by the job, one per attempt) with every rank's stacks "
+        "and recent collectives: kubectl get configmap NAME -o jsonpath='{.data}'.",
+    )
+    note: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="Why the ConfigMap is missing or cut short, when it is.",
+    )
+
+
 class Display(_StatusModel):
     """Pre-formatted strings for `kubectl get` columns (JSONPath cannot format)."""
 
@@ -327,6 +365,10 @@ class GPUTrainingJobStatus(_StatusModel):
     )
     queue: QueueForecast | None = Field(
         default=None, description="Start-time forecast while the job waits for GPUs."
+    )
+    hang_evidence: HangEvidence | None = Field(
+        default=None,
+        description="Every rank's place when the job last stalled, taken before any restart.",
     )
 
 

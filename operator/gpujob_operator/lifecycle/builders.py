@@ -11,8 +11,9 @@ Decisions:
 
 * Env: the operator's rendezvous and ``GPUJOB_*`` variables come first and always win (the
   API refuses user values for them, see ``api.RESERVED_ENV``); any other operator default
-  (``PYTHONUNBUFFERED``) is replaced by a user entry of the same name. User entries follow,
-  so their ``$(VAR)`` references can use the operator's variables.
+  (``PYTHONUNBUFFERED``, the Flight Recorder's ``contract.FLIGHT_RECORDER_ENV``) is replaced
+  by a user entry of the same name. User entries follow, so their ``$(VAR)`` references can
+  use the operator's variables.
 * Command with ``launcher: torchrun``: ``python -m M args`` -> ``torchrun <flags> -m M args``;
   ``python S args`` -> ``torchrun <flags> S args`` (torchrun runs S with its own interpreter);
   anything else (including ``python -u ...``) -> ``torchrun <flags> --no-python CMD``.
@@ -47,6 +48,7 @@ from gpujob_operator.api.children import (
     pod_name,
     selector_labels,
 )
+from gpujob_trainer import contract
 from gpujob_trainer.contract import ENV_METRICS_ADDR
 
 CONTAINER_NAME: Final = "trainer"
@@ -118,7 +120,8 @@ def build_env(
     ]
     if t.total_steps is not None:
         owned.append((api.ENV_TOTAL_STEPS, str(t.total_steps)))
-    defaults = [("PYTHONUNBUFFERED", "1")]
+    # The Flight Recorder on (bounded), so a hang leaves a collective trace to compare.
+    defaults = [("PYTHONUNBUFFERED", "1"), *contract.FLIGHT_RECORDER_ENV]
     user = [e for e in spec.env or () if e.name not in api.RESERVED_ENV]
     user_names = {e.name for e in user}
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in owned]

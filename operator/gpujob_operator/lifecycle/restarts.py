@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, Final
 
 from gpujob_operator import api
 from gpujob_operator.api import children
@@ -100,7 +100,7 @@ def restart_needed(pp: PlanningPass) -> bool:
             failure = {
                 "attempt": pp.attempt,
                 "reason": "Stalled",
-                "message": str(stalled.get("message") or "no training step for too long"),
+                "message": with_evidence(pp, str(stalled.get("message") or "no step for too long")),
             }
     if failure is None:
         return False
@@ -183,10 +183,41 @@ def disruption_restart(pp: PlanningPass, pod: ObservedPod) -> None:
     pp.delete(pp.pods)
 
 
+EVIDENCE_WAIT_SECONDS: Final = 60.0
+"""restartOnStall waits at most this long after the stall began for its hang evidence (taken
+within one scrape timeout when the operator is well); a stuck capture never blocks the
+restart for longer."""
+
+
 def stall_confirmed(pp: PlanningPass) -> bool:
-    """Stalled held for consecutive scrapes of the current attempt (StallConfirmed)."""
+    """Stalled held for consecutive scrapes of the current attempt (StallConfirmed), and
+    its hang evidence is taken (or :data:`EVIDENCE_WAIT_SECONDS` went by without it)."""
     cond = c.find(pp.conds, c.STALLED) or {}
-    return cond.get("status") == c.TRUE and cond.get("reason") == c.STALL_CONFIRMED
+    if cond.get("status") != c.TRUE or cond.get("reason") != c.STALL_CONFIRMED:
+        return False
+    since = cond.get("lastTransitionTime")
+    if (pp.old_status.get("hangEvidence") or {}).get("stalledSince") == since:
+        return True
+    try:
+        began = c.parse_time(since)
+    except (TypeError, ValueError):
+        began = None
+    left = EVIDENCE_WAIT_SECONDS - (pp.now - began).total_seconds() if began else 0.0
+    if left > 0:
+        pp.requeue.append(left)
+        return False
+    return True
+
+
+def with_evidence(pp: PlanningPass, message: str) -> str:
+    """The restart's failure message, pointing at the hang evidence or saying why none."""
+    if "; evidence: " in message:
+        return message  # the Stalled condition already carries the answer and the ConfigMap
+    cond = c.find(pp.conds, c.STALLED) or {}
+    ev = pp.old_status.get("hangEvidence") or {}
+    if ev.get("stalledSince") != cond.get("lastTransitionTime"):
+        return f"{message}; no hang evidence within {EVIDENCE_WAIT_SECONDS:.0f}s"
+    return f"{message}; evidence: {ev.get('summary')} ({ev.get('note') or 'no ConfigMap'})"
 
 
 def lost_rank(pp: PlanningPass, current: Sequence[ObservedPod]) -> int | None:

@@ -124,6 +124,9 @@ class JobMonitor:
         self._last_step: float | None = None
         self._stall_streak = 0
         self._clock = PatchClock()
+        self.hang: Mapping[str, Any] | None = None
+        """``status.hangEvidence`` of the current stall, once taken (the metrics task sets
+        it): its answer joins the Stalled condition's message and the Stalled verdict."""
 
     def reset(self) -> None:
         """Forget the window and verdict (after a gang restart or a resume)."""
@@ -219,10 +222,13 @@ class JobMonitor:
         if change is not None:
             events.append(_verdict_event(change))
         pub = self.verdict.published
+        bottleneck = pub.to_status(self.verdict.since) if pub is not None else None
+        if bottleneck is not None and pub is not None and pub.verdict == STALLED and self.hang:
+            bottleneck = with_hang(bottleneck, self.hang)
         return MonitorUpdate(
             now=now,
             progress=result.progress,
-            bottleneck=pub.to_status(self.verdict.since) if pub is not None else None,
+            bottleneck=bottleneck,
             gpus=result.gpus,
             conditions=conds,
             events=events,
@@ -304,10 +310,11 @@ class JobMonitor:
         stall = next((v for v in result.candidates if v.verdict == STALLED), None)
         if stall is not None:
             n = self._stall_streak
+            answer = hang_text(self.hang)
             if n >= STALL_CONFIRM_SCRAPES:
-                msg = f"{stall.summary} (confirmed by {n} consecutive scrapes)"
+                msg = f"{stall.summary} (confirmed by {n} consecutive scrapes){answer}"
                 return self._make(c.STALLED, True, c.STALL_CONFIRMED, msg, now)
-            return self._make(c.STALLED, True, c.STALL_DETECTED, stall.summary, now)
+            return self._make(c.STALLED, True, c.STALL_DETECTED, stall.summary + answer, now)
         limit = result.stall_threshold or 0.0
         note = result.stall_note or f"steps advance (stall after {limit:.0f}s without one)"
         return self._make(c.STALLED, False, result.stall_reason, note, now)
@@ -320,6 +327,27 @@ class JobMonitor:
         if pub.verdict == HEALTHY:
             return self._make(c.BOTTLENECK_DETECTED, False, c.NO_BOTTLENECK, pub.summary, now)
         return self._make(c.BOTTLENECK_DETECTED, True, pub.verdict, pub.summary, now)
+
+
+def hang_text(evidence: Mapping[str, Any] | None) -> str:
+    """ "; evidence: <answer> (every rank: configmap/<name>)", or "" before it was taken."""
+    if not evidence or not evidence.get("summary"):
+        return ""
+    where = f" (every rank: configmap/{evidence['configMap']})" if evidence.get("configMap") else ""
+    return f"; evidence: {evidence['summary']}{where}"
+
+
+def with_hang(bottleneck: dict[str, Any], evidence: Mapping[str, Any]) -> dict[str, Any]:
+    """The Stalled verdict, naming the rank the evidence named (it knows better than the
+    step counts, which a hung rank and its waiting peers share)."""
+    out = {**bottleneck, "evidence": {**(bottleneck.get("evidence") or {})}}
+    out["evidence"]["hang"] = str(evidence.get("summary", ""))[:1024]
+    if evidence.get("configMap"):
+        out["evidence"]["hangConfigMap"] = str(evidence["configMap"])
+    culprits = evidence.get("culprits") or []
+    if culprits:
+        out.update(rank=int(culprits[0]), pod=evidence.get("pod"), node=evidence.get("node"))
+    return out
 
 
 def _max_series(spec: api.GPUTrainingJobSpec | Mapping[str, Any] | Settings) -> int:

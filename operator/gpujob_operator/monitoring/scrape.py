@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import resource
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Final
@@ -137,8 +137,36 @@ class Scraper:
         """Scrape one endpoint within `timeout`; never raises (except cancellation)."""
         return await self._scrape(target, time.monotonic() + self.timeout, None)
 
+    async def fetch_all(
+        self, targets: Sequence[ScrapeTarget], max_bytes: int
+    ) -> list[tuple[bytes | None, str]]:
+        """Each target's raw body, or None and why: the scrape's slots, timeout and pool,
+        with its own byte cap (the hang evidence, which is not exposition text)."""
+        deadline = time.monotonic() + self.timeout
+        share = asyncio.Semaphore(self.per_call) if len(targets) > self.per_call else None
+
+        async def one(target: ScrapeTarget, deadline: float) -> ScrapeResult:
+            try:
+                resp = await self._exchange(self._endpoint(target.url), deadline, max_bytes)
+                if resp.status != 200:
+                    raise Failure(ErrorKind.HTTP_STATUS, f"HTTP {resp.status} {resp.reason}")
+                body = decode_body(resp.body, resp.encoding, max_bytes)
+            except TimeoutError:
+                kind, msg = ErrorKind.TIMEOUT, f"no complete response within {self.timeout:g}s"
+                return ScrapeResult(target, self._clock(), error=kind, message=msg)
+            except Failure as exc:
+                return ScrapeResult(target, self._clock(), error=exc.kind, message=exc.message)
+            return ScrapeResult(target, self._clock(), raw=body, size=len(body))
+
+        results = await asyncio.gather(*(self._scrape(t, deadline, share, one) for t in targets))
+        return [(r.raw, "" if r.ok else f"{r.error}: {r.message}") for r in results]
+
     async def _scrape(
-        self, target: ScrapeTarget, deadline: float, share: asyncio.Semaphore | None
+        self,
+        target: ScrapeTarget,
+        deadline: float,
+        share: asyncio.Semaphore | None,
+        fetch: Callable[[ScrapeTarget, float], Awaitable[ScrapeResult]] | None = None,
     ) -> ScrapeResult:
         sem = self._ensure()
         loop = asyncio.get_running_loop()
@@ -168,7 +196,7 @@ class Scraper:
                     seconds=waited,
                 )
             begun = time.monotonic()
-            result = await self._fetch(target, deadline)
+            result = await (fetch or self._fetch)(target, deadline)
             result.seconds = time.monotonic() - begun
             return result
         finally:
@@ -234,14 +262,25 @@ class Scraper:
             raise Failure(ErrorKind.CONNECTION, str(exc)) from None
         return conn
 
-    async def _exchange(self, ep: Endpoint, deadline: float) -> Response:
+    def _endpoint(self, url: str) -> Endpoint:
+        ep = self._endpoints.get(url)
+        if ep is None:
+            ep = endpoint(url)
+            if len(self._endpoints) > 65536:
+                self._endpoints.clear()
+            self._endpoints[url] = ep
+        return ep
+
+    async def _exchange(
+        self, ep: Endpoint, deadline: float, max_bytes: int | None = None
+    ) -> Response:
         loop = asyncio.get_running_loop()
         for attempt in (0, 1):
             conn = self._take(ep.key) if attempt == 0 else None
             reused = conn is not None
             if conn is None:
                 conn = await self._connect(ep.key, deadline)
-            fut = conn.request(ep.head, self.max_bytes)
+            fut = conn.request(ep.head, self.max_bytes if max_bytes is None else max_bytes)
             timer = loop.call_at(loop.time() + (deadline - time.monotonic()), expire, conn, fut)
             try:
                 resp = await fut
@@ -267,13 +306,7 @@ class Scraper:
             return ScrapeResult(target, self._clock(), error=kind, message=message, size=size)
 
         try:
-            ep = self._endpoints.get(target.url)
-            if ep is None:
-                ep = endpoint(target.url)
-                if len(self._endpoints) > 65536:
-                    self._endpoints.clear()
-                self._endpoints[target.url] = ep
-            resp = await self._exchange(ep, deadline)
+            resp = await self._exchange(self._endpoint(target.url), deadline)
             if resp.status != 200:
                 return fail(ErrorKind.HTTP_STATUS, f"HTTP {resp.status} {resp.reason}")
             body = decode_body(resp.body, resp.encoding, self.max_bytes)

@@ -63,6 +63,8 @@ class ScrapeResult:
     dropped_values: int = 0
     """Non-finite or implausible values turned into "absent"."""
     notes: tuple[tuple[str, str], ...] = ()
+    raw: bytes | None = None
+    """The body as received, for a raw fetch (`Scraper.fetch_all`) only."""
     """(kind, words) of what was dropped (`guard.Admitted.notes`)."""
 
     @property

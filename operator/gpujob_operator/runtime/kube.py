@@ -126,6 +126,21 @@ class Kube:
             if e.status != 404:
                 raise
 
+    async def put_configmap(self, namespace: str, body: dict[str, Any]) -> None:
+        """Create the ConfigMap, or replace the data of the one of that name (no read)."""
+        try:
+            await asyncio.to_thread(
+                self.core.create_namespaced_config_map, namespace, cast(Any, body)
+            )
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            patch = [{"op": "replace", "path": "/data", "value": body["data"]}]
+            name = body["metadata"]["name"]
+            await asyncio.to_thread(
+                self.core.patch_namespaced_config_map, name, namespace, cast(Any, patch)
+            )
+
     # -- gang admission objects (gang.py): Workload/PodGroup, Kueue Workload, ResourceFlavor
     async def create_object(self, namespace: str, body: dict[str, Any]) -> bool:
         """Create a namespaced custom object; False when it already exists."""

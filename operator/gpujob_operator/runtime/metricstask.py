@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import job_uid
-from gpujob_operator.monitoring.monitor import JobMonitor, exited_ranks
-from gpujob_operator.monitoring.scrape_result import ErrorKind
+from gpujob_operator.monitoring.monitor import JobMonitor, exited_ranks, hang_text
+from gpujob_operator.monitoring.scrape_result import ErrorKind, ScrapeTarget
 from gpujob_operator.observability.opmetrics import METRICS
+from gpujob_operator.runtime import hangcapture
 from gpujob_operator.runtime.kube import JobGone
 
 if TYPE_CHECKING:
@@ -40,6 +41,8 @@ class MetricsTask:
     failures: int = 0
     """Failed scrape-and-status passes in a row (their backoff)."""
     wake: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    captured: str | None = None
+    """The stall (its Stalled transition time) whose evidence this task last took."""
 
     async def observe(self, pods: list[Mapping[str, Any]]) -> float | None:
         """Scrape the ranks when due and fold the result into status; seconds until the next.
@@ -84,6 +87,7 @@ class MetricsTask:
                 return interval  # the gang restarted (or the spec changed) meanwhile
             if status.get("phase") != c.PHASE_RUNNING:
                 return None
+            monitor.hang = hangcapture.current(status)
             # The pods as they are now: ranks may have exited during the scrape.
             exited = exited_ranks(loop._pods() or pods, job_uid(job))
             update = monitor.observe(results, time.time(), exited=exited)
@@ -99,7 +103,49 @@ class MetricsTask:
                     meta["namespace"], meta["name"], loop.freshest(loop.body).get("status")
                 )
                 loop.wake.set()  # the lifecycle acts on what was observed (restartOnStall)
+            job = loop.freshest(loop.body)
+            since = hangcapture.due(job.get("status") or {})
+        if since is not None and since != self.captured:
+            self.captured = since  # once per stall, even when writing the record fails
+            await self.take_evidence(job, targets, since, identity)
         return interval
+
+    async def take_evidence(
+        self,
+        job: Mapping[str, Any],
+        targets: list[ScrapeTarget],
+        since: str,
+        identity: tuple[int, int],
+    ) -> None:
+        """Capture the stall's evidence without the lock, then record it under the lock."""
+        loop = self.loop
+        assert loop.scraper is not None
+        record, report = await hangcapture.capture(loop, loop.scraper, job, targets, since)
+        async with loop.lock:
+            job = loop.freshest(loop.body)
+            status, meta = job.get("status") or {}, job["metadata"]
+            now_identity = (int(meta.get("generation") or 0), int(status.get("attempt") or 0))
+            if now_identity != identity:
+                return  # restarted meanwhile (only the lapse of the wait lets that happen)
+            if self.monitor is not None:
+                self.monitor.hang = record
+            conds = [
+                {**cond, "message": str(cond.get("message", "")) + hang_text(record)}
+                if cond.get("type") == c.STALLED and "; evidence: " not in cond.get("message", "")
+                else cond
+                for cond in status.get("conditions") or []
+            ]
+            await loop._write_status(
+                meta["namespace"], meta["name"], {"hangEvidence": record, "conditions": conds}
+            )
+            where = f"; every rank's stacks: kubectl get configmap {record['configMap']} -o yaml"
+            loop.post_event(
+                job,
+                "Warning",
+                c.HANG_EVIDENCE,
+                report.summary + (where if record.get("configMap") else f"; {record['note']}"),
+            )
+            loop.wake.set()  # restartOnStall waits for this record
 
     async def run(self) -> None:
         """Until the loop ends: observe when due, back off on failure, sleep until woken."""
