@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import job_uid
-from gpujob_operator.monitoring.monitor import JobMonitor, exited_ranks, hang_text
+from gpujob_operator.monitoring.monitor import JobMonitor, exited_ranks, hang_text, with_hang
 from gpujob_operator.monitoring.scrape_result import ErrorKind, ScrapeTarget
+from gpujob_operator.monitoring.verdict import STALLED
 from gpujob_operator.observability.opmetrics import METRICS
 from gpujob_operator.runtime import hangcapture
 from gpujob_operator.runtime.kube import JobGone
@@ -135,9 +136,11 @@ class MetricsTask:
                 else cond
                 for cond in status.get("conditions") or []
             ]
-            await loop._write_status(
-                meta["namespace"], meta["name"], {"hangEvidence": record, "conditions": conds}
-            )
+            patch: dict[str, Any] = {"hangEvidence": record, "conditions": conds}
+            bottleneck = status.get("bottleneck") or {}
+            if bottleneck.get("verdict") == STALLED:
+                patch["bottleneck"] = with_hang(bottleneck, record)
+            await loop._write_status(meta["namespace"], meta["name"], patch)
             where = f"; every rank's stacks: kubectl get configmap {record['configMap']} -o yaml"
             loop.post_event(
                 job,
