@@ -1,7 +1,8 @@
 """The operator dies at each write boundary of a gang restart; its successor finishes the job.
 
 A gang restart is three kinds of writes: the status (restarts+1, attempt+1), the deletes of
-the old gang, the creates of the new one. ``GPUJOB_FAULT_EXIT_AT`` makes the operator exit
+the old gang, the creates of the new one. (And apart from a restart: the operator dies
+between taking a stall's hang evidence and recording it.) ``GPUJOB_FAULT_EXIT_AT`` makes the operator exit
 137 exactly at one boundary (``gpujob_operator.runtime.faults``), so the kill lands where a crash
 hurts most, not wherever a timer happened to fire. The job is brought to Running by one
 operator; a second one, armed with the fault, takes over and dies in the restart; a third
@@ -15,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from gpujob_operator.runtime.faults import ENV, EXIT_CODE
+from gpujob_operator.runtime.faults import BEFORE_EVIDENCE_RECORD, ENV, EXIT_CODE
 from tests.chaos.harness import ChaosOperator, PodRecorder, gated_script, shell_job
 from tests.chaos.ledger import Ledger
 from tests.integration.conftest import job_status, wait_job_phase
+from tests.integration.test_progress_verdicts import job_events, trainer_job
 from tests.support.kube import Kube
 from tests.support.waiting import wait_until
 
@@ -94,6 +96,57 @@ def test_operator_killed_at_a_gang_restart_boundary(
     final = live_pods(kube, name)
     assert {p["metadata"]["labels"]["gpujob.dev/attempt"] for p in final} == {"1"}, final
     wait_until(lambda: len(pods.created(name)) >= 4, 10, "the recorder to see 4 pods")
+    created = sorted((p.attempt, p.rank) for p in pods.created(name))
+    assert created == [(0, 0), (0, 1), (1, 0), (1, 1)], f"pods created: {created}"
+    assert not pods.violations, pods.violations
+    assert not op.tracebacks(), op.tracebacks()[0]
+
+
+def test_operator_killed_while_taking_hang_evidence_restarts_the_hung_gang_once(
+    kube: Kube,
+    chaos_operator: ChaosOperator,
+    pods: PodRecorder,
+    ledger: Ledger,
+) -> None:
+    """A real hung rank (torchrun, gloo) and restartOnStall: the operator that takes the
+    evidence dies before recording it, so nothing may restart yet; its successor takes the
+    evidence again (the stall is still there), records it, and only then restarts the gang,
+    once. The second attempt hangs the same way and fails the job at backoffLimit 1."""
+    name = "hung"
+    op = chaos_operator.start(**{ENV: BEFORE_EVIDENCE_RECORD})
+    body = trainer_job(
+        name,
+        100_000,
+        "--hidden", "64", "--layers", "1", "--batch-size", "64",
+        "--hang-rank", "1", "--hang-after", "20",
+        stallTimeoutSeconds=10,
+    )  # fmt: skip
+    body["spec"]["runPolicy"] = {"backoffLimit": 1, "restartOnStall": True}
+    body["spec"]["template"] = {"terminationGracePeriodSeconds": 2}
+    kube.apply(body)
+    try:
+        code = op.wait_exit(240)
+    except Exception as e:
+        raise AssertionError(f"the armed operator never took evidence: {e}") from e
+    assert code == EXIT_CODE
+    ledger.inject("operator killed before-evidence-record (hung rank 1)")
+    status = job_status(kube, name)
+    assert status["restarts"] == 0 and "hangEvidence" not in status, status
+    # What it wrote before dying is there to read.
+    data = kube.run("get", "configmap", f"{name}-hang-0", "-o", "jsonpath={.data}", check=True)
+    assert "rank 1 (pod hung-node-1" in data.stdout
+
+    op.start()
+    status = wait_job_phase(kube, name, ("Failed",), timeout=300)
+    ledger.job_ended(name, "Failed", status.get("phase"))
+    assert status["restarts"] == 1, status
+    assert status["failure"]["reason"] == "Stalled" and status["failure"]["attempt"] == 1
+    ev = status["hangEvidence"]
+    assert ev["attempt"] == 1 and ev["culprits"] == [1], ev
+    reasons = [e["reason"] for e in job_events(kube, name)]
+    assert reasons.count("GangRestart") == 1, reasons
+    assert reasons.count("HangEvidence") == 2, "one per stall, none lost to the kill"
+    assert reasons.index("HangEvidence") < reasons.index("GangRestart"), reasons
     created = sorted((p.attempt, p.rank) for p in pods.created(name))
     assert created == [(0, 0), (0, 1), (1, 0), (1, 1)], f"pods created: {created}"
     assert not pods.violations, pods.violations

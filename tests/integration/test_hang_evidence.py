@@ -102,8 +102,9 @@ def test_a_rank_whose_python_holds_the_gil_is_named_as_silent(
     try:
         assert ev["culprits"] == [1] and ev["silent"] == [1], ev
         assert "rank 1 (pod hung-gil-node-1" in ev["summary"] and "did not answer" in ev["summary"]
-        assert "hold the GIL" in ev["summary"] and "while rank 0 waits in all_reduce #" in (
-            ev["summary"]
+        assert (
+            "hold the GIL" in ev["summary"]
+            and "while rank 0 waits in all_reduce #" in (ev["summary"])
         )
         assert "did not answer" in configmap(kube, ev["configMap"])["rank-1.txt"]
     finally:  # its rank spins a core until killed

@@ -78,6 +78,7 @@ def test_healthy_job_climbs_to_100_percent_without_a_verdict(
     )
     final = rows[-1]
     assert final["STATUS"] == "Succeeded" and final["PROGRESS"] == "100.0%"
+    assert "hangEvidence" not in job_status(kube, "healthy"), "a healthy run captures nothing"
     status = job_status(kube, "healthy")
     assert status["progress"]["step"] == 120 and status["progress"]["totalSteps"] == 120
     metrics = next(c for c in status["conditions"] if c["type"] == "MetricsAvailable")

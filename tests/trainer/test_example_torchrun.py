@@ -6,11 +6,15 @@ chosen to hold on a loaded 2-core machine where the two ranks contend for the co
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from trainer_harness import (
+    LOOPBACK,
     Scrape,
     TrainerRun,
     per_step,
@@ -128,7 +132,9 @@ def test_comm_heavy_exposes_comm_wait(tmp_path: Path) -> None:
 
 def test_hang_rank_stops_stepping_while_exporters_serve(tmp_path: Path) -> None:
     with torchrun_example(
-        [*SIZE, "--steps=50", "--hang-rank=1", "--hang-after=5"], tmp_path
+        [*SIZE, "--steps=50", "--hang-rank=1", "--hang-after=5"],
+        tmp_path,
+        env=dict(contract.FLIGHT_RECORDER_ENV),
     ) as run:
         final = run.wait_steps(5, TIMEOUT)
         wait_for("the hang", lambda: "hangs after 5 steps" in run.log() or None, TIMEOUT)
@@ -138,6 +144,15 @@ def test_hang_rank_stops_stepping_while_exporters_serve(tmp_path: Path) -> None:
         assert again == [5, 5]
         assert run.proc.poll() is None
         assert len(final) == 2
+        # ... and so does their evidence: rank 0's recorder holds the pending all-reduce that
+        # rank 1 never entered; rank 1's main thread sits where the example parks it.
+        docs = [evidence_of(port) for port in run.ports()]
+        pending = [e for e in docs[0]["collectives"]["entries"] if not e["retired"]]
+        assert [e["op"] for e in pending] == ["all_reduce"]
+        done = docs[1]["collectives"]["entries"]
+        assert all(e["retired"] for e in done) and done[-1]["seq"] == pending[0]["seq"] - 1
+        main = next(t for t in docs[1]["threads"] if t["main"])
+        assert "hang" in [f["function"] for f in main["frames"]]
 
 
 def test_first_step_checkpoint_and_eval_are_busy_phases_on_the_wire(tmp_path: Path) -> None:
@@ -183,3 +198,9 @@ def test_first_step_checkpoint_and_eval_are_busy_phases_on_the_wire(tmp_path: Pa
         assert 3.8 < ph["eval"] < 7.0, ph
         assert s.value("gpujob_train_samples_total") == 14 * BATCH  # eval batches don't count
         assert ph["other"] > 1.8, ph  # the 2 s first-step delay (no phase of its own)
+
+
+def evidence_of(port: int) -> dict[str, Any]:
+    url = f"http://{LOOPBACK}:{port}{contract.EVIDENCE_PATH}"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return dict(json.loads(r.read()))

@@ -67,3 +67,53 @@ def test_port_in_use_is_logged_and_training_goes_on(caplog: pytest.LogCaptureFix
         tracker.end_step()
         assert tracker.snapshot().steps == 1
         tracker.close()
+
+
+def _get(port: int, path: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(f"http://{LOOPBACK}:{port}{path}", timeout=10) as r:
+            return int(r.status), bytes(r.read())
+    except urllib.error.HTTPError as e:
+        return int(e.code), bytes(e.read())
+
+
+def test_the_evidence_endpoint_serves_every_threads_stack_and_can_be_turned_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import json
+    import threading
+
+    parked = threading.Event()
+
+    def park_here() -> None:  # a thread whose place the evidence must show
+        parked.wait(30)
+
+    worker = threading.Thread(target=park_here, name="parked", daemon=True)
+    worker.start()
+    tracker = gpujob_trainer.init(port=0, addr=LOOPBACK, rank=RankInfo(3, 0, 1, 4))
+    try:
+        assert tracker.exporter is not None
+        status, body = _get(tracker.exporter.port, contract.EVIDENCE_PATH)
+        assert status == 200
+        doc = json.loads(body)
+        assert doc["rank"] == 3 and doc["version"] == 1
+        threads = {t["name"]: t for t in doc["threads"]}
+        assert "park_here" in [f["function"] for f in threads["parked"]["frames"]]
+        assert threads["MainThread"]["main"]
+        serving = [f["function"] for t in doc["threads"] for f in t["frames"]]
+        assert "stacks" not in serving, "the thread taking the stacks is left out"
+        # no process group in this process: said, not guessed
+        assert doc["collectives"]["available"] is False and doc["collectives"]["why"]
+    finally:
+        tracker.close()
+        parked.set()
+
+    monkeypatch.setenv(contract.ENV_EVIDENCE, "0")
+    tracker = gpujob_trainer.init(port=0, addr=LOOPBACK, rank=RankInfo(0, 0, 0, 1))
+    try:
+        assert tracker.exporter is not None
+        status, body = _get(tracker.exporter.port, contract.EVIDENCE_PATH)
+        assert status == 404 and b"GPUJOB_EVIDENCE=0" in body
+        assert _get(tracker.exporter.port, contract.METRICS_PATH)[0] == 200
+    finally:
+        tracker.close()

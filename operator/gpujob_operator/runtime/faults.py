@@ -8,7 +8,8 @@ Unarmed (always, in production) a fault point costs one comparison.
 
 Boundaries of a gang restart, in the order the job loop writes:
 ``after-status-write`` (status written, pods not yet touched), ``between-pod-deletes``,
-``between-pod-creates``.
+``between-pod-creates``. Apart from those, ``before-evidence-record``: a stall's hang evidence
+taken and its ConfigMap written, its record not yet in the status.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ AFTER_STATUS_WRITE: Final = "after-status-write"
 BETWEEN_POD_DELETES: Final = "between-pod-deletes"
 BETWEEN_POD_CREATES: Final = "between-pod-creates"
 BOUNDARIES: Final = (AFTER_STATUS_WRITE, BETWEEN_POD_DELETES, BETWEEN_POD_CREATES)
+BEFORE_EVIDENCE_RECORD: Final = "before-evidence-record"
+POINTS: Final = (*BOUNDARIES, BEFORE_EVIDENCE_RECORD)
+"""Every point a test may arm."""
 
 
 def fault_point(armed: str | None, name: str) -> None:

@@ -24,6 +24,7 @@ from gpujob_operator.monitoring.scrape_result import ErrorKind, ScrapeTarget
 from gpujob_operator.monitoring.verdict import STALLED
 from gpujob_operator.observability.opmetrics import METRICS
 from gpujob_operator.runtime import hangcapture
+from gpujob_operator.runtime.faults import BEFORE_EVIDENCE_RECORD, fault_point
 from gpujob_operator.runtime.kube import JobGone
 
 if TYPE_CHECKING:
@@ -122,6 +123,7 @@ class MetricsTask:
         loop = self.loop
         assert loop.scraper is not None
         record, report = await hangcapture.capture(loop, loop.scraper, job, targets, since)
+        fault_point(loop.fault_at, BEFORE_EVIDENCE_RECORD)
         async with loop.lock:
             job = loop.freshest(loop.body)
             status, meta = job.get("status") or {}, job["metadata"]

@@ -220,7 +220,7 @@ def from_env(env: Mapping[str, str]) -> Settings:
             faults.ENV,
             d.fault_exit_at,
             str,
-            "one of " + ", ".join(faults.BOUNDARIES),
-            lambda v: v in faults.BOUNDARIES,
+            "one of " + ", ".join(faults.POINTS),
+            lambda v: v in faults.POINTS,
         ),
     )
