@@ -8,6 +8,8 @@
    up to the step time and to the wall-clock time between the scrapes; that the caching
    allocator's series name the same UUID;
 3. runs `gpujob diagnose` on it and expects a sane verdict (no Stalled, no HardwareFault);
+   reads its `/debug/evidence` and expects the Flight Recorder's NCCL trace (SKIPPED, with
+   why, where the rank does not run NCCL);
 4. runs two processes sharing the GPU (gloo, since NCCL refuses a shared GPU) and checks
    both ranks' series;
 5. runs `bench/trainer_overhead.py --device cuda`: zero host-device synchronisations
@@ -30,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +60,7 @@ CHECKS = (
     "two ranks share the GPU",
     "no syncs added",
     "overhead ratio",
+    "nccl collective trace",
 )
 
 
@@ -282,6 +286,26 @@ def probe_device() -> tuple[Device | None, str]:
     return Device(torch.cuda.get_device_name(0), uuid, smi_uuid, smi_name), ""
 
 
+def nccl_trace(doc: dict[str, Any]) -> Check:
+    """The rank's /debug/evidence holds Flight Recorder entries read from NCCL."""
+    name = "nccl collective trace"
+    col = doc.get("collectives") or {}
+    if col.get("backend") != "nccl":
+        why = col.get("why") or "no process group"
+        return Check(name, SKIPPED, f"the rank runs {col.get('backend') or 'no backend'}: {why}")
+    entries = col.get("entries") or []
+    if not col.get("available") or not entries:
+        return Check(name, FAIL, f"no NCCL trace: {col.get('why') or 'empty'}")
+    last = entries[-1]
+    return Check(name, PASS, f"{len(entries)} entries, last {last['op']} #{last['seq']}")
+
+
+def _evidence(port: int) -> dict[str, Any]:
+    url = f"http://127.0.0.1:{port}{contract.EVIDENCE_PATH}"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return dict(json.loads(r.read()))
+
+
 def _guard(name: str, fn: Callable[[], Check]) -> Check:
     try:
         return fn()
@@ -294,9 +318,11 @@ def run_checks(device: Device, work: Path, bench_seconds: float) -> list[Check]:
     one: dict[str, Any] = {}
 
     def single_rank() -> Check:
-        with torchrun_example([*SIZE, "--device=cuda"], work, nproc=1) as run:
+        recorder = dict(contract.flight_recorder_env(set()))
+        with torchrun_example([*SIZE, "--device=cuda"], work, nproc=1, env=recorder) as run:
             port = run.ports()[0]
             wait_for("10 steps", lambda: _steps(port) >= 10 or None, 180)
+            one["evidence"] = _evidence(port)
             t1 = time.monotonic()
             first = scrape(port)
             wait_for("3 s of training", lambda: time.monotonic() - t1 >= 3.0 or None, 10)
@@ -322,6 +348,7 @@ def run_checks(device: Device, work: Path, bench_seconds: float) -> list[Check]:
     started = _guard("single rank", single_rank)
     if started.status == FAIL:
         checks += [Check(n, FAIL, "single-rank run: " + started.detail) for n in CHECKS[1:5]]
+        nccl = Check("nccl collective trace", FAIL, "single-rank run: " + started.detail)
     else:
         checks.append(_guard("gpu series + UUID", lambda: gpu_series(one["second"], device)))
         checks.append(
@@ -341,6 +368,8 @@ def run_checks(device: Device, work: Path, bench_seconds: float) -> list[Check]:
                 ),
             )
         )
+
+        nccl = _guard("nccl collective trace", lambda: nccl_trace(one["evidence"]))
 
     def two_ranks() -> Check:
         with torchrun_example([*SIZE, "--device=cuda"], work, nproc=2) as run:
@@ -370,6 +399,7 @@ def run_checks(device: Device, work: Path, bench_seconds: float) -> list[Check]:
     (work / "bench.out").write_text(bench.stdout + bench.stderr)
     checks.append(_guard("no syncs added", lambda: syncs(bench.stdout)))
     checks.append(_guard("overhead ratio", lambda: overhead(bench.stdout)))
+    checks.append(nccl)
     return checks
 
 

@@ -134,7 +134,7 @@ def test_hang_rank_stops_stepping_while_exporters_serve(tmp_path: Path) -> None:
     with torchrun_example(
         [*SIZE, "--steps=50", "--hang-rank=1", "--hang-after=5"],
         tmp_path,
-        env=dict(contract.FLIGHT_RECORDER_ENV),
+        env=dict(contract.flight_recorder_env(set())),
     ) as run:
         final = run.wait_steps(5, TIMEOUT)
         wait_for("the hang", lambda: "hangs after 5 steps" in run.log() or None, TIMEOUT)

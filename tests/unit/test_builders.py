@@ -115,6 +115,20 @@ def test_env_contract() -> None:
     assert "GPUJOB_TOTAL_STEPS" not in env_of(builders.build_pod(job(), 0, 0))
 
 
+def test_the_flight_recorder_is_on_by_default_and_a_users_value_wins_for_its_pair() -> None:
+    env = env_of(builders.build_pod(job(), 0, 0))
+    assert env["TORCH_FR_BUFFER_SIZE"] == env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"
+    assert env["TORCH_FR_DUMP_ON_TIMEOUT"] == env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/tmp/gpujob_fr_rank_"
+    spec = api.parse_spec(job()["spec"]).model_copy(
+        update={"env": [api.EnvVar(name="TORCH_NCCL_TRACE_BUFFER_SIZE", value="0")]}
+    )
+    names = [e["name"] for e in builders.build_env("resnet", "ml", spec, 0)]
+    # off, as asked: neither name of the pair gets a default torch might read first
+    assert "TORCH_FR_BUFFER_SIZE" not in names and names.count("TORCH_NCCL_TRACE_BUFFER_SIZE") == 1
+    assert "TORCH_FR_DUMP_ON_TIMEOUT" in names  # the other pairs keep theirs
+
+
 def test_user_env_follows_and_overrides_only_non_contract_defaults() -> None:
     spec = api.parse_spec(job()["spec"])
     spec = spec.model_copy(

@@ -143,3 +143,13 @@ def test_script_skips_every_check_without_cuda(tmp_path: Path) -> None:
     rows = [ln for ln in done.stdout.splitlines() if ln.split()[:1] and "SKIPPED" in ln]
     assert len(rows) == len(gc.CHECKS), done.stdout
     assert all(name in done.stdout for name in gc.CHECKS)
+
+
+def test_the_nccl_trace_check_passes_skips_and_fails_as_the_evidence_says() -> None:
+    entries = [{"seq": 3, "op": "all_reduce", "retired": True}]
+    got = gc.nccl_trace({"collectives": {"available": True, "backend": "nccl", "entries": entries}})
+    assert got.status == gc.PASS and got.detail == "1 entries, last all_reduce #3"
+    gloo = gc.nccl_trace({"collectives": {"available": False, "backend": "gloo", "why": "x"}})
+    assert gloo.status == gc.SKIPPED and "runs gloo" in gloo.detail
+    empty = {"collectives": {"available": False, "backend": "nccl", "why": "buffer 0"}}
+    assert gc.nccl_trace(empty).status == gc.FAIL

@@ -43,14 +43,26 @@ EVIDENCE_PATH: Final = "/debug/evidence"
 ENV_EVIDENCE: Final = "GPUJOB_EVIDENCE"
 """0/false/off turns the evidence endpoint off (it is on by default); the user's to set."""
 FLIGHT_RECORDER_ENV: Final = (
-    ("TORCH_FR_BUFFER_SIZE", "2000"),
-    ("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000"),
-    ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"),
-    ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "/tmp/gpujob_fr_rank_"),
+    (("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"), "2000"),
+    (("TORCH_FR_DUMP_ON_TIMEOUT", "TORCH_NCCL_DUMP_ON_TIMEOUT"), "1"),
+    (("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"), "/tmp/gpujob_fr_rank_"),
 )
 """What the operator puts in each pod unless ``spec.env`` sets it: the Flight Recorder on,
-bounded to the last 2,000 collectives (current and pre-2.7 variable names), and NCCL's
-watchdog dumping it to a local file when a collective times out."""
+bounded to the last 2,000 collectives, and the watchdog dumping it to a local file when a
+collective times out; each under its current ``TORCH_FR_*`` name and the older
+``TORCH_NCCL_*`` one that earlier torch releases read. A user value for either name of a
+pair replaces both defaults (torch would otherwise pick one of the two)."""
+
+
+def flight_recorder_env(user: set[str] | frozenset[str]) -> list[tuple[str, str]]:
+    """The Flight Recorder defaults a pod gets, given the env names its user already set."""
+    return [
+        (name, value)
+        for names, value in FLIGHT_RECORDER_ENV
+        if not user & set(names)
+        for name in names
+    ]
+
 
 # --- labels
 LABEL_RANK: Final = "rank"

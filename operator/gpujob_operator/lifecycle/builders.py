@@ -120,10 +120,10 @@ def build_env(
     ]
     if t.total_steps is not None:
         owned.append((api.ENV_TOTAL_STEPS, str(t.total_steps)))
-    # The Flight Recorder on (bounded), so a hang leaves a collective trace to compare.
-    defaults = [("PYTHONUNBUFFERED", "1"), *contract.FLIGHT_RECORDER_ENV]
     user = [e for e in spec.env or () if e.name not in api.RESERVED_ENV]
     user_names = {e.name for e in user}
+    # The Flight Recorder on (bounded), so a hang leaves a collective trace to compare.
+    defaults = [("PYTHONUNBUFFERED", "1"), *contract.flight_recorder_env(user_names)]
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in owned]
     if ENV_METRICS_ADDR not in user_names:
         # Bind the exporter to the pod's own address: correct on a real cluster, and it keeps

@@ -38,7 +38,7 @@ MAX_TEXT: Final = 200
 MAX_NAMED: Final = 3
 """Ranks named one by one in the one-line answer; the rest are counted."""
 
-LIBRARY_MARKERS: Final = ("/site-packages/", "/dist-packages/", "/lib/python3")
+LIBRARY_MARKERS: Final = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ")
 """A frame whose file is under one of these is library code (the standard library too)."""
 USER_CODE: Final = ("gpujob_trainer/example.py",)
 """Library-installed files that are a user's training loop (the project's own sample)."""
