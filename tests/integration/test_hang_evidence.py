@@ -6,6 +6,7 @@ test_progress_verdicts.py, whose healthy job asserts no hangEvidence)."""
 from __future__ import annotations
 
 import json
+import urllib.request
 from typing import Any
 
 import pytest
@@ -56,6 +57,15 @@ def evidence(kube: Kube, name: str) -> dict[str, Any]:
     return wait_until(taken, 240, f"{name}'s hang evidence", interval=1.0)
 
 
+def captures(op: OperatorProcess, result: str) -> float:
+    """The operator's gpujob_operator_hang_captures_total for ``result``."""
+    url = f"http://127.0.0.1:{op.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+    line = f'gpujob_operator_hang_captures_total{{result="{result}"}} '
+    return float(next(x for x in text.splitlines() if x.startswith(line)).split()[-1])
+
+
 def configmap(kube: Kube, name: str) -> dict[str, str]:
     out = kube.run("get", "configmap", name, "-o", "jsonpath={.data}", check=True).stdout
     return dict(json.loads(out))
@@ -91,6 +101,7 @@ def test_the_rank_that_is_not_where_the_others_are_is_named_with_its_place(
     assert b["verdict"] == "Stalled" and b["rank"] == 1 and b["pod"] == f"{name}-node-1", b
     said = [e for e in job_events(kube, name) if e["reason"] == "HangEvidence"]
     assert len(said) == 1 and f"kubectl get configmap {name}-hang-0" in said[0]["message"]
+    assert captures(operator, "complete") == 1 and captures(operator, "partial") == 0
     delete(kube, name)
 
 
@@ -107,6 +118,7 @@ def test_a_rank_whose_python_holds_the_gil_is_named_as_silent(
             and "while rank 0 waits in all_reduce #" in (ev["summary"])
         )
         assert "did not answer" in configmap(kube, ev["configMap"])["rank-1.txt"]
+        assert captures(operator, "partial") == 1
     finally:  # its rank spins a core until killed
         delete(kube, "hung-gil")
 

@@ -136,6 +136,12 @@ FORECAST_DURATION = Family(
     "Time one start-time forecast pass over the whole fleet took (reads and arithmetic).",
     "seconds",
 )
+HANG_CAPTURES = Family(
+    "gpujob_operator_hang_captures_total",
+    "Stalls whose hang evidence was taken, by result: complete (every rank answered, "
+    "ConfigMap written), partial (some rank silent or unusable), unrecorded (no ConfigMap).",
+)
+HANG_CAPTURE_RESULTS: Final = ("complete", "partial", "unrecorded")
 JOBS = Family("gpujob_operator_jobs", "Jobs the operator currently exports series for.")
 BUILD_INFO = Family("gpujob_operator_build_info", "Always 1; the version label says which build.")
 
@@ -172,6 +178,7 @@ HEALTH_FAMILIES: Final = (
     API_ERRORS,
     FORECAST_ERROR,
     FORECAST_DURATION,
+    HANG_CAPTURES,
     JOBS,
     BUILD_INFO,
 )

@@ -39,6 +39,8 @@ from gpujob_operator.observability.opfamilies import (
     ERRORS,
     FORECAST_DURATION,
     FORECAST_ERROR,
+    HANG_CAPTURE_RESULTS,
+    HANG_CAPTURES,
     JOB_ETA,
     JOB_GPU_UTILIZATION,
     JOB_GPUS,
@@ -183,6 +185,7 @@ class _HealthCollector(Collector):
         with o._lock:
             reconciles = dict(o._reconciles)
             scrapes = dict(o._scrapes)
+            hangs = dict(o._hang_captures)
             errors = dict(o._errors)
             dropped = dict(o._dropped)
             api_errors = dict(o._api_errors)
@@ -201,6 +204,10 @@ class _HealthCollector(Collector):
             for result in ("ok", "error"):
                 fam.add_metric([result], counts.get(result, 0.0))
             yield fam
+        fam = CounterMetricFamily(HANG_CAPTURES.name, HANG_CAPTURES.help, labels=["result"])
+        for result in HANG_CAPTURE_RESULTS:
+            fam.add_metric([result], hangs.get(result, 0.0))
+        yield fam
         for m, buckets, total in hists:
             hist = HistogramMetricFamily(m.name, m.help, unit=m.unit)
             hist.add_metric([], buckets, total)
@@ -240,6 +247,7 @@ class JobMetrics:
         self._lock = threading.Lock()
         self._jobs: dict[tuple[str, str], JobSample] = {}
         self._reconciles: dict[str, float] = {}
+        self._hang_captures: dict[str, float] = {}
         self._scrapes: dict[str, float] = {}
         self._errors: dict[tuple[str, str], float] = {}
         self._dropped: dict[str, float] = {}
@@ -310,6 +318,11 @@ class JobMetrics:
         """A job started ``seconds`` after (negative: before) its last forecast."""
         with self._lock:
             self._forecast_error_hist.observe(abs(seconds))
+
+    def observe_hang_capture(self, result: str) -> None:
+        """One stall's evidence taken: ``complete``, ``partial`` or ``unrecorded``."""
+        with self._lock:
+            self._hang_captures[result] = self._hang_captures.get(result, 0.0) + 1
 
     def observe_dropped(self, series: int, values: int, bytes_: int) -> None:
         """Count what a scrape refused from an endpoint (see guard.py and scrape.py)."""

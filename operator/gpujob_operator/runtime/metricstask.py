@@ -124,6 +124,8 @@ class MetricsTask:
         assert loop.scraper is not None
         record, report = await hangcapture.capture(loop, loop.scraper, job, targets, since)
         fault_point(loop.fault_at, BEFORE_EVIDENCE_RECORD)
+        outcome = "partial" if report.silent else "complete"
+        METRICS.observe_hang_capture(outcome if record["configMap"] else "unrecorded")
         async with loop.lock:
             job = loop.freshest(loop.body)
             status, meta = job.get("status") or {}, job["metadata"]
