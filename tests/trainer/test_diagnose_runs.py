@@ -19,7 +19,7 @@ from trainer_harness import TrainerRun, scrape, torchrun_example, wait_for
 
 from gpujob_operator import cli
 from gpujob_operator.monitoring.analysis_settings import Settings
-from gpujob_operator.monitoring.diagnose import diagnose, targets_from_urls
+from gpujob_operator.monitoring.diagnose import compare_ranks, diagnose, targets_from_urls
 from gpujob_operator.monitoring.monitor import JobMonitor
 from gpujob_operator.monitoring.update import MonitorUpdate
 from gpujob_operator.monitoring.verdict import (
@@ -113,8 +113,12 @@ def test_switch_gives_its_verdict(
         assert update.progress["samplesPerSecond"] > 0
 
 
-def test_hang_is_stalled(tmp_path: Path) -> None:
-    with torchrun_example([*BASE, "--hang-rank=1", "--hang-after=8"], tmp_path) as run:
+def test_hang_is_stalled_and_the_ranks_compared_name_the_hung_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recorder = dict(contract.flight_recorder_env(set()))
+    args = [*BASE, "--hang-rank=1", "--hang-after=8", "--hang-how=loader"]
+    with torchrun_example(args, tmp_path, env=recorder) as run:
         wait_warm(run)
         update, published = diagnose_until(run, STALLED)
         b = update.bottleneck
@@ -123,6 +127,15 @@ def test_hang_is_stalled(tmp_path: Path) -> None:
         assert b["evidence"]["step"] == 8
         stalled = [cnd for cnd in update.conditions if cnd["type"] == "Stalled"]
         assert stalled and stalled[0]["status"] == "True"
+        # what the operator would record: bare URLs, so the ranks are the documents' own
+        report = asyncio.run(compare_ranks(targets_from_urls(urls(run))))
+        assert report.culprits == [1], report
+        assert report.summary.startswith(f"rank 1 (pod {urls(run)[1]}) is not in all_reduce #")
+        assert "where rank 0 waits; it is in the data loader: example.py:" in report.summary
+        rc = cli.main(["diagnose", *urls(run), "--window=2", "--interval=1", "--stall-timeout=1"])
+        assert rc == 0
+        text = capsys.readouterr().out
+        assert "hang  rank 1 (pod" in text and "rank 0 waits in all_reduce #" in text, text
 
 
 def test_healthy_run_gets_no_bottleneck_through_the_cli(

@@ -2,7 +2,9 @@
 
 Scrapes trainer endpoints for a window (no cluster needed: a laptop, a pod's port-forward,
 a test) and runs the very code the operator runs, window, analysis and hysteresis included,
-so what it prints is what the job's status would say.
+so what it prints is what the job's status would say. When the ranks are found hung, it
+also asks each for its ``/debug/evidence`` and prints the comparison the operator would
+record (who is not where the others are, and where each rank is).
 """
 
 from __future__ import annotations
@@ -22,11 +24,14 @@ from pydantic import ValidationError
 
 from gpujob_operator import api
 from gpujob_operator.api.display import format_duration, format_percent, format_rate
+from gpujob_operator.monitoring import hang
 from gpujob_operator.monitoring.analysis_settings import Settings
+from gpujob_operator.monitoring.hang import HangReport
 from gpujob_operator.monitoring.monitor import JobMonitor
 from gpujob_operator.monitoring.scrape import Scraper
 from gpujob_operator.monitoring.scrape_result import ScrapeTarget
 from gpujob_operator.monitoring.update import MonitorUpdate
+from gpujob_operator.monitoring.verdict import STALLED
 from gpujob_trainer import contract
 
 
@@ -185,6 +190,24 @@ async def diagnose(
     return update
 
 
+async def compare_ranks(targets: Sequence[ScrapeTarget], timeout: float = 5.0) -> HangReport:
+    """Every rank's hang evidence, compared (what the operator does when a job stalls)."""
+    asked = hang.evidence_targets(targets)
+    async with Scraper(timeout=timeout, concurrency=64) as scraper:
+        bodies = await scraper.fetch_all(asked, hang.MAX_BYTES)
+    meta = [{"rank": t.rank, "pod": t.pod, "node": t.node} for t in asked]
+    return hang.reduce(hang.answers_of(meta, bodies))
+
+
+def stalled(update: MonitorUpdate) -> bool:
+    """Whether the diagnosis found the ranks hung (published or just detected)."""
+    return any(v.verdict == STALLED for v in update.analysis.candidates)
+
+
+def hang_json(r: HangReport) -> dict[str, Any]:
+    return {"summary": r.summary, "culprits": r.culprits, "silent": r.silent, "where": r.where}
+
+
 def report(update: MonitorUpdate) -> dict[str, Any]:
     """The JSON shape of a diagnosis: status parts, conditions, candidates, failures."""
     a = update.analysis
@@ -232,8 +255,8 @@ def _breakdown_line(r: dict[str, Any]) -> str:
     )
 
 
-def render_text(update: MonitorUpdate, out: TextIO) -> None:
-    """A readable table of what the operator would write."""
+def render_text(update: MonitorUpdate, out: TextIO, hung: HangReport | None = None) -> None:
+    """A readable table of what the operator would write (and the ranks compared, if hung)."""
     p, b, g = update.progress, update.bottleneck or {}, update.gpus
     rows: list[tuple[str, str]] = []
     if "step" in p:
@@ -285,6 +308,9 @@ def render_text(update: MonitorUpdate, out: TextIO) -> None:
         rows.append(("gpus", gpu))
     for cond in update.conditions:
         rows.append((cond["type"], f"{cond['status']} {cond['reason']}: {cond['message']}"))
+    if hung is not None:
+        rows.append(("hang", hung.summary))
+        rows += [("", f"rank {rank} {where}") for rank, where in hung.where.items()]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         out.write(f"{key.rjust(width)}  {value}\n")
@@ -304,9 +330,13 @@ def run(args: argparse.Namespace) -> int:
             targets, settings, window=args.window, interval=args.interval, timeout=args.timeout
         )
     )
+    hung = asyncio.run(compare_ranks(targets, args.timeout)) if stalled(update) else None
     if args.json:
-        json.dump(report(update), sys.stdout, indent=2, sort_keys=True)
+        doc = report(update)
+        if hung is not None:
+            doc["hangEvidence"] = hang_json(hung)
+        json.dump(doc, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
     else:
-        render_text(update, sys.stdout)
+        render_text(update, sys.stdout, hung)
     return 2 if len(update.failures) == len(targets) else 0

@@ -22,12 +22,16 @@ checkpoint save, a collective call, backward).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
+
+from gpujob_operator.monitoring.scrape_result import ScrapeTarget
+from gpujob_trainer import contract
 
 MAX_BYTES: Final = 64 * 1024
 """Bytes one rank's evidence may have (the trainer's own caps keep it near 10 KiB)."""
@@ -421,25 +425,41 @@ def configmap_data(
     return data
 
 
+def evidence_targets(targets: Sequence[ScrapeTarget]) -> list[ScrapeTarget]:
+    """The same ranks' endpoints, asked for their evidence instead of their metrics."""
+    return [
+        dataclasses.replace(
+            t, url=t.url.removesuffix(contract.METRICS_PATH) + contract.EVIDENCE_PATH
+        )
+        for t in targets
+    ]
+
+
 def answers_of(
     targets: Sequence[Mapping[str, Any]], bodies: Sequence[tuple[bytes | None, str]]
 ) -> list[RankAnswer]:
-    """Pair each target (rank, pod, node, gpu) with its body or error, parsing each body."""
+    """Pair each target (rank, pod, node, gpu) with its body or error, parsing each body.
+    A target of unknown rank (``gpujob diagnose`` on bare URLs) takes the rank its document
+    says, else its position."""
     out = []
-    for t, (body, error) in zip(targets, bodies, strict=True):
+    for i, (t, (body, error)) in enumerate(zip(targets, bodies, strict=True)):
         dump = None
+        expected = t.get("rank")
         if body is not None:
             try:
                 dump = parse(body)
             except EvidenceError as exc:
                 error = f"unusable evidence: {exc}"
             else:
-                if dump.rank is not None and dump.rank != t["rank"]:
-                    error = f"unusable evidence: it says rank {dump.rank}, not {t['rank']}"
+                if expected is not None and dump.rank is not None and dump.rank != expected:
+                    error = f"unusable evidence: it says rank {dump.rank}, not {expected}"
                     dump = None
+        rank = (
+            expected if expected is not None else dump.rank if dump and dump.rank is not None else i
+        )
         out.append(
             RankAnswer(
-                int(t["rank"]),
+                int(rank),
                 str(t.get("pod", "")),
                 str(t.get("node", "")),
                 str(t.get("gpu", "")),

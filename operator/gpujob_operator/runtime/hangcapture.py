@@ -16,7 +16,6 @@ ConfigMap the API server refuses leaves a ``note``; the record is what lets the 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -29,7 +28,6 @@ from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import hang_configmap, hang_configmap_name
 from gpujob_operator.monitoring import hang
 from gpujob_operator.monitoring.scrape_result import ScrapeTarget
-from gpujob_trainer import contract
 
 if TYPE_CHECKING:
     from gpujob_operator.monitoring.scrape import Scraper
@@ -62,15 +60,6 @@ def due(status: Mapping[str, Any]) -> str | None:
     return since
 
 
-def evidence_targets(targets: Sequence[ScrapeTarget]) -> list[ScrapeTarget]:
-    """The same ranks, asked for their evidence instead of their metrics."""
-    out = []
-    for t in targets:
-        base = t.url.removesuffix(contract.METRICS_PATH)
-        out.append(dataclasses.replace(t, url=base + contract.EVIDENCE_PATH))
-    return out
-
-
 async def capture(
     loop: JobLoop,
     scraper: Scraper,
@@ -80,7 +69,7 @@ async def capture(
 ) -> tuple[dict[str, Any], hang.HangReport]:
     """Ask, compare, keep: the ``status.hangEvidence`` patch and the comparison."""
     started = time.time()
-    asked = evidence_targets(targets)
+    asked = hang.evidence_targets(targets)
     bodies = await scraper.fetch_all(asked, hang.MAX_BYTES)
     meta = [{"rank": t.rank, "pod": t.pod, "node": t.node} for t in asked]
     answers = await asyncio.to_thread(hang.answers_of, meta, bodies)
