@@ -19,9 +19,10 @@ import sys
 import time
 from pathlib import Path
 
-from gpujob_operator.monitoring import hang as evidence
+from gpujob_operator.monitoring import hangdump
 from gpujob_operator.monitoring.scrape import Scraper
 from gpujob_operator.monitoring.scrape_result import ScrapeTarget
+from gpujob_operator.runtime.hangcapture import compare_and_render
 from scrape_hostile import PAYLOAD, Server, Ticker, hang, ok, rss_mb, send, trickle
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,11 +33,8 @@ async def case(name: str, scraper: Scraper, targets: list[ScrapeTarget]) -> None
     rss0 = rss_mb()
     cpu0, wall0 = time.process_time(), time.perf_counter()
     with Ticker() as tick:
-        bodies = await scraper.fetch_all(targets, evidence.MAX_BYTES)
-        meta = [{"rank": t.rank, "pod": t.pod, "node": t.node} for t in targets]
-        answers = await asyncio.to_thread(evidence.answers_of, meta, bodies)
-        report = evidence.reduce(answers)
-        data = await asyncio.to_thread(evidence.configmap_data, report.summary, answers)
+        fetched = await scraper.fetch_all(targets, hangdump.MAX_BYTES)
+        answers, _, data = await asyncio.to_thread(compare_and_render, targets, fetched)
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     errors = sorted({a.error.split(":")[0] for a in answers if a.error}) or ["ok"]
     size = sum(map(len, data.values()))
@@ -64,7 +62,7 @@ async def main() -> None:
     threads = [
         {"name": f"t{i}", "main": i == 0, "frames": [frame("f" * 150)] * 60} for i in range(6)
     ]
-    near_cap = json.dumps({"rank": None, "threads": threads}).encode()[: evidence.MAX_BYTES - 2]
+    near_cap = json.dumps({"rank": None, "threads": threads}).encode()[: hangdump.MAX_BYTES - 2]
     one = [{"name": "t", "main": True, "frames": [frame("x" * 100)] * 400}]
     valid_big = json.dumps({"rank": None, "threads": one}).encode()
     server.replies.update(
@@ -85,7 +83,7 @@ async def main() -> None:
     def t(path: str, rank: int, pod: str = "p") -> ScrapeTarget:
         return ScrapeTarget(f"{base}{path}", f"{pod}-{rank}", "node", rank, 0, rank)
 
-    print(f"valid document {len(valid_big)} bytes; cap {evidence.MAX_BYTES} bytes per rank")
+    print(f"valid document {len(valid_big)} bytes; cap {hangdump.MAX_BYTES} bytes per rank")
     async with Scraper(timeout=10) as s:
         eight = [t(f"/w{r}", r) for r in range(7)] + [t("/a7", 7)]
         await case("8 ranks, recorded evidence (baseline)", s, eight)
@@ -99,7 +97,7 @@ async def main() -> None:
     async with Scraper(concurrency=4, timeout=3) as s:
         await case("8 ranks that never answer (3 s timeout)", s, [t("/hang", r) for r in range(8)])
         silent = asyncio.get_running_loop().create_task(
-            s.fetch_all([t("/hang", r, "dead") for r in range(8)], evidence.MAX_BYTES)
+            s.fetch_all([t("/hang", r, "dead") for r in range(8)], hangdump.MAX_BYTES)
         )
         await asyncio.sleep(0.05)
         t0 = time.perf_counter()

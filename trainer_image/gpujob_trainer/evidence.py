@@ -118,18 +118,20 @@ def collectives() -> dict[str, Any]:
             why = f"this torch has no {names[backend]} (an older release)"
             return {"available": False, "backend": backend, "why": why}
         raw = dump(includeCollectives=True, onlyActive=False)
-    except Exception as exc:  # a build without the recorder, or a recorder that refused
-        return {"available": False, "backend": backend, "why": f"{type(exc).__name__}: {exc}"}
-    data = json.loads(raw)
-    entries = [_entry(e) for e in (data.get("entries") or [])[-MAX_ENTRIES:]]
-    status = {
-        str(pg)[:MAX_TEXT]: {
-            k: int(v)
-            for k, v in (s or {}).items()
-            if k.startswith("last_") and str(v).lstrip("-").isdigit()
+        data = json.loads(raw)
+        entries = [_entry(e) for e in (data.get("entries") or [])[-MAX_ENTRIES:]]
+        status = {
+            str(pg)[:MAX_TEXT]: {
+                k: int(v)
+                for k, v in (s or {}).items()
+                if k.startswith("last_") and str(v).lstrip("-").isdigit()
+            }
+            for pg, s in list((data.get("pg_status") or {}).items())[:16]
         }
-        for pg, s in list((data.get("pg_status") or {}).items())[:16]
-    }
+    except Exception as exc:  # no recorder in this build, or a dump of another shape: the
+        # stacks are still worth serving, so the collectives only say why they are missing
+        why = f"{type(exc).__name__}: {str(exc)[:MAX_TEXT]}"
+        return {"available": False, "backend": backend, "why": why}
     if not entries:
         why = "the recorder holds no entry (TORCH_FR_BUFFER_SIZE unset or 0?)"
         return {"available": False, "backend": backend, "why": why, "pgStatus": status}

@@ -94,6 +94,19 @@ def format_start(queue: Mapping[str, Any]) -> str | None:
     return f"starts {start}-{latest}" if latest else f"starts >={start}"
 
 
+EVIDENCE_MARK = "; evidence: "
+"""What joins a stall's message and its hang evidence (the Stalled condition, the failure)."""
+
+
+def format_hang(evidence: Mapping[str, Any] | None) -> str:
+    """ "; evidence: <answer> (every rank: configmap/<name>)", or "" before it was taken."""
+    if not evidence or not evidence.get("summary"):
+        return ""
+    where = f" (every rank: configmap/{evidence['configMap']})" if evidence.get("configMap") else ""
+    note = f" ({evidence['note']})" if evidence.get("note") and not where else ""
+    return f"{EVIDENCE_MARK}{evidence['summary']}{where}{note}"
+
+
 def render_display(status: Mapping[str, Any]) -> dict[str, str]:
     """``status.display`` from ``status.progress``/``bottleneck``/``phase``.
 

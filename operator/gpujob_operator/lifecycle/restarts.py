@@ -26,6 +26,7 @@ from typing import Any, Final
 from gpujob_operator import api
 from gpujob_operator.api import children
 from gpujob_operator.api import conditions as c
+from gpujob_operator.api.display import EVIDENCE_MARK, format_hang
 from gpujob_operator.lifecycle import gang, terminal
 from gpujob_operator.lifecycle.observations import (
     PREEMPTION_BY_SCHEDULER,
@@ -210,14 +211,12 @@ def stall_confirmed(pp: PlanningPass) -> bool:
 
 
 def with_evidence(pp: PlanningPass, message: str) -> str:
-    """The restart's failure message, pointing at the hang evidence or saying why none."""
-    if "; evidence: " in message:
-        return message  # the Stalled condition already carries the answer and the ConfigMap
+    """The restart's failure message, carrying the hang evidence or saying why none."""
     cond = c.find(pp.conds, c.STALLED) or {}
     ev = pp.old_status.get("hangEvidence") or {}
-    if ev.get("stalledSince") != cond.get("lastTransitionTime"):
-        return f"{message}; no hang evidence within {EVIDENCE_WAIT_SECONDS:.0f}s"
-    return f"{message}; evidence: {ev.get('summary')} ({ev.get('note') or 'no ConfigMap'})"
+    if ev.get("stalledSince") and ev.get("stalledSince") == cond.get("lastTransitionTime"):
+        return message if EVIDENCE_MARK in message else message + format_hang(ev)
+    return f"{message}; no hang evidence was recorded in time"
 
 
 def lost_rank(pp: PlanningPass, current: Sequence[ObservedPod]) -> int | None:

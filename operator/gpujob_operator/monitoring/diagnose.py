@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from gpujob_operator import api
 from gpujob_operator.api.display import format_duration, format_percent, format_rate
-from gpujob_operator.monitoring import hang
+from gpujob_operator.monitoring import hang, hangdump
 from gpujob_operator.monitoring.analysis_settings import Settings
 from gpujob_operator.monitoring.hang import HangReport
 from gpujob_operator.monitoring.monitor import JobMonitor
@@ -194,9 +194,8 @@ async def compare_ranks(targets: Sequence[ScrapeTarget], timeout: float = 5.0) -
     """Every rank's hang evidence, compared (what the operator does when a job stalls)."""
     asked = hang.evidence_targets(targets)
     async with Scraper(timeout=timeout, concurrency=64) as scraper:
-        bodies = await scraper.fetch_all(asked, hang.MAX_BYTES)
-    meta = [{"rank": t.rank, "pod": t.pod, "node": t.node} for t in asked]
-    return hang.reduce(hang.answers_of(meta, bodies))
+        fetched = await scraper.fetch_all(asked, hangdump.MAX_BYTES)
+    return hang.compare(asked, fetched)[1]
 
 
 def stalled(update: MonitorUpdate) -> bool:
@@ -205,7 +204,13 @@ def stalled(update: MonitorUpdate) -> bool:
 
 
 def hang_json(r: HangReport) -> dict[str, Any]:
-    return {"summary": r.summary, "culprits": r.culprits, "silent": r.silent, "where": r.where}
+    return {
+        "summary": r.summary,
+        "culprits": r.culprits,
+        "silent": r.silent,
+        "unusable": r.unusable,
+        "where": r.where,
+    }
 
 
 def report(update: MonitorUpdate) -> dict[str, Any]:

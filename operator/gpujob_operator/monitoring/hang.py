@@ -1,51 +1,47 @@
-"""A stalled job's evidence, compared across ranks: who is not where the others are.
+"""A stalled job's ranks compared: who is not where the others are, and where it is instead.
 
-Pure. Each rank's ``/debug/evidence`` document (``gpujob_trainer/evidence.py``) is untrusted
-input: :func:`parse` accepts only the expected shape, caps every list and string, and turns
-anything else into a refusal that names the rank, never an exception. :func:`reduce` then
-compares the ranks:
+Pure. Each rank's evidence arrives parsed (``monitoring/hangdump.py``) or with why not;
+:func:`reduce` compares them:
 
-1. **Collectives first** (the Flight Recorder's pending entries): the largest group of ranks
-   waiting in the same collective (process group, sequence number, op) is where "the others"
-   are. Every other rank is named: one that entered a different op at the same sequence
-   number, one waiting in another group's collective, or one in no collective at all (then
-   where its main thread is instead).
-2. **Stacks otherwise** (no recorder, or nobody in a collective): ranks are grouped by where
-   their main thread is; the largest group is "the others", the rest are named.
-3. A rank that did not answer is named too: a Python that holds the GIL in native code, or
-   a frozen process, cannot serve its stacks, and that silence is itself evidence.
+1. **Collectives first** (the Flight Recorder's pending entries). The largest group of ranks
+   waiting in the same collective (process group, op, sequence number; a send or receive by
+   its pair's number) is where "the others" are; between groups as large, the default
+   process group's (the training loop's own sync) and then the furthest. Ranks split evenly
+   between two ops at the very same position disagree, and no one is blamed for it. Every
+   other rank is named: one in
+   no collective (then where its main thread is), one that entered a different op at the
+   same sequence number, one waiting in another group's collective.
+2. **Stacks otherwise** (nobody in a collective): ranks are grouped by where their main
+   threads are; a strict majority is "the others", the rest are named.
+3. **Silence.** A rank that did not answer (timeout, refused) is named as silent: a Python
+   that holds the GIL in native code, or a frozen process, cannot serve its stacks, and that
+   is itself evidence. A rank that answered without usable evidence (an older trainer, the
+   endpoint turned off, a broken document) is reported as such and blamed for nothing.
 
 A place is told as the innermost frame of the training code, then the innermost library
-frame, with what the library is doing when that is recognisable (the data loader, a
-checkpoint save, a collective call, backward).
+frame, with what the library is doing when that is recognisable.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
+from gpujob_operator.monitoring.hangdump import (
+    Collective,
+    EvidenceError,
+    RankDump,
+    Thread,
+    parse,
+)
 from gpujob_operator.monitoring.scrape_result import ScrapeTarget
 from gpujob_trainer import contract
 
-MAX_BYTES: Final = 64 * 1024
-"""Bytes one rank's evidence may have (the trainer's own caps keep it near 10 KiB)."""
-MAX_THREADS: Final = 64
-MAX_FRAMES: Final = 64
-MAX_ENTRIES: Final = 128
-MAX_TEXT: Final = 200
 MAX_NAMED: Final = 3
-"""Ranks named one by one in the one-line answer; the rest are counted."""
-
-LIBRARY_MARKERS: Final = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ")
-"""A frame whose file is under one of these is library code (the standard library too)."""
-USER_CODE: Final = ("gpujob_trainer/example.py",)
-"""Library-installed files that are a user's training loop (the project's own sample)."""
+"""Findings told one by one in the one-line answer; the rest are counted."""
 ACTIVITIES: Final = (
     ("torch/utils/data/", "the data loader"),
     ("torch/distributed/checkpoint", "a checkpoint save"),
@@ -56,82 +52,8 @@ ACTIVITIES: Final = (
 )
 """What a rank is doing, by the first of its main thread's frames (innermost first) that
 lives in one of these library folders."""
-
-
-class EvidenceError(ValueError):
-    """A payload that is not a rank's evidence document; the message says what was wrong."""
-
-
-@dataclass(frozen=True)
-class StackFrame:
-    file: str
-    line: int
-    function: str
-
-    @property
-    def short(self) -> str:
-        return f"{self.file.rsplit('/', 1)[-1]}:{self.line} {self.function}"
-
-    @property
-    def library(self) -> bool:
-        if any(self.file.endswith(u) for u in USER_CODE):
-            return False
-        return any(m in self.file for m in LIBRARY_MARKERS) or "gpujob_trainer/" in self.file
-
-
-@dataclass(frozen=True)
-class Thread:
-    name: str
-    main: bool
-    frames: tuple[StackFrame, ...]
-    """Outermost first."""
-
-
-@dataclass(frozen=True)
-class Collective:
-    pg: str
-    """The process group's id (its name when the recorder gave none)."""
-    pg_name: str
-    seq: int
-    op: str
-    pending: bool
-    """Not retired: this rank entered it and it has not completed."""
-    sizes: str = ""
-
-    @property
-    def label(self) -> str:
-        named = self.pg_name not in ("", "undefined", "default_pg")
-        group = (
-            ""
-            if self.pg in ("0", "default_pg")
-            else f" of group {self.pg_name if named else self.pg}"
-        )
-        return f"{self.op} #{self.seq}{group}"
-
-
-@dataclass(frozen=True)
-class RankDump:
-    """One rank's parsed evidence."""
-
-    rank: int | None
-    threads: tuple[Thread, ...]
-    recorder: bool
-    """The Flight Recorder answered with entries."""
-    backend: str = ""
-    why: str = ""
-    """Why there are no collectives (the trainer's words)."""
-    collectives: tuple[Collective, ...] = ()
-    """Oldest first."""
-
-    @property
-    def main(self) -> Thread | None:
-        return next((t for t in self.threads if t.main), self.threads[0] if self.threads else None)
-
-    @property
-    def pending(self) -> Collective | None:
-        """The newest collective this rank waits in."""
-        waiting = [c for c in self.collectives if c.pending]
-        return max(waiting, key=lambda c: (c.pg != "0", c.seq)) if waiting else None
+ANSWERED_KINDS: Final = frozenset({"http_status"})
+"""Fetch errors that still mean the rank's process answered (others: it did not)."""
 
 
 @dataclass(frozen=True)
@@ -144,6 +66,8 @@ class RankAnswer:
     gpu: str = ""
     dump: RankDump | None = None
     error: str = ""
+    answered: bool = False
+    """The rank's process responded (with a dump, or with something unusable)."""
 
 
 @dataclass
@@ -152,81 +76,11 @@ class HangReport:
 
     summary: str
     culprits: list[int] = field(default_factory=list)
+    """Ranks named as not where the others are (silent ones included)."""
     silent: list[int] = field(default_factory=list)
+    unusable: list[int] = field(default_factory=list)
     where: dict[int, str] = field(default_factory=dict)
     """rank -> where it is (one line each)."""
-
-
-def _text(value: Any) -> str:
-    if not isinstance(value, str):
-        raise EvidenceError(f"expected a string, got {type(value).__name__}")
-    return value[:MAX_TEXT]
-
-
-def _int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise EvidenceError(f"expected a number, got {type(value).__name__}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise EvidenceError("expected a finite number")
-    return int(value)
-
-
-def _list(value: Any, cap: int) -> list[Any]:
-    if not isinstance(value, list):
-        raise EvidenceError(f"expected a list, got {type(value).__name__}")
-    return value[-cap:]
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise EvidenceError(f"expected an object, got {type(value).__name__}")
-    return value
-
-
-def parse(body: bytes) -> RankDump:
-    """One rank's document, shape-checked and capped; :class:`EvidenceError` otherwise."""
-    if len(body) > MAX_BYTES:
-        raise EvidenceError(f"{len(body)} bytes, over the {MAX_BYTES} allowed")
-    try:
-        doc = json.loads(body)
-    except (ValueError, RecursionError) as exc:
-        raise EvidenceError(f"not JSON: {str(exc)[:80]}") from None
-    doc = _dict(doc)
-    if doc.get("error"):
-        raise EvidenceError(f"the rank could not take its evidence: {_text(doc['error'])}")
-    rank = doc.get("rank")
-    threads = []
-    for raw in _list(doc.get("threads", []), MAX_THREADS):
-        t = _dict(raw)
-        frames = tuple(
-            StackFrame(_text(f.get("file")), _int(f.get("line")), _text(f.get("function")))
-            for f in map(_dict, _list(t.get("frames", []), MAX_FRAMES))
-        )
-        threads.append(Thread(_text(t.get("name", "")), bool(t.get("main")), frames))
-    col = _dict(doc.get("collectives") or {})
-    entries = []
-    for raw in _list(col.get("entries") or [], MAX_ENTRIES):
-        e = _dict(raw)
-        pg_name = _text(e.get("pg", ""))
-        sizes = e.get("sizes")
-        entries.append(
-            Collective(
-                pg=_text(e.get("pgId", "")) or pg_name,
-                pg_name=pg_name,
-                seq=_int(e.get("seq")),
-                op=_text(e.get("op", "")) or "collective",
-                pending=not bool(e.get("retired")),
-                sizes=json.dumps(sizes)[:80] if isinstance(sizes, list) else "",
-            )
-        )
-    return RankDump(
-        rank=_int(rank) if rank is not None else None,
-        threads=tuple(threads),
-        recorder=bool(col.get("available")) and bool(entries),
-        backend=_text(col.get("backend", "")),
-        why=_text(col.get("why", "")),
-        collectives=tuple(entries),
-    )
 
 
 def place(thread: Thread | None, activity: bool = True) -> str:
@@ -263,10 +117,20 @@ def ranks_text(ranks: Sequence[int]) -> str:
     return ",".join(out)
 
 
-def _who(a: RankAnswer) -> str:
+def who(a: RankAnswer) -> str:
+    """rank 5 (pod x-node-1, node n7, GPU GPU-…)."""
     parts = [f"pod {a.pod}"] + ([f"node {a.node}"] if a.node else [])
     parts += [f"GPU {a.gpu}"] if a.gpu else []
     return f"rank {a.rank} ({', '.join(parts)})"
+
+
+def _group(answers: Sequence[RankAnswer]) -> str:
+    """One rank with its pod, or several ranks with their first pods."""
+    if len(answers) == 1:
+        return who(answers[0])
+    pods = ", ".join(a.pod for a in answers[:MAX_NAMED])
+    more = f" and {len(answers) - MAX_NAMED} more" if len(answers) > MAX_NAMED else ""
+    return f"ranks {ranks_text([a.rank for a in answers])} (pods {pods}{more})"
 
 
 def _plural(ranks: Sequence[int], verb: str) -> str:
@@ -276,153 +140,163 @@ def _plural(ranks: Sequence[int], verb: str) -> str:
     return f"ranks {ranks_text(ranks)} {'are' if verb == 'is' else verb.removesuffix('s')}"
 
 
+@dataclass
+class _Ranks:
+    """The answers sorted out once: usable dumps with their place and pending collective."""
+
+    usable: list[RankAnswer]
+    silent: list[RankAnswer]
+    unusable: list[RankAnswer]
+    places: dict[int, str]
+    bare: dict[int, str]
+    """rank -> place without the activity (after "waits in X at")."""
+    pending: dict[int, Collective | None]
+
+    @classmethod
+    def of(cls, answers: Sequence[RankAnswer]) -> _Ranks:
+        ordered = sorted(answers, key=lambda a: a.rank)
+        usable = [a for a in ordered if a.dump is not None]
+        dumps: dict[int, RankDump] = {a.rank: a.dump for a in usable if a.dump is not None}
+        return cls(
+            usable=usable,
+            silent=[a for a in ordered if a.dump is None and not a.answered],
+            unusable=[a for a in ordered if a.dump is None and a.answered],
+            places={r: place(d.main) for r, d in dumps.items()},
+            bare={r: place(d.main, False) for r, d in dumps.items()},
+            pending={r: d.pending for r, d in dumps.items()},
+        )
+
+    def where(self) -> dict[int, str]:
+        out = {a.rank: f"did not answer ({a.error or 'no evidence'})" for a in self.silent}
+        for a in self.unusable:
+            out[a.rank] = f"answered without usable evidence ({a.error})"
+        for a in self.usable:
+            assert a.dump is not None
+            p = self.pending[a.rank]
+            text = (
+                f"waits in {p.label} at {self.bare[a.rank]}"
+                if p
+                else f"is in {self.places[a.rank]}"
+            )
+            if not a.dump.recorder:
+                text += f" (no collective trace: {a.dump.why or 'none'})"
+            out[a.rank] = text
+        return dict(sorted(out.items()))
+
+
+def _by_collective(r: _Ranks, parts: list[str], culprits: list[RankAnswer]) -> str:
+    """Findings from the pending collectives; returns what the others are doing."""
+    groups: Counter[tuple[str, str, int]] = Counter()
+    label: dict[tuple[str, str, int], str] = {}
+    members: dict[tuple[str, str, int], list[int]] = {}
+    for a in r.usable:
+        p = r.pending[a.rank]
+        if p is not None:
+            groups[p.key] += 1
+            label[p.key] = p.label
+            members.setdefault(p.key, []).append(a.rank)
+    # The most ranks; then the default group's collective (the training loop's own sync);
+    # then the furthest. Only a different op at that very position is a true tie.
+    top = max(groups, key=lambda k: (groups[k], k[0] in ("0", "default_pg"), k[2]))
+    n = groups[top]
+    tied = [top] + [k for k in groups if k != top and groups[k] == n and k[0::2] == top[0::2]]
+    tie = len(tied) > 1
+    if tie:
+        parts.append(
+            "the ranks disagree: "
+            + "; ".join(f"{_plural(members[k], 'waits')} in {label[k]}" for k in tied[:MAX_NAMED])
+        )
+    waiting = members[top]
+    others = f"{label[top]} where {_plural(waiting, 'waits')}"
+    for a in r.usable:
+        assert a.dump is not None
+        p = r.pending[a.rank]
+        if p is not None and p.key == top:
+            continue
+        if p is None and not a.dump.recorder:
+            parts.append(
+                f"{who(a)} has no collective trace ({a.dump.why or 'none'}); it is in "
+                f"{r.places[a.rank]}"
+            )
+            continue
+        if tie and p is not None:
+            continue  # a tie: said above, and no one is blamed for it
+        culprits.append(a)
+        if p is None:
+            elsewhere = "is in no collective" if tie else f"is not in {others}"
+            parts.append(f"{who(a)} {elsewhere}; it is in {r.places[a.rank]}")
+        elif not p.p2p and p.key[0] == top[0] and p.seq == top[2] and top[1] != "p2p":
+            parts.append(f"{who(a)} entered {p.op} #{p.seq}, not {others}")
+        else:
+            parts.append(f"{who(a)} is not in {others}; it waits in {p.label} at {r.bare[a.rank]}")
+    if not culprits and not r.silent and not parts:
+        every = "every rank with evidence" if r.unusable else "every rank"
+        parts.append(
+            f"{every} ({ranks_text(waiting)}) waits in {label[top]}: none of them is "
+            "elsewhere, so look outside these processes (a lost peer, the network)"
+        )
+    return "" if tie else f"{_plural(waiting, 'waits')} in {label[top]}"
+
+
+def _by_stack(r: _Ranks, parts: list[str], culprits: list[RankAnswer]) -> str:
+    """Findings from where the main threads are; returns what the others are doing."""
+    counts = Counter(r.places[a.rank] for a in r.usable)
+    if not counts:
+        return ""
+    common, n = counts.most_common(1)[0]
+    at_common = [a.rank for a in r.usable if r.places[a.rank] == common]
+    if len(counts) > 1 and n * 2 <= len(r.usable):
+        parts.append(
+            "the ranks are in different places: "
+            + "; ".join(f"{p} ({c})" for p, c in counts.most_common(MAX_NAMED))
+        )
+        return ""
+    for a in r.usable:
+        if r.places[a.rank] != common:
+            culprits.append(a)
+            parts.append(
+                f"{who(a)} is in {r.places[a.rank]}, where {_plural(at_common, 'is')} in {common}"
+            )
+    if not culprits and not r.silent:
+        parts.append(f"every rank ({ranks_text(at_common)}) is in {common}")
+    why = next((a.dump.why for a in r.usable if a.dump and a.dump.why), "")
+    if why and parts:
+        parts[-1] += f" (no collective trace: {why})"
+    return f"{_plural(at_common, 'is')} in {common}"
+
+
 def reduce(answers: Sequence[RankAnswer]) -> HangReport:
     """Compare the ranks (see the module docstring); the answer fits one status line."""
-    answered = [a for a in answers if a.dump is not None]
-    silent = sorted((a for a in answers if a.dump is None), key=lambda a: a.rank)
-    where: dict[int, str] = {}
-    for a in silent:
-        where[a.rank] = f"did not answer ({a.error or 'no evidence'})"
-    for a in answered:
-        assert a.dump is not None
-        pending = a.dump.pending
-        at = place(a.dump.main)
-        in_op = f"waits in {pending.label} at {place(a.dump.main, False)}" if pending else ""
-        where[a.rank] = in_op or f"is in {at}"
-
-    groups: Counter[tuple[str, int, str]] = Counter()
-    label: dict[tuple[str, int, str], str] = {}
-    for a in answered:
-        assert a.dump is not None
-        p = a.dump.pending
-        if p is not None:
-            k = (p.pg, p.seq, p.op)
-            groups[k] += 1
-            label[k] = p.label
+    r = _Ranks.of(answers)
     parts: list[str] = []
     culprits: list[RankAnswer] = []
-    if groups:
-        top = max(groups, key=lambda k: (groups[k], k[0] == "0", k[1]))
-        waiting = sorted(
-            a.rank
-            for a in answered
-            if a.dump is not None
-            and (p := a.dump.pending) is not None
-            and (p.pg, p.seq, p.op) == top
-        )
-        others = f"{label[top]} where {_plural(waiting, 'waits')}"
-        for a in sorted(answered, key=lambda a: a.rank):
-            assert a.dump is not None
-            p = a.dump.pending
-            if p is not None and (p.pg, p.seq, p.op) == top:
-                continue
-            culprits.append(a)
-            if p is not None and (p.pg, p.seq) == top[:2]:
-                parts.append(f"{_who(a)} entered {p.op} #{p.seq}, not {others}")
-            elif p is not None:
-                parts.append(
-                    f"{_who(a)} is not in {others}; it waits in {p.label} at "
-                    f"{place(a.dump.main, False)}"
-                )
-            else:
-                parts.append(f"{_who(a)} is not in {others}; it is in {place(a.dump.main)}")
-        if not culprits and not silent:
-            parts.append(
-                f"every rank ({ranks_text(waiting)}) waits in {label[top]}: none of them is "
-                "elsewhere, so look outside these processes (a lost peer, the network)"
-            )
-        silent_tail = f", while {_plural(waiting, 'waits')} in {label[top]}"
-    else:
-        places = Counter(place(a.dump.main) for a in answered if a.dump is not None)
-        silent_tail = ""
-        if places:
-            common, n = places.most_common(1)[0]
-            at_common = sorted(
-                a.rank for a in answered if a.dump is not None and place(a.dump.main) == common
-            )
-            if len(places) == 1 or n * 2 > len(answered):
-                for a in sorted(answered, key=lambda a: a.rank):
-                    assert a.dump is not None
-                    at = place(a.dump.main)
-                    if at != common:
-                        culprits.append(a)
-                        parts.append(
-                            f"{_who(a)} is in {at}, where {_plural(at_common, 'is')} in {common}"
-                        )
-                if not culprits and not silent:
-                    parts.append(f"every rank ({ranks_text(at_common)}) is in {common}")
-            else:
-                parts.append(
-                    "the ranks are in "
-                    + "; ".join(f"{p} ({n})" for p, n in places.most_common(MAX_NAMED))
-                )
-            silent_tail = f", while {_plural(at_common, 'is')} in {common}"
-        recorderless = next((a.dump for a in answered if a.dump and a.dump.why), None)
-        if recorderless is not None and parts:
-            parts[-1] += f" (no collective trace: {recorderless.why})"
-    for a in silent:
+    in_collective = any(p is not None for p in r.pending.values())
+    doing = (_by_collective if in_collective else _by_stack)(r, parts, culprits)
+    if r.silent:
+        their = "its" if len(r.silent) == 1 else "their"
+        tail = f", while {doing}" if doing else ""
         parts.append(
-            f"{_who(a)} did not answer ({a.error or 'no evidence'}): its Python may hold the "
-            f"GIL in native code, or the process is frozen{silent_tail}"
+            f"{_group(r.silent)} did not answer ({r.silent[0].error or 'no evidence'}): "
+            f"{their} Python may hold the GIL in native code, or the process is frozen{tail}"
+        )
+    if r.unusable:
+        parts.append(
+            f"{_group(r.unusable)} answered without usable evidence ({r.unusable[0].error}): "
+            "an older trainer, GPUJOB_EVIDENCE=0, or a broken endpoint"
         )
     if not answers:
         parts.append("no rank to ask")
     shown = parts[:MAX_NAMED]
     more = len(parts) - len(shown)
     summary = "; ".join(shown) + (f"; and {more} more" if more > 0 else "")
+    blamed = [a.rank for a in culprits] + ([a.rank for a in r.silent] if r.usable else [])
     return HangReport(
         summary=summary,
-        culprits=sorted(a.rank for a in culprits) + [a.rank for a in silent],
-        silent=[a.rank for a in silent],
-        where=dict(sorted(where.items())),
+        culprits=blamed,
+        silent=[a.rank for a in r.silent],
+        unusable=[a.rank for a in r.unusable],
+        where=r.where(),
     )
-
-
-def rank_text(answer: RankAnswer, max_chars: int) -> str:
-    """One rank's dump as a person reads it (the ConfigMap's ``rank-N.txt``), capped."""
-    lines = [f"{_who(answer)}"]
-    d = answer.dump
-    if d is None:
-        lines.append(f"did not answer: {answer.error or 'no evidence'}")
-    else:
-        pending = d.pending
-        lines.append(f"collective: waits in {pending.label}" if pending else "collective: none")
-        for t in d.threads:
-            lines.append("")
-            lines.append(f'thread "{t.name}"{" (main)" if t.main else ""}, innermost last:')
-            lines.extend(f"  {f.file}:{f.line} in {f.function}" for f in t.frames)
-        lines.append("")
-        if d.recorder:
-            lines.append(f"recent collectives ({d.backend}), oldest first:")
-            lines.extend(
-                f"  {c.label} {c.sizes} {'PENDING' if c.pending else 'completed'}"
-                for c in d.collectives[-32:]
-            )
-        else:
-            lines.append(f"no collective trace: {d.why or 'the recorder gave none'}")
-    text = "\n".join(lines) + "\n"
-    if len(text) > max_chars:
-        note = f"\n... cut at {max_chars} characters\n"
-        text = text[: max(0, max_chars - len(note))] + note
-    return text
-
-
-def configmap_data(
-    summary: str, answers: Sequence[RankAnswer], max_chars: int = 512 * 1024
-) -> dict[str, str]:
-    """The ConfigMap's keys: ``summary.txt`` and one ``rank-N.txt`` each, within
-    ``max_chars`` in all (a ConfigMap holds at most 1 MiB)."""
-    per_rank = max(2048, (max_chars - 4096) // max(1, len(answers)))
-    data = {"summary.txt": summary[:4096] + "\n"}
-    used = len(data["summary.txt"])
-    for a in sorted(answers, key=lambda a: a.rank):
-        text = rank_text(a, per_rank)
-        if used + len(text) > max_chars:
-            data["summary.txt"] += f"(ranks from {a.rank} on left out: the ConfigMap is full)\n"
-            break
-        data[f"rank-{a.rank}.txt"] = text
-        used += len(text)
-    return data
 
 
 def evidence_targets(targets: Sequence[ScrapeTarget]) -> list[ScrapeTarget]:
@@ -435,36 +309,34 @@ def evidence_targets(targets: Sequence[ScrapeTarget]) -> list[ScrapeTarget]:
     ]
 
 
-def answers_of(
-    targets: Sequence[Mapping[str, Any]], bodies: Sequence[tuple[bytes | None, str]]
-) -> list[RankAnswer]:
-    """Pair each target (rank, pod, node, gpu) with its body or error, parsing each body.
-    A target of unknown rank (``gpujob diagnose`` on bare URLs) takes the rank its document
-    says, else its position."""
+Fetched = tuple[bytes | None, str | None, str]
+"""What one fetch gave: the body, or None with the error kind and message."""
+
+
+def answers_of(targets: Sequence[ScrapeTarget], fetched: Sequence[Fetched]) -> list[RankAnswer]:
+    """Pair each target with its body or error, parsing each body. A target of unknown rank
+    (``gpujob diagnose`` on bare URLs) takes the rank its document says, else its position."""
     out = []
-    for i, (t, (body, error)) in enumerate(zip(targets, bodies, strict=True)):
-        dump = None
-        expected = t.get("rank")
+    for i, (t, (body, kind, message)) in enumerate(zip(targets, fetched, strict=True)):
+        dump, error = None, f"{kind}: {message}" if kind else ""
         if body is not None:
             try:
                 dump = parse(body)
             except EvidenceError as exc:
                 error = f"unusable evidence: {exc}"
             else:
-                if expected is not None and dump.rank is not None and dump.rank != expected:
-                    error = f"unusable evidence: it says rank {dump.rank}, not {expected}"
+                if t.rank is not None and dump.rank is not None and dump.rank != t.rank:
+                    error = f"unusable evidence: it says rank {dump.rank}, not {t.rank}"
                     dump = None
-        rank = (
-            expected if expected is not None else dump.rank if dump and dump.rank is not None else i
-        )
-        out.append(
-            RankAnswer(
-                int(rank),
-                str(t.get("pod", "")),
-                str(t.get("node", "")),
-                str(t.get("gpu", "")),
-                dump,
-                error,
-            )
-        )
+        rank = t.rank if t.rank is not None else dump.rank if dump and dump.rank is not None else i
+        answered = body is not None or kind in ANSWERED_KINDS
+        out.append(RankAnswer(int(rank), t.pod, t.node, "", dump, error, answered))
     return out
+
+
+def compare(
+    targets: Sequence[ScrapeTarget], fetched: Sequence[Fetched]
+) -> tuple[list[RankAnswer], HangReport]:
+    """Parse and compare (one call, to run off the event loop)."""
+    answers = answers_of(targets, fetched)
+    return answers, reduce(answers)

@@ -24,6 +24,7 @@ from typing import Any, Final
 from gpujob_operator import api
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import LABEL_NODE_RANK, controller_uid, owned
+from gpujob_operator.api.display import format_hang
 from gpujob_operator.api.events import Event
 from gpujob_operator.monitoring import guard, hysteresis
 from gpujob_operator.monitoring.analysis import Analysis, analyze
@@ -310,7 +311,7 @@ class JobMonitor:
         stall = next((v for v in result.candidates if v.verdict == STALLED), None)
         if stall is not None:
             n = self._stall_streak
-            answer = hang_text(self.hang)
+            answer = format_hang(self.hang)
             if n >= STALL_CONFIRM_SCRAPES:
                 msg = f"{stall.summary} (confirmed by {n} consecutive scrapes){answer}"
                 return self._make(c.STALLED, True, c.STALL_CONFIRMED, msg, now)
@@ -327,14 +328,6 @@ class JobMonitor:
         if pub.verdict == HEALTHY:
             return self._make(c.BOTTLENECK_DETECTED, False, c.NO_BOTTLENECK, pub.summary, now)
         return self._make(c.BOTTLENECK_DETECTED, True, pub.verdict, pub.summary, now)
-
-
-def hang_text(evidence: Mapping[str, Any] | None) -> str:
-    """ "; evidence: <answer> (every rank: configmap/<name>)", or "" before it was taken."""
-    if not evidence or not evidence.get("summary"):
-        return ""
-    where = f" (every rank: configmap/{evidence['configMap']})" if evidence.get("configMap") else ""
-    return f"; evidence: {evidence['summary']}{where}"
 
 
 def with_hang(bottleneck: dict[str, Any], evidence: Mapping[str, Any]) -> dict[str, Any]:

@@ -139,9 +139,10 @@ class Scraper:
 
     async def fetch_all(
         self, targets: Sequence[ScrapeTarget], max_bytes: int
-    ) -> list[tuple[bytes | None, str]]:
-        """Each target's raw body, or None and why: the scrape's slots, timeout and pool,
-        with its own byte cap (the hang evidence, which is not exposition text)."""
+    ) -> list[tuple[bytes | None, str | None, str]]:
+        """Each target's raw body, or None with the error kind and message: the scrape's
+        slots, timeout and pool, with its own byte cap (the hang evidence, which is not
+        exposition text)."""
         deadline = time.monotonic() + self.timeout
         share = asyncio.Semaphore(self.per_call) if len(targets) > self.per_call else None
 
@@ -159,7 +160,7 @@ class Scraper:
             return ScrapeResult(target, self._clock(), raw=body, size=len(body))
 
         results = await asyncio.gather(*(self._scrape(t, deadline, share, one) for t in targets))
-        return [(r.raw, "" if r.ok else f"{r.error}: {r.message}") for r in results]
+        return [(r.raw, None if r.ok else str(r.error), r.message) for r in results]
 
     async def _scrape(
         self,

@@ -63,9 +63,9 @@ class ScrapeResult:
     dropped_values: int = 0
     """Non-finite or implausible values turned into "absent"."""
     notes: tuple[tuple[str, str], ...] = ()
+    """(kind, words) of what was dropped (`guard.Admitted.notes`)."""
     raw: bytes | None = None
     """The body as received, for a raw fetch (`Scraper.fetch_all`) only."""
-    """(kind, words) of what was dropped (`guard.Admitted.notes`)."""
 
     @property
     def ok(self) -> bool:

@@ -26,7 +26,8 @@ from kubernetes.client.exceptions import ApiException
 
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import hang_configmap, hang_configmap_name
-from gpujob_operator.monitoring import hang
+from gpujob_operator.api.display import EVIDENCE_MARK, format_hang
+from gpujob_operator.monitoring import hang, hangdump, hangtext
 from gpujob_operator.monitoring.scrape_result import ScrapeTarget
 
 if TYPE_CHECKING:
@@ -60,6 +61,14 @@ def due(status: Mapping[str, Any]) -> str | None:
     return since
 
 
+def compare_and_render(
+    asked: Sequence[ScrapeTarget], fetched: Sequence[hang.Fetched]
+) -> tuple[list[hang.RankAnswer], hang.HangReport, dict[str, str]]:
+    """Compare and render in one call (on a worker thread: bounded, but not the loop's)."""
+    answers, report = hang.compare(asked, fetched)
+    return answers, report, hangtext.configmap_data(report, answers)
+
+
 async def capture(
     loop: JobLoop,
     scraper: Scraper,
@@ -67,30 +76,25 @@ async def capture(
     targets: Sequence[ScrapeTarget],
     since: str,
 ) -> tuple[dict[str, Any], hang.HangReport]:
-    """Ask, compare, keep: the ``status.hangEvidence`` patch and the comparison."""
+    """Ask, compare, keep: the ``status.hangEvidence`` record and the comparison."""
     started = time.time()
     asked = hang.evidence_targets(targets)
-    bodies = await scraper.fetch_all(asked, hang.MAX_BYTES)
-    meta = [{"rank": t.rank, "pod": t.pod, "node": t.node} for t in asked]
-    answers = await asyncio.to_thread(hang.answers_of, meta, bodies)
-    report = hang.reduce(answers)
+    fetched = await scraper.fetch_all(asked, hangdump.MAX_BYTES)
+    answers, report, data = await asyncio.to_thread(compare_and_render, asked, fetched)
     first = next((a for a in answers if report.culprits and a.rank == report.culprits[0]), None)
-    status = job.get("status") or {}
-    attempt = int(status.get("attempt") or 0)
+    attempt = int((job.get("status") or {}).get("attempt") or 0)
     name, namespace = str(job["metadata"]["name"]), str(job["metadata"]["namespace"])
-    data = await asyncio.to_thread(hang.configmap_data, report.summary, answers)
     cm: str | None = hang_configmap_name(name, attempt)
     why = None
     try:
         await loop.kube.put_configmap(namespace, hang_configmap(job, attempt, data))
     except ApiException as e:
-        why = f"the ConfigMap was not written: {e.status} {e.reason}"
-        cm = None
+        why, cm = f"the ConfigMap was not written: {e.status} {e.reason}", None
     except Exception as e:  # the API server unreachable: the record still lets a restart go
-        why = f"the ConfigMap was not written: {type(e).__name__}: {str(e)[:200]}"
-        cm = None
-    if why is None and len(data) - 1 < len(answers):
-        why = f"the ConfigMap holds {len(data) - 1} of {len(answers)} ranks (size cap)"
+        why, cm = f"the ConfigMap was not written: {type(e).__name__}: {str(e)[:200]}", None
+    kept = len(data) - 1
+    if cm is not None and kept < len(answers):
+        why = f"the ConfigMap holds {kept} of {len(answers)} ranks (size cap), the named first"
     record = {
         "attempt": attempt,
         "stalledSince": since,
@@ -104,7 +108,27 @@ async def capture(
         "note": why,
     }
     log.warning(
-        "job %s/%s stalled: hang evidence from %d rank(s) in %.1fs: %s",
-        namespace, name, len(answers), time.time() - started, report.summary,
+        "job %s/%s stalled: hang evidence from %d rank(s) (%d silent) in %.1fs: %s",
+        namespace, name, len(answers), len(report.silent), time.time() - started, report.summary,
     )  # fmt: skip
     return record, report
+
+
+def stalled_message(
+    conditions: Sequence[Mapping[str, Any]], record: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """The conditions with the answer joined to the Stalled message, only when that
+    condition is still the stall the record is about (and does not carry it yet)."""
+    out = []
+    for cond in conditions:
+        cond = dict(cond)
+        message = str(cond.get("message", ""))
+        if (
+            cond.get("type") == c.STALLED
+            and cond.get("status") == c.TRUE
+            and cond.get("lastTransitionTime") == record.get("stalledSince")
+            and EVIDENCE_MARK not in message
+        ):
+            cond["message"] = message + format_hang(record)
+        out.append(cond)
+    return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
@@ -20,6 +20,10 @@ from gpujob_operator import api
 from gpujob_operator.lifecycle import gang
 
 log = logging.getLogger("gpujob.kube")
+
+
+EVIDENCE_WRITE_TIMEOUT: Final = 20.0
+"""Seconds one write of a hang evidence ConfigMap may take."""
 
 
 class JobGone(Exception):
@@ -127,10 +131,12 @@ class Kube:
                 raise
 
     async def put_configmap(self, namespace: str, body: dict[str, Any]) -> None:
-        """Create the ConfigMap, or replace the data of the one of that name (no read)."""
+        """Create the ConfigMap, or replace the data of the one of that name (no read).
+        Each call is bounded (:data:`EVIDENCE_WRITE_TIMEOUT`): the stall's restart waits."""
+        limit: dict[str, Any] = {"_request_timeout": EVIDENCE_WRITE_TIMEOUT}
         try:
             await asyncio.to_thread(
-                self.core.create_namespaced_config_map, namespace, cast(Any, body)
+                self.core.create_namespaced_config_map, namespace, cast(Any, body), **limit
             )
         except ApiException as e:
             if e.status != 409:
@@ -138,7 +144,7 @@ class Kube:
             patch = [{"op": "replace", "path": "/data", "value": body["data"]}]
             name = body["metadata"]["name"]
             await asyncio.to_thread(
-                self.core.patch_namespaced_config_map, name, namespace, cast(Any, patch)
+                self.core.patch_namespaced_config_map, name, namespace, cast(Any, patch), **limit
             )
 
     # -- gang admission objects (gang.py): Workload/PodGroup, Kueue Workload, ResourceFlavor

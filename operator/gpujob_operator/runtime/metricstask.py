@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import zlib
 from collections.abc import Mapping
@@ -19,13 +20,15 @@ from typing import TYPE_CHECKING, Any
 
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import job_uid
-from gpujob_operator.monitoring.monitor import JobMonitor, exited_ranks, hang_text, with_hang
+from gpujob_operator.monitoring.monitor import JobMonitor, exited_ranks, with_hang
 from gpujob_operator.monitoring.scrape_result import ErrorKind, ScrapeTarget
 from gpujob_operator.monitoring.verdict import STALLED
 from gpujob_operator.observability.opmetrics import METRICS
 from gpujob_operator.runtime import hangcapture
 from gpujob_operator.runtime.faults import BEFORE_EVIDENCE_RECORD, fault_point
 from gpujob_operator.runtime.kube import JobGone
+
+log = logging.getLogger("gpujob.hang")
 
 if TYPE_CHECKING:
     from gpujob_operator.runtime.jobloop import JobLoop
@@ -45,6 +48,8 @@ class MetricsTask:
     wake: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     captured: str | None = None
     """The stall (its Stalled transition time) whose evidence this task last took."""
+    unwritten: dict[str, Any] | None = None
+    """That stall's ``status.hangEvidence`` until a status write took it."""
 
     async def observe(self, pods: list[Mapping[str, Any]]) -> float | None:
         """Scrape the ranks when due and fold the result into status; seconds until the next.
@@ -108,50 +113,65 @@ class MetricsTask:
             job = loop.freshest(loop.body)
             since = hangcapture.due(job.get("status") or {})
         if since is not None and since != self.captured:
-            self.captured = since  # once per stall, even when writing the record fails
-            await self.take_evidence(job, targets, since, identity)
+            self.captured = since  # once per stall: a failed capture is recorded, not retried
+            self.unwritten = await self.take_evidence(job, targets, since)
+        if self.unwritten is not None:
+            await self.record_evidence(identity)
         return interval
 
     async def take_evidence(
-        self,
-        job: Mapping[str, Any],
-        targets: list[ScrapeTarget],
-        since: str,
-        identity: tuple[int, int],
-    ) -> None:
-        """Capture the stall's evidence without the lock, then record it under the lock."""
+        self, job: Mapping[str, Any], targets: list[ScrapeTarget], since: str
+    ) -> dict[str, Any]:
+        """Capture the stall's evidence without the lock: its record, whatever happens."""
         loop = self.loop
         assert loop.scraper is not None
-        record, report = await hangcapture.capture(loop, loop.scraper, job, targets, since)
+        try:
+            record, report = await hangcapture.capture(loop, loop.scraper, job, targets, since)
+        except Exception as e:  # a bug or a dead worker thread: say so, let the restart go
+            log.exception("hang evidence of %s failed", job["metadata"].get("name"))
+            summary = f"the evidence could not be taken: {type(e).__name__}: {str(e)[:300]}"
+            record = {"stalledSince": since, "summary": summary, "note": summary}
+            record["attempt"] = int((job.get("status") or {}).get("attempt") or 0)
+            METRICS.observe_hang_capture("unrecorded")
+            loop.post_event(job, "Warning", c.HANG_EVIDENCE, summary)
+            return record
         fault_point(loop.fault_at, BEFORE_EVIDENCE_RECORD)
-        outcome = "partial" if report.silent else "complete"
+        outcome = "partial" if report.silent or report.unusable else "complete"
         METRICS.observe_hang_capture(outcome if record["configMap"] else "unrecorded")
+        cm = record.get("configMap")
+        where = f"every rank's stacks: kubectl get configmap {cm} -o yaml" if cm else record["note"]
+        loop.post_event(job, "Warning", c.HANG_EVIDENCE, f"{report.summary}; {where}")
+        return record
+
+    async def record_evidence(self, identity: tuple[int, int]) -> None:
+        """Write the record (and the answer into the Stalled condition and verdict) while
+        the job is still in that stall; a failed write is tried again next round."""
+        loop, record = self.loop, self.unwritten
+        assert record is not None
         async with loop.lock:
             job = loop.freshest(loop.body)
             status, meta = job.get("status") or {}, job["metadata"]
             now_identity = (int(meta.get("generation") or 0), int(status.get("attempt") or 0))
-            if now_identity != identity:
-                return  # restarted meanwhile (only the lapse of the wait lets that happen)
-            if self.monitor is not None:
-                self.monitor.hang = record
-            conds = [
-                {**cond, "message": str(cond.get("message", "")) + hang_text(record)}
-                if cond.get("type") == c.STALLED and "; evidence: " not in cond.get("message", "")
-                else cond
-                for cond in status.get("conditions") or []
-            ]
-            patch: dict[str, Any] = {"hangEvidence": record, "conditions": conds}
+            if now_identity != identity or hangcapture.due(status) != record["stalledSince"]:
+                self.unwritten = None  # restarted, recovered or already recorded meanwhile
+                return
+            patch: dict[str, Any] = {
+                "hangEvidence": record,
+                "conditions": hangcapture.stalled_message(status.get("conditions") or [], record),
+            }
             bottleneck = status.get("bottleneck") or {}
             if bottleneck.get("verdict") == STALLED:
                 patch["bottleneck"] = with_hang(bottleneck, record)
-            await loop._write_status(meta["namespace"], meta["name"], patch)
-            where = f"; every rank's stacks: kubectl get configmap {record['configMap']} -o yaml"
-            loop.post_event(
-                job,
-                "Warning",
-                c.HANG_EVIDENCE,
-                report.summary + (where if record.get("configMap") else f"; {record['note']}"),
-            )
+            try:
+                await loop._write_status(meta["namespace"], meta["name"], patch)
+            except JobGone:
+                raise
+            except Exception as e:
+                log.warning("hang evidence of %s not recorded yet: %s", meta["name"], e)
+                return
+            self.unwritten = None
+            if self.monitor is not None:
+                self.monitor.hang = record
             loop.wake.set()  # restartOnStall waits for this record
 
     async def run(self) -> None:

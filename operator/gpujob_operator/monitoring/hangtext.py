@@ -1,0 +1,73 @@
+"""A hung job's evidence as a person reads it: the ConfigMap's ``summary.txt`` and
+``rank-N.txt`` (every thread's stack, innermost frame last, and the recent collectives).
+
+Pure. A ConfigMap holds at most 1 MiB, so the text is capped in bytes (UTF-8), and the ranks
+the comparison named are written first: a cut never drops the rank that matters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from gpujob_operator.monitoring.hang import HangReport, RankAnswer, ranks_text, who
+
+MAX_BYTES: Final = 512 * 1024
+"""Bytes of text one ConfigMap gets, all ranks together."""
+SUMMARY_BYTES: Final = 4096
+MIN_RANK_BYTES: Final = 2048
+RECENT: Final = 32
+"""Collectives listed per rank (the newest)."""
+
+
+def _cut(text: str, max_bytes: int) -> str:
+    data = text.encode()
+    if len(data) <= max_bytes:
+        return text
+    note = f"\n... cut at {max_bytes} bytes\n"
+    return data[: max(0, max_bytes - len(note))].decode(errors="ignore") + note
+
+
+def rank_text(answer: RankAnswer, where: str, max_bytes: int) -> str:
+    """One rank's dump, capped at ``max_bytes`` (UTF-8)."""
+    lines = [who(answer), where]
+    d = answer.dump
+    if d is not None:
+        for t in d.threads:
+            lines += ["", f'thread "{t.name}"{" (main)" if t.main else ""}, innermost last:']
+            lines.extend(f"  {f.file}:{f.line} in {f.function}" for f in t.frames)
+        lines.append("")
+        if d.recorder:
+            lines.append(f"recent collectives ({d.backend}), oldest first:")
+            lines.extend(
+                f"  {c.label} {c.sizes} {'PENDING' if c.pending else 'completed'}"
+                for c in d.collectives[-RECENT:]
+            )
+        else:
+            lines.append(f"no collective trace: {d.why or 'the recorder gave none'}")
+    return _cut("\n".join(lines) + "\n", max_bytes)
+
+
+def configmap_data(
+    report: HangReport, answers: Sequence[RankAnswer], max_bytes: int = MAX_BYTES
+) -> dict[str, str]:
+    """``summary.txt`` and one ``rank-N.txt`` each, within ``max_bytes`` in all; the named
+    ranks first, then the others in rank order, until the space runs out."""
+    named = set(report.culprits) | set(report.silent)
+    ordered = sorted(answers, key=lambda a: (a.rank not in named, a.rank))
+    per_rank = max(MIN_RANK_BYTES, (max_bytes - SUMMARY_BYTES) // max(1, len(answers)))
+    summary = _cut(report.summary + "\n", SUMMARY_BYTES)
+    used = len(summary.encode())
+    data: dict[str, str] = {}
+    left_out = []
+    for a in ordered:
+        text = rank_text(a, report.where.get(a.rank, ""), per_rank)
+        size = len(text.encode())
+        if used + size > max_bytes:
+            left_out.append(a.rank)
+            continue
+        data[f"rank-{a.rank}.txt"] = text
+        used += size
+    if left_out:
+        summary += f"(ranks {ranks_text(left_out)} left out: the ConfigMap is full)\n"
+    return {"summary.txt": summary, **dict(sorted(data.items()))}
