@@ -23,7 +23,17 @@ from gpujob_operator.monitoring import hangdump
 from gpujob_operator.monitoring.scrape import Scraper
 from gpujob_operator.monitoring.scrape_result import ScrapeTarget
 from gpujob_operator.runtime.hangcapture import compare_and_render
-from scrape_hostile import PAYLOAD, Server, Ticker, hang, ok, rss_mb, send, trickle
+from scrape_hostile import (
+    PAYLOAD,
+    Server,
+    Ticker,
+    another_job_behind,
+    hang,
+    ok,
+    rss_mb,
+    send,
+    trickle,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "evidence"
@@ -96,18 +106,9 @@ async def main() -> None:
         await case("gzip bomb (256 MiB of spaces)", s, [t("/bomb", 0), t("/w1", 1)])
     async with Scraper(concurrency=4, timeout=3) as s:
         await case("8 ranks that never answer (3 s timeout)", s, [t("/hang", r) for r in range(8)])
-        silent = asyncio.get_running_loop().create_task(
-            s.fetch_all([t("/hang", r, "dead") for r in range(8)], hangdump.MAX_BYTES)
-        )
-        await asyncio.sleep(0.05)
-        t0 = time.perf_counter()
-        (other,) = await s.scrape_all([ScrapeTarget(f"{base}/metrics", "other", "n", 0, 1, 1)])
-        waited = time.perf_counter() - t0
-        await silent
-        print(
-            f"{'another job behind 8 silent ranks':<40} its scrape took {waited:5.2f} s "
-            f"({other.error or 'ok'}) with 4 slots and a 3 s timeout"
-        )
+        silent = s.fetch_all([t("/hang", r, "dead") for r in range(8)], hangdump.MAX_BYTES)
+        other = ScrapeTarget(f"{base}/metrics", "other", "n", 0, 1, 1)
+        await another_job_behind(s, silent, other, "8 silent ranks", 40)
     assert server.srv is not None
     server.srv.close()
 

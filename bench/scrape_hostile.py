@@ -116,6 +116,22 @@ def relabel(text: bytes, rank: int) -> bytes:
     return text.replace(b'rank="1"}', b'rank="%d"}' % rank)
 
 
+async def another_job_behind(
+    s: Scraper, dead: Awaitable[object], other: ScrapeTarget, what: str, width: int
+) -> None:
+    """How long another job's scrape takes while ``dead`` holds the slots it can."""
+    busy = asyncio.ensure_future(dead)
+    await asyncio.sleep(0.05)
+    t0 = time.perf_counter()
+    (got,) = await s.scrape_all([other])
+    waited = time.perf_counter() - t0
+    await busy
+    print(
+        f"{'another job behind ' + what:<{width}} its scrape took {waited:5.2f} s "
+        f"({got.error or 'ok'}) with {s.concurrency} slots and a {s.timeout:g} s timeout"
+    )
+
+
 async def case(
     name: str,
     scraper: Scraper,
@@ -199,18 +215,8 @@ async def main() -> None:
             "+Inf target steps and epoch", s, [t("/inf")], rounds=3, monitor=JobMonitor(spec)
         )
     async with Scraper(concurrency=4, timeout=3) as s:
-        dead = asyncio.get_running_loop().create_task(
-            s.scrape_all([t("/hang", f"dead-{i}") for i in range(8)])
-        )
-        await asyncio.sleep(0.05)
-        t0 = time.perf_counter()
-        (other,) = await s.scrape_all([t("/good", "other-job")])
-        waited = time.perf_counter() - t0
-        await dead
-        print(
-            f"{'another job behind 8 dead endpoints':<34} its scrape took {waited:5.2f} s "
-            f"({other.error or 'ok'}) with 4 slots and a 3 s timeout"
-        )
+        dead = s.scrape_all([t("/hang", f"dead-{i}") for i in range(8)])
+        await another_job_behind(s, dead, t("/good", "other-job"), "8 dead endpoints", 34)
     assert server.srv is not None
     server.srv.close()
 

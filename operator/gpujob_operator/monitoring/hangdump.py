@@ -23,16 +23,6 @@ LIBRARY_MARKERS: Final = ("/site-packages/", "/dist-packages/", "/lib/python3", 
 """A frame whose file is under one of these is library code (the standard library too)."""
 USER_CODE: Final = ("gpujob_trainer/example.py",)
 """Library-installed files that are a user's training loop (the project's own sample)."""
-ACTIVITIES: Final = (
-    ("torch/utils/data/", "the data loader"),
-    ("torch/distributed/checkpoint", "a checkpoint save"),
-    ("torch/serialization.py", "a checkpoint save"),
-    ("torch/distributed/", "a collective call"),
-    ("torch/cuda/", "a CUDA call"),
-    ("torch/autograd/", "backward"),
-)
-"""What a rank is doing, by the first of its main thread's frames (innermost first) that
-lives in one of these library folders."""
 
 
 class EvidenceError(ValueError):
