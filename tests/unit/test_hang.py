@@ -156,6 +156,16 @@ def test_answers_of_keeps_each_rank_apart_and_refuses_a_rank_that_claims_another
     assert [a.rank for a in bare] == [0, 1], "a bare URL takes its document's rank, else its place"
 
 
+def test_a_named_rank_carries_its_gpu_when_its_metrics_named_one() -> None:
+    fetched: list[hang.Fetched] = [
+        ((DATA / "sleep-rank0.json").read_bytes(), None, ""),
+        ((DATA / "sleep-rank1.json").read_bytes(), None, ""),
+    ]
+    answers, report = hang.compare([target(0, "a"), target(1, "b")], fetched, {1: "GPU-1234"})
+    assert report.summary.startswith("rank 1 (pod b, node n, GPU GPU-1234) is not in all_reduce")
+    assert [a.gpu for a in answers] == ["", "GPU-1234"]
+
+
 def test_a_rank_that_answers_without_evidence_is_reported_and_blamed_for_nothing() -> None:
     unusable = hang.RankAnswer(1, "j-node-1", error="unusable evidence: not JSON", answered=True)
     r = hang.reduce([answer(0, "sleep-rank0"), answer(2, "sleep-rank0"), unusable])
@@ -247,9 +257,9 @@ def test_the_evidence_is_taken_once_per_stall() -> None:
 
 def test_the_answer_reaches_the_stalled_verdict_and_its_message() -> None:
     ev = {"summary": "rank 1 is elsewhere", "configMap": "j-hang-0", "culprits": [1]}
-    ev |= {"pod": "j-node-1", "node": "n1"}
+    ev |= {"pod": "j-node-1", "node": "n1", "gpu": "GPU-1"}
     assert format_hang(ev) == "; evidence: rank 1 is elsewhere (every rank: configmap/j-hang-0)"
     assert format_hang(None) == ""
     b = with_hang({"verdict": "Stalled", "evidence": {"step": 3}}, ev)
     assert b["evidence"] == {"step": 3, "hang": "rank 1 is elsewhere", "hangConfigMap": "j-hang-0"}
-    assert (b["rank"], b["pod"], b["node"]) == (1, "j-node-1", "n1")
+    assert (b["rank"], b["pod"], b["node"], b["gpuUUID"]) == (1, "j-node-1", "n1", "GPU-1")

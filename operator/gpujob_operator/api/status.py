@@ -282,6 +282,9 @@ class HangEvidence(_StatusModel):
     )
     pod: str | None = Field(default=None, description="Pod of the first rank named.")
     node: str | None = Field(default=None, description="Node of the first rank named.")
+    gpu: str | None = Field(
+        default=None, description="CUDA device UUID of the first rank named, when known."
+    )
     config_map: str | None = Field(
         default=None,
         description="ConfigMap (owned by the job, one per attempt) with every rank's stacks "

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -313,9 +313,14 @@ Fetched = tuple[bytes | None, str | None, str]
 """What one fetch gave: the body, or None with the error kind and message."""
 
 
-def answers_of(targets: Sequence[ScrapeTarget], fetched: Sequence[Fetched]) -> list[RankAnswer]:
+def answers_of(
+    targets: Sequence[ScrapeTarget],
+    fetched: Sequence[Fetched],
+    gpus: Mapping[int, str] | None = None,
+) -> list[RankAnswer]:
     """Pair each target with its body or error, parsing each body. A target of unknown rank
-    (``gpujob diagnose`` on bare URLs) takes the rank its document says, else its position."""
+    (``gpujob diagnose`` on bare URLs) takes the rank its document says, else its position.
+    ``gpus``: each rank's CUDA device UUID, where its metrics named one."""
     out = []
     for i, (t, (body, kind, message)) in enumerate(zip(targets, fetched, strict=True)):
         dump, error = None, f"{kind}: {message}" if kind else ""
@@ -330,13 +335,16 @@ def answers_of(targets: Sequence[ScrapeTarget], fetched: Sequence[Fetched]) -> l
                     dump = None
         rank = t.rank if t.rank is not None else dump.rank if dump and dump.rank is not None else i
         answered = body is not None or kind in ANSWERED_KINDS
-        out.append(RankAnswer(int(rank), t.pod, t.node, "", dump, error, answered))
+        gpu = (gpus or {}).get(int(rank), "")
+        out.append(RankAnswer(int(rank), t.pod, t.node, gpu, dump, error, answered))
     return out
 
 
 def compare(
-    targets: Sequence[ScrapeTarget], fetched: Sequence[Fetched]
+    targets: Sequence[ScrapeTarget],
+    fetched: Sequence[Fetched],
+    gpus: Mapping[int, str] | None = None,
 ) -> tuple[list[RankAnswer], HangReport]:
     """Parse and compare (one call, to run off the event loop)."""
-    answers = answers_of(targets, fetched)
+    answers = answers_of(targets, fetched, gpus)
     return answers, reduce(answers)

@@ -140,6 +140,10 @@ class JobMonitor:
         self._stall_streak = 0
         self._rejected = set()
 
+    def rank_gpus(self) -> dict[int, str]:
+        """Each rank's CUDA device UUID, where its allocator series named one."""
+        return {s.rank: s.uuid for s in self.window.ranks.values() if s.uuid}
+
     def scrape_targets(
         self,
         spec: api.GPUTrainingJobSpec | Mapping[str, Any],
@@ -340,6 +344,8 @@ def with_hang(bottleneck: dict[str, Any], evidence: Mapping[str, Any]) -> dict[s
     culprits = evidence.get("culprits") or []
     if culprits:
         out.update(rank=int(culprits[0]), pod=evidence.get("pod"), node=evidence.get("node"))
+        if evidence.get("gpu"):
+            out["gpuUUID"] = evidence["gpu"]
     return out
 
 

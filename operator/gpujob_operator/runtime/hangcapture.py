@@ -62,10 +62,12 @@ def due(status: Mapping[str, Any]) -> str | None:
 
 
 def compare_and_render(
-    asked: Sequence[ScrapeTarget], fetched: Sequence[hang.Fetched]
+    asked: Sequence[ScrapeTarget],
+    fetched: Sequence[hang.Fetched],
+    gpus: Mapping[int, str] | None = None,
 ) -> tuple[list[hang.RankAnswer], hang.HangReport, dict[str, str]]:
     """Compare and render in one call (on a worker thread: bounded, but not the loop's)."""
-    answers, report = hang.compare(asked, fetched)
+    answers, report = hang.compare(asked, fetched, gpus)
     return answers, report, hangtext.configmap_data(report, answers)
 
 
@@ -75,12 +77,14 @@ async def capture(
     job: Mapping[str, Any],
     targets: Sequence[ScrapeTarget],
     since: str,
+    gpus: Mapping[int, str] | None = None,
 ) -> tuple[dict[str, Any], hang.HangReport]:
-    """Ask, compare, keep: the ``status.hangEvidence`` record and the comparison."""
+    """Ask, compare, keep: the ``status.hangEvidence`` record and the comparison
+    (``gpus``: each rank's CUDA device UUID, from its metrics, to name it by)."""
     started = time.time()
     asked = hang.evidence_targets(targets)
     fetched = await scraper.fetch_all(asked, hangdump.MAX_BYTES)
-    answers, report, data = await asyncio.to_thread(compare_and_render, asked, fetched)
+    answers, report, data = await asyncio.to_thread(compare_and_render, asked, fetched, gpus)
     first = next((a for a in answers if report.culprits and a.rank == report.culprits[0]), None)
     attempt = int((job.get("status") or {}).get("attempt") or 0)
     name, namespace = str(job["metadata"]["name"]), str(job["metadata"]["namespace"])
@@ -104,6 +108,7 @@ async def capture(
         "silent": report.silent[:64],
         "pod": first.pod if first else None,
         "node": (first.node or None) if first else None,
+        "gpu": (first.gpu or None) if first else None,
         "configMap": cm,
         "note": why,
     }

@@ -126,7 +126,10 @@ class MetricsTask:
         loop = self.loop
         assert loop.scraper is not None
         try:
-            record, report = await hangcapture.capture(loop, loop.scraper, job, targets, since)
+            gpus = self.monitor.rank_gpus() if self.monitor is not None else {}
+            record, report = await hangcapture.capture(
+                loop, loop.scraper, job, targets, since, gpus
+            )
         except Exception as e:  # a bug or a dead worker thread: say so, let the restart go
             log.exception("hang evidence of %s failed", job["metadata"].get("name"))
             summary = f"the evidence could not be taken: {type(e).__name__}: {str(e)[:300]}"
