@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from gpujob_operator.api.display import format_hang
+from gpujob_operator.api.status import stall_evidence
 from gpujob_operator.monitoring import hang, hangdump, hangtext
 from gpujob_operator.monitoring.monitor import with_hang
 from gpujob_operator.monitoring.scrape_result import ScrapeTarget
@@ -247,10 +248,10 @@ def test_the_evidence_is_taken_once_per_stall() -> None:
     status: dict[str, Any] = {"conditions": [stalled]}
     assert hangcapture.due(status) == "2026-12-05T08:00:00Z"
     status["hangEvidence"] = {"stalledSince": "2026-12-05T08:00:00Z", "summary": "s"}
-    assert hangcapture.due(status) is None and hangcapture.current(status)
+    assert hangcapture.due(status) is None and stall_evidence(status)
     stalled["lastTransitionTime"] = "2026-12-05T09:00:00Z"  # a second stall, same attempt
     assert hangcapture.due(status) == "2026-12-05T09:00:00Z"
-    assert hangcapture.current(status) is None
+    assert stall_evidence(status) is None
     stalled["status"] = "False"
     assert hangcapture.due(status) is None
 

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, PlainSerializer, WithJsonSchema
 
 from gpujob_operator.api.base import Model as _Model
-from gpujob_operator.api.conditions import format_time
+from gpujob_operator.api.conditions import STALLED, TRUE, find, format_time
 from gpujob_operator.api.names import GangMechanism
 
 Time = Annotated[
@@ -378,3 +378,17 @@ class GPUTrainingJobStatus(_StatusModel):
 def parse_status(status: Mapping[str, Any] | None) -> GPUTrainingJobStatus:
     """Read a raw status mapping leniently (unknown keys ignored, absent = empty)."""
     return GPUTrainingJobStatus.model_validate(dict(status or {}))
+
+
+def stalled_since(status: Mapping[str, Any]) -> str | None:
+    """The current stall's identity: the Stalled condition's transition time, while True."""
+    cond = find(status.get("conditions"), STALLED) or {}
+    since = cond.get("lastTransitionTime") if cond.get("status") == TRUE else None
+    return str(since) if since else None
+
+
+def stall_evidence(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """``status.hangEvidence`` when it is about the current stall (else None)."""
+    since = stalled_since(status)
+    ev = status.get("hangEvidence") or {}
+    return ev if since is not None and ev.get("stalledSince") == since else None

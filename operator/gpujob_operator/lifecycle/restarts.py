@@ -27,6 +27,7 @@ from gpujob_operator import api
 from gpujob_operator.api import children
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.display import EVIDENCE_MARK, format_hang
+from gpujob_operator.api.status import stall_evidence
 from gpujob_operator.lifecycle import gang, terminal
 from gpujob_operator.lifecycle.observations import (
     PREEMPTION_BY_SCHEDULER,
@@ -196,11 +197,10 @@ def stall_confirmed(pp: PlanningPass) -> bool:
     cond = c.find(pp.conds, c.STALLED) or {}
     if cond.get("status") != c.TRUE or cond.get("reason") != c.STALL_CONFIRMED:
         return False
-    since = cond.get("lastTransitionTime")
-    if (pp.old_status.get("hangEvidence") or {}).get("stalledSince") == since:
+    if stall_evidence({**pp.old_status, "conditions": pp.conds}) is not None:
         return True
     try:
-        began = c.parse_time(since)
+        began = c.parse_time(cond.get("lastTransitionTime"))
     except (TypeError, ValueError):
         began = None
     left = EVIDENCE_WAIT_SECONDS - (pp.now - began).total_seconds() if began else 0.0
@@ -212,9 +212,8 @@ def stall_confirmed(pp: PlanningPass) -> bool:
 
 def with_evidence(pp: PlanningPass, message: str) -> str:
     """The restart's failure message, carrying the hang evidence or saying why none."""
-    cond = c.find(pp.conds, c.STALLED) or {}
-    ev = pp.old_status.get("hangEvidence") or {}
-    if ev.get("stalledSince") and ev.get("stalledSince") == cond.get("lastTransitionTime"):
+    ev = stall_evidence({**pp.old_status, "conditions": pp.conds})
+    if ev is not None:
         return message if EVIDENCE_MARK in message else message + format_hang(ev)
     return f"{message}; no hang evidence was recorded in time"
 

@@ -148,15 +148,9 @@ class Scraper:
 
         async def one(target: ScrapeTarget, deadline: float) -> ScrapeResult:
             try:
-                resp = await self._exchange(self._endpoint(target.url), deadline, max_bytes)
-                if resp.status != 200:
-                    raise Failure(ErrorKind.HTTP_STATUS, f"HTTP {resp.status} {resp.reason}")
-                body = decode_body(resp.body, resp.encoding, max_bytes)
-            except TimeoutError:
-                kind, msg = ErrorKind.TIMEOUT, f"no complete response within {self.timeout:g}s"
-                return ScrapeResult(target, self._clock(), error=kind, message=msg)
-            except Failure as exc:
-                return ScrapeResult(target, self._clock(), error=exc.kind, message=exc.message)
+                body = await self._body(target, deadline, max_bytes)
+            except (TimeoutError, Failure) as exc:
+                return self._failed(target, exc)
             return ScrapeResult(target, self._clock(), raw=body, size=len(body))
 
         results = await asyncio.gather(*(self._scrape(t, deadline, share, one) for t in targets))
@@ -272,16 +266,30 @@ class Scraper:
             self._endpoints[url] = ep
         return ep
 
-    async def _exchange(
-        self, ep: Endpoint, deadline: float, max_bytes: int | None = None
-    ) -> Response:
+    async def _body(self, target: ScrapeTarget, deadline: float, max_bytes: int) -> bytes:
+        """The decoded body of a 200 answer; :class:`Failure` or TimeoutError otherwise."""
+        resp = await self._exchange(self._endpoint(target.url), deadline, max_bytes)
+        if resp.status != 200:
+            raise Failure(ErrorKind.HTTP_STATUS, f"HTTP {resp.status} {resp.reason}")
+        return decode_body(resp.body, resp.encoding, max_bytes)
+
+    def _failed(self, target: ScrapeTarget, exc: TimeoutError | Failure) -> ScrapeResult:
+        if isinstance(exc, Failure):
+            kind, message, size = exc.kind, exc.message, exc.size
+        else:
+            kind, message, size = (
+                ErrorKind.TIMEOUT, f"no complete response within {self.timeout:g}s", 0
+            )  # fmt: skip
+        return ScrapeResult(target, self._clock(), error=kind, message=message, size=size)
+
+    async def _exchange(self, ep: Endpoint, deadline: float, max_bytes: int) -> Response:
         loop = asyncio.get_running_loop()
         for attempt in (0, 1):
             conn = self._take(ep.key) if attempt == 0 else None
             reused = conn is not None
             if conn is None:
                 conn = await self._connect(ep.key, deadline)
-            fut = conn.request(ep.head, self.max_bytes if max_bytes is None else max_bytes)
+            fut = conn.request(ep.head, max_bytes)
             timer = loop.call_at(loop.time() + (deadline - time.monotonic()), expire, conn, fut)
             try:
                 resp = await fut
@@ -303,19 +311,11 @@ class Scraper:
         raise AssertionError("unreachable")
 
     async def _fetch(self, target: ScrapeTarget, deadline: float) -> ScrapeResult:
-        def fail(kind: ErrorKind, message: str, size: int = 0) -> ScrapeResult:
-            return ScrapeResult(target, self._clock(), error=kind, message=message, size=size)
-
         try:
-            resp = await self._exchange(self._endpoint(target.url), deadline)
-            if resp.status != 200:
-                return fail(ErrorKind.HTTP_STATUS, f"HTTP {resp.status} {resp.reason}")
-            body = decode_body(resp.body, resp.encoding, self.max_bytes)
+            body = await self._body(target, deadline, self.max_bytes)
             _check_shape(body, self.max_lines, self.max_samples)
-        except TimeoutError:
-            return fail(ErrorKind.TIMEOUT, f"no complete response within {self.timeout:g}s")
-        except Failure as exc:
-            return fail(exc.kind, exc.message, exc.size)
+        except (TimeoutError, Failure) as exc:
+            return self._failed(target, exc)
         t = self._clock()
         samples: list[expfmt.Sample] = []
         try:

@@ -27,6 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import hang_configmap, hang_configmap_name
 from gpujob_operator.api.display import EVIDENCE_MARK, format_hang
+from gpujob_operator.api.status import stall_evidence, stalled_since
 from gpujob_operator.monitoring import hang, hangdump, hangtext
 from gpujob_operator.monitoring.scrape_result import ScrapeTarget
 
@@ -37,28 +38,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpujob.hang")
 
 
-def stalled_since(status: Mapping[str, Any]) -> str | None:
-    """The current stall's identity: the Stalled condition's transition time, while True."""
-    cond = c.find(status.get("conditions"), c.STALLED) or {}
-    if cond.get("status") != c.TRUE:
-        return None
-    since = cond.get("lastTransitionTime")
-    return str(since) if since else None
-
-
-def current(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """``status.hangEvidence`` when it is about the current stall (else None)."""
-    since = stalled_since(status)
-    ev = status.get("hangEvidence") or {}
-    return ev if since is not None and ev.get("stalledSince") == since else None
-
-
 def due(status: Mapping[str, Any]) -> str | None:
     """The stall to capture, when this one has no evidence yet."""
     since = stalled_since(status)
-    if since is None or (status.get("hangEvidence") or {}).get("stalledSince") == since:
-        return None
-    return since
+    return since if since is not None and stall_evidence(status) is None else None
 
 
 def compare_and_render(

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import job_uid
+from gpujob_operator.api.status import stall_evidence
 from gpujob_operator.monitoring.monitor import JobMonitor, exited_ranks, with_hang
 from gpujob_operator.monitoring.scrape_result import ErrorKind, ScrapeTarget
 from gpujob_operator.monitoring.verdict import STALLED
@@ -94,7 +95,7 @@ class MetricsTask:
                 return interval  # the gang restarted (or the spec changed) meanwhile
             if status.get("phase") != c.PHASE_RUNNING:
                 return None
-            monitor.hang = hangcapture.current(status)
+            monitor.hang = stall_evidence(status)
             # The pods as they are now: ranks may have exited during the scrape.
             exited = exited_ranks(loop._pods() or pods, job_uid(job))
             update = monitor.observe(results, time.time(), exited=exited)
