@@ -16,7 +16,7 @@ class NVMLError(Exception):
         self.value = value
 
 
-NOT_SUPPORTED, TIMEOUT = 3, 10
+NOT_SUPPORTED, TIMEOUT, UNKNOWN = 3, 10, 999
 
 
 @dataclass
@@ -33,6 +33,32 @@ class FakeGpu:
     ecc: int | None = 0
     xids: list[int] = field(default_factory=list)
     xid_supported: bool = True
+    pcie_rx_kbps: int = 2_000_000  # NVML's unit: KB/s over its 20 ms window
+    pcie_tx_kbps: int = 250_000
+    pcie_supported: bool = True
+    gpm_supported: bool = True  # Hopper or later
+    sm_util: float = 62.5  # GPM percents (0-100) over the interval between two samples
+    tensor_util: float = 37.5
+
+
+class FakeGpmSample:
+    """An opaque GPM sample buffer: filled by nvmlGpmSampleGet, then holds that GPU and time."""
+
+    def __init__(self) -> None:
+        self.gpu: FakeGpu | None = None
+        self.seq = 0
+        self.freed = False
+
+
+class FakeGpmMetricsGet:
+    """pynvml's c_nvmlGpmMetricsGet_t, with room for a few metrics."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.numMetrics = 0
+        self.sample1: FakeGpmSample | None = None
+        self.sample2: FakeGpmSample | None = None
+        self.metrics = [SimpleNamespace(metricId=0, nvmlReturn=0, value=0.0) for _ in range(8)]
 
 
 class FakeNvml:
@@ -44,11 +70,21 @@ class FakeNvml:
     NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
     NVML_VOLATILE_ECC = 0
     nvmlEventTypeXidCriticalError = 8
+    NVML_PCIE_UTIL_TX_BYTES = 0
+    NVML_PCIE_UTIL_RX_BYTES = 1
+    NVML_GPM_METRICS_GET_VERSION = 1
+    NVML_GPM_METRIC_SM_UTIL = 2
+    NVML_GPM_METRIC_SM_OCCUPANCY = 3
+    NVML_GPM_METRIC_ANY_TENSOR_UTIL = 5
+    c_nvmlGpmMetricsGet_t = FakeGpmMetricsGet
 
     def __init__(self, gpus: list[FakeGpu]) -> None:
         self.gpus = gpus
         self.calls = 0
         self.inits = 0
+        self.pcie_calls = 0
+        self.samples: list[FakeGpmSample] = []  # every sample allocated
+        self.sample_gets = 0
 
     def nvmlInit(self) -> None:
         self.inits += 1
@@ -108,6 +144,74 @@ class FakeNvml:
         if h.ecc is None:
             raise NVMLError(NOT_SUPPORTED)
         return h.ecc
+
+    def nvmlDeviceGetPcieThroughput(self, h: FakeGpu, counter: int) -> int:
+        self.pcie_calls += 1
+        if not h.pcie_supported:
+            raise NVMLError(NOT_SUPPORTED)
+        if counter == self.NVML_PCIE_UTIL_RX_BYTES:
+            return h.pcie_rx_kbps
+        assert counter == self.NVML_PCIE_UTIL_TX_BYTES, counter
+        return h.pcie_tx_kbps
+
+    def nvmlGpmQueryDeviceSupport(self, h: FakeGpu) -> Any:
+        return SimpleNamespace(version=1, isSupportedDevice=int(h.gpm_supported))
+
+    def nvmlGpmSampleAlloc(self) -> FakeGpmSample:
+        sample = FakeGpmSample()
+        self.samples.append(sample)
+        return sample
+
+    def nvmlGpmSampleFree(self, sample: FakeGpmSample) -> None:
+        assert not sample.freed, "GPM sample freed twice"
+        sample.freed = True
+
+    def nvmlGpmSampleGet(self, h: FakeGpu, sample: FakeGpmSample) -> FakeGpmSample:
+        assert not sample.freed, "GPM sample used after free"
+        if not h.gpm_supported:
+            raise NVMLError(NOT_SUPPORTED)
+        self.sample_gets += 1
+        sample.gpu, sample.seq = h, self.sample_gets
+        return sample
+
+    def nvmlGpmMetricsGet(self, get: FakeGpmMetricsGet) -> FakeGpmMetricsGet:
+        """Fills the requested metrics from sample2's GPU, as NVML does between two samples."""
+        one, two = get.sample1, get.sample2
+        if get.version != self.NVML_GPM_METRICS_GET_VERSION:
+            raise NVMLError(25)  # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        if one is None or two is None or one is two or one.gpu is None or one.gpu is not two.gpu:
+            raise NVMLError(2)  # NVML_ERROR_INVALID_ARGUMENT
+        if one.freed or two.freed or one.seq >= two.seq:
+            raise NVMLError(2)  # sample1 must be the older of two live samples
+        gpu = two.gpu
+        # NVML's ids (the class constants), whatever a test sets on an instance
+        values = {
+            FakeNvml.NVML_GPM_METRIC_SM_UTIL: gpu.sm_util,
+            FakeNvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: gpu.tensor_util,
+        }
+        for metric in get.metrics[: get.numMetrics]:
+            if metric.metricId in values:
+                metric.value, metric.nvmlReturn = values[metric.metricId], 0
+            else:
+                metric.value, metric.nvmlReturn = 0.0, NOT_SUPPORTED
+        return get
+
+
+_PROFILING_NAMES = frozenset(
+    name
+    for name in vars(FakeNvml)
+    if name.startswith(("nvmlGpm", "NVML_GPM_", "NVML_PCIE_", "c_nvmlGpm"))
+    or name == "nvmlDeviceGetPcieThroughput"
+)
+
+
+class OldFakeNvml(FakeNvml):
+    """A pynvml from before the PCIe throughput and GPM calls: those names are missing."""
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in _PROFILING_NAMES:
+            raise AttributeError(name)
+        return super().__getattribute__(name)
 
 
 UUID0 = "GPU-11111111-2222-3333-4444-555555555555"

@@ -16,11 +16,14 @@ from gpujob_trainer.nvml import NvmlCollector
 from tests.support.fake_nvml import (  # noqa: F401
     NOT_SUPPORTED,
     TIMEOUT,
+    UNKNOWN,
     UUID0,
     UUID1,
+    FakeGpmMetricsGet,
     FakeGpu,
     FakeNvml,
     NVMLError,
+    OldFakeNvml,
 )
 
 
@@ -120,6 +123,179 @@ def test_metric_errors_skip_only_that_series() -> None:
     fams = render(NvmlCollector(nvml=nvml))
     assert "gpujob_gpu_power_watts" not in fams
     assert "gpujob_gpu_power_limit_watts" in fams
+
+
+GPM_NAMES = ("gpujob_gpu_sm_active_ratio", "gpujob_gpu_tensor_active_ratio")
+PCIE_NAMES = ("gpujob_gpu_pcie_rx_bytes_per_second", "gpujob_gpu_pcie_tx_bytes_per_second")
+
+
+def profiling(fams: dict[str, Any]) -> dict[str, tuple[str, float]]:
+    """counter group -> (reason, value) of gpujob_gpu_profiling_available."""
+    got = samples(fams, "gpujob_gpu_profiling_available")
+    out = {}
+    for key, value in got.items():
+        lab = dict(key)
+        assert lab["node_rank"] == "2"
+        assert lab["counter"] not in out, "one series per counter group"
+        out[lab["counter"]] = (lab["reason"], value)
+    return out
+
+
+def test_pcie_throughput_in_bytes_per_second() -> None:
+    gpus = [FakeGpu(UUID0), FakeGpu(UUID1, pcie_rx_kbps=1, pcie_tx_kbps=0)]
+    fams = render(NvmlCollector(node_rank=2, nvml=FakeNvml(gpus)))
+    g0, g1 = labels("0", UUID0), labels("1", UUID1)
+    assert samples(fams, "gpujob_gpu_pcie_rx_bytes_per_second") == {
+        g0: 2_000_000 * 1024,
+        g1: 1024,
+    }
+    assert samples(fams, "gpujob_gpu_pcie_tx_bytes_per_second") == {g0: 250_000 * 1024, g1: 0}
+    assert fams["gpujob_gpu_pcie_rx_bytes_per_second"].type == "gauge"
+    assert profiling(fams)["pcie"] == ("ok", 1.0)
+
+
+def test_gpm_needs_two_reads_then_exports_ratios() -> None:
+    gpus = [FakeGpu(UUID0), FakeGpu(UUID1, sm_util=100.0, tensor_util=0.0)]
+    nvml = FakeNvml(gpus)
+    clock = Clock()
+    collector = NvmlCollector(node_rank=2, nvml=nvml, clock=clock, min_interval=1.0)
+
+    first = render(collector)
+    assert not set(GPM_NAMES) & set(first)  # one sample per GPU: nothing to compute yet
+    assert profiling(first) == {"pcie": ("ok", 1.0), "gpm": ("ok", 1.0)}
+    assert "gpujob_gpu_utilization_ratio" in first
+
+    clock.now += 0.5  # inside min_interval: the cached reading, still no GPM series
+    assert not set(GPM_NAMES) & set(render(collector))
+    assert nvml.sample_gets == 2
+
+    clock.now += 0.6
+    second = render(collector)
+    g0, g1 = labels("0", UUID0), labels("1", UUID1)
+    assert samples(second, "gpujob_gpu_sm_active_ratio") == {g0: 0.625, g1: 1.0}
+    assert samples(second, "gpujob_gpu_tensor_active_ratio") == {g0: 0.375, g1: 0.0}
+    assert profiling(second)["gpm"] == ("ok", 1.0)
+
+    gpus[0].sm_util = 10.0
+    clock.now += 1.0
+    third = render(collector)
+    assert samples(third, "gpujob_gpu_sm_active_ratio")[g0] == 0.1
+    # two buffers per GPU take turns: no allocation per scrape, nothing freed while in use
+    assert len(nvml.samples) == 4
+    assert not any(sample.freed for sample in nvml.samples)
+
+
+def test_gpu_without_gpm_turns_gpm_off_for_the_node(caplog: pytest.LogCaptureFixture) -> None:
+    gpus = [FakeGpu(UUID0), FakeGpu(UUID1, gpm_supported=False)]
+    clock = Clock()
+    collector = NvmlCollector(node_rank=2, nvml=FakeNvml(gpus), clock=clock)
+    with caplog.at_level(logging.INFO, logger="gpujob_trainer"):
+        for _ in range(3):
+            fams = render(collector)
+            clock.now += 1.0
+    assert profiling(fams) == {"pcie": ("ok", 1.0), "gpm": ("not_supported", 0.0)}
+    assert not set(GPM_NAMES) & set(fams)  # not even GPU 0's, which has GPM
+    assert len(samples(fams, "gpujob_gpu_pcie_rx_bytes_per_second")) == 2
+    logged = [r for r in caplog.records if "gpm counters unavailable" in r.message]
+    assert len(logged) == 1
+    assert "not_supported" in logged[0].message
+
+
+def test_pcie_not_supported_on_one_gpu() -> None:
+    gpus = [FakeGpu(UUID0), FakeGpu(UUID1, pcie_supported=False)]
+    nvml = FakeNvml(gpus)
+    clock = Clock()
+    collector = NvmlCollector(node_rank=2, nvml=nvml, clock=clock)
+    for _ in range(2):
+        fams = render(collector)
+        clock.now += 1.0
+    assert profiling(fams)["pcie"] == ("not_supported", 0.0)
+    assert not set(PCIE_NAMES) & set(fams)
+    assert len(samples(fams, "gpujob_gpu_sm_active_ratio")) == 2
+    # NotSupported is final for that GPU: 2 calls per read for GPU 0, 1 in all for GPU 1
+    assert nvml.pcie_calls == 2 * 2 + 1
+
+
+def test_old_pynvml_reports_nvml_too_old(caplog: pytest.LogCaptureFixture) -> None:
+    nvml = OldFakeNvml([FakeGpu(UUID0), FakeGpu(UUID1)])
+    assert getattr(nvml, "nvmlGpmMetricsGet", None) is None
+    assert getattr(nvml, "nvmlDeviceGetPcieThroughput", None) is None
+    clock = Clock()
+    collector = NvmlCollector(node_rank=2, nvml=nvml, clock=clock)
+    with caplog.at_level(logging.INFO, logger="gpujob_trainer"):
+        for _ in range(3):
+            fams = render(collector)
+            clock.now += 1.0
+    assert profiling(fams) == {
+        "pcie": ("nvml_too_old", 0.0),
+        "gpm": ("nvml_too_old", 0.0),
+    }
+    assert not (set(GPM_NAMES) | set(PCIE_NAMES)) & set(fams)
+    assert samples(fams, "gpujob_gpu_utilization_ratio") == {
+        labels("0", UUID0): 0.87,
+        labels("1", UUID1): 0.87,
+    }
+    assert len([r for r in caplog.records if "nvml_too_old" in r.message]) == 2  # per group
+
+
+def test_driver_without_the_call_is_nvml_too_old() -> None:
+    nvml = FakeNvml([FakeGpu(UUID0)])
+
+    def missing(h: FakeGpu) -> Any:
+        raise NVMLError(13)  # NVML_ERROR_FUNCTION_NOT_FOUND: libnvidia-ml predates GPM
+
+    nvml.nvmlGpmQueryDeviceSupport = missing  # type: ignore[method-assign]
+    fams = render(NvmlCollector(node_rank=2, nvml=nvml))
+    assert profiling(fams)["gpm"] == ("nvml_too_old", 0.0)
+
+
+def test_gpm_metrics_error_keeps_the_other_series() -> None:
+    gpus = [FakeGpu(UUID0), FakeGpu(UUID1)]
+    nvml = FakeNvml(gpus)
+    clock = Clock()
+    collector = NvmlCollector(node_rank=2, nvml=nvml, clock=clock)
+    render(collector)
+    real = nvml.nvmlGpmMetricsGet
+
+    def broken(get: FakeGpmMetricsGet) -> FakeGpmMetricsGet:
+        raise NVMLError(UNKNOWN)
+
+    nvml.nvmlGpmMetricsGet = broken  # type: ignore[method-assign]
+    clock.now += 1.0
+    fams = render(collector)
+    assert profiling(fams) == {"pcie": ("ok", 1.0), "gpm": ("not_supported", 0.0)}
+    assert not set(GPM_NAMES) & set(fams)
+    assert len(samples(fams, "gpujob_gpu_utilization_ratio")) == 2
+    assert len(samples(fams, "gpujob_gpu_pcie_tx_bytes_per_second")) == 2
+    assert samples(fams, "gpujob_gpu_telemetry_available") == {
+        (("node_rank", "2"), ("reason", "ok")): 1.0
+    }
+
+    # an unexpected error is not final: the next read computes from the last good sample
+    nvml.nvmlGpmMetricsGet = real  # type: ignore[method-assign]
+    clock.now += 1.0
+    fams = render(collector)
+    assert profiling(fams)["gpm"] == ("ok", 1.0)
+    assert len(samples(fams, "gpujob_gpu_sm_active_ratio")) == 2
+
+
+def test_per_metric_not_supported_turns_gpm_off_and_frees_samples() -> None:
+    nvml = FakeNvml([FakeGpu(UUID0)])
+    nvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL = 99  # a metric this NVML cannot compute
+    clock = Clock()
+    collector = NvmlCollector(node_rank=2, nvml=nvml, clock=clock)
+    for _ in range(3):
+        fams = render(collector)
+        clock.now += 1.0
+    assert profiling(fams)["gpm"] == ("not_supported", 0.0)
+    assert not set(GPM_NAMES) & set(fams)
+    assert nvml.samples and all(sample.freed for sample in nvml.samples)
+    assert nvml.sample_gets == 2  # not sampled again once it is off
+
+
+def test_no_profiling_series_without_nvml() -> None:
+    fams = render(NvmlCollector(nvml=FakeNvml([])))
+    assert "gpujob_gpu_profiling_available" not in fams
 
 
 class RaisingInit(FakeNvml):

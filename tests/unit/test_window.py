@@ -119,14 +119,14 @@ def test_heartbeat_and_current_phase_are_read_and_timed_by_the_operator_clock() 
     scrape(100.0, 40.0, "forward")  # first sight: the trainer's older value is believed
     s = w.ranks[("p", 0)]
     assert (s.beat, s.beat_since) == (40.0, 40.0)
-    assert s.rows[-1][R_CURRENT_PHASE] == 1.0  # index of forward in contract.PHASES
+    assert s.rows[-1][R_CURRENT_PHASE] == contract.PHASES.index("forward")
     scrape(110.0, 40.0, "checkpoint")  # unchanged: still since 40
-    assert s.beat_since == 40.0 and s.rows[-1][R_CURRENT_PHASE] == 5.0
+    assert s.beat_since == 40.0 and s.rows[-1][R_CURRENT_PHASE] == contract.PHASES.index("checkpoint")
     scrape(120.0, 9e9, "eval")  # changed (whatever its value says): since this scrape
     assert (s.beat, s.beat_since) == (9e9, 120.0)
     scrape(130.0, None, "eval")  # not exported this time: nothing learnt, nothing forgotten
     assert (s.beat, s.beat_since) == (9e9, 120.0)
-    assert math.isnan(s.rows[-1][R_HEARTBEAT]) and s.rows[-1][R_CURRENT_PHASE] == 6.0
+    assert math.isnan(s.rows[-1][R_HEARTBEAT]) and s.rows[-1][R_CURRENT_PHASE] == contract.PHASES.index("eval")
     scrape(140.0, 150.0, "forward")
     assert s.beat_since == 140.0
     # a first value from a clock ahead counts from now

@@ -3,7 +3,7 @@
     import gpujob_trainer
     tracker = gpujob_trainer.init()            # exporter on GPUJOB_METRICS_PORT + LOCAL_RANK
     model = tracker.wrap_model(DDP(model))     # forward, backward, exposed all-reduce wait
-    loader = tracker.wrap_loader(loader)       # data wait, samples, epochs
+    loader = tracker.wrap_loader(loader, device=device)  # data wait, h2d copy, samples
     ...                                        # optimizer.step() ends each step
     tracker.close()
 
@@ -32,6 +32,10 @@ def init(
     gpu_telemetry: bool | None = None,
     hook_optimizers: bool = True,
     start_exporter: bool = True,
+    flops_per_sample: float | None = None,
+    flops_per_token: float | None = None,
+    measure_flops: bool = True,
+    peak_tflops: float | None = None,
 ) -> Tracker:
     """Make this rank's tracker and (unless told not to) start its metrics exporter.
 
@@ -40,8 +44,20 @@ def init(
     defaults to on for local rank 0, which reports every GPU of the node. If the port cannot
     be bound, the error is logged and training goes on without /metrics: telemetry never
     stops a job (`Tracker.start_exporter` itself raises).
+
+    MFU: the model's FLOPs are counted once over an early training step unless given
+    (`flops_per_sample` or `flops_per_token`: forward and backward); the peak comes from the
+    GPU's product name and the training precision unless `peak_tflops` is given.
     """
-    tracker = Tracker(total_steps=total_steps, rank=rank, hook_optimizers=hook_optimizers)
+    tracker = Tracker(
+        total_steps=total_steps,
+        rank=rank,
+        hook_optimizers=hook_optimizers,
+        flops_per_sample=flops_per_sample,
+        flops_per_token=flops_per_token,
+        measure_flops=measure_flops,
+        peak_tflops=peak_tflops,
+    )
     if start_exporter:
         try:
             tracker.start_exporter(port, addr, gpu_telemetry=gpu_telemetry)

@@ -74,6 +74,12 @@ LABEL_GPU: Final = "gpu"
 LABEL_UUID: Final = "UUID"
 """GPU UUID as NVML spells it (`GPU-…`); the join key with DCGM and across ranks."""
 LABEL_REASON: Final = "reason"
+LABEL_DTYPE: Final = "dtype"
+"""The training precision a peak is quoted for (`PEAK_DTYPES`)."""
+LABEL_DEVICE: Final = "device"
+"""The GPU product name as NVML and CUDA spell it (`NVIDIA H100 80GB HBM3`)."""
+LABEL_COUNTER: Final = "counter"
+"""Which optional GPU counter group a `profiling available` series speaks for."""
 
 RANK_LABELS: Final = (LABEL_RANK, LABEL_LOCAL_RANK, LABEL_NODE_RANK)
 """Carried by every series a rank exports about its own training."""
@@ -84,6 +90,8 @@ CUDA_LABELS: Final = (*RANK_LABELS, LABEL_UUID)
 
 # --- step phases; they partition each step, so their sum is the step time
 PHASE_DATA_WAIT: Final = "data_wait"
+PHASE_H2D: Final = "h2d"
+"""Host-to-device copies of the batch (`wrap_loader(device=...)`, `tracker.transfer()`)."""
 PHASE_FORWARD: Final = "forward"
 PHASE_BACKWARD: Final = "backward"
 PHASE_OPTIMIZER: Final = "optimizer"
@@ -94,6 +102,7 @@ PHASE_EVAL: Final = "eval"
 PHASE_OTHER: Final = "other"
 PHASES: Final = (
     PHASE_DATA_WAIT,
+    PHASE_H2D,
     PHASE_FORWARD,
     PHASE_BACKWARD,
     PHASE_OPTIMIZER,
@@ -139,6 +148,26 @@ TELEMETRY_REASONS: Final = (
     TELEMETRY_NVML_INIT_FAILED,
     TELEMETRY_NO_DEVICES,
 )
+
+# --- model FLOPs utilisation: why a rank exports no peak (values of the `reason` label)
+PEAK_OK: Final = "ok"
+PEAK_NO_GPU: Final = "no_gpu"
+PEAK_UNKNOWN_DEVICE: Final = "unknown_device"
+PEAK_FP8: Final = "fp8"
+PEAK_REASONS: Final = (PEAK_OK, PEAK_NO_GPU, PEAK_UNKNOWN_DEVICE, PEAK_FP8)
+PEAK_DTYPES: Final = ("bf16", "fp16", "tf32", "fp32", "fp8")
+"""Training precisions, in the order the operator encodes them (index in a row)."""
+
+# --- optional GPU counter groups (values of the `counter` label) and why one is missing
+COUNTER_PCIE: Final = "pcie"
+COUNTER_GPM: Final = "gpm"
+COUNTERS: Final = (COUNTER_PCIE, COUNTER_GPM)
+COUNTER_OK: Final = "ok"
+COUNTER_NOT_SUPPORTED: Final = "not_supported"
+"""The GPU or its driver does not offer the counter (GPM needs Hopper or later)."""
+COUNTER_NVML_TOO_OLD: Final = "nvml_too_old"
+"""The installed pynvml lacks the call."""
+COUNTER_REASONS: Final = (COUNTER_OK, COUNTER_NOT_SUPPORTED, COUNTER_NVML_TOO_OLD)
 
 STEP_DURATION_BUCKETS: Final = (
     0.005,
@@ -227,6 +256,26 @@ HEARTBEAT_TIMESTAMP = _m(
     RANK_LABELS,
     "seconds",
 )
+MODEL_FLOPS = _m(
+    "gpujob_train_model_flops_total",
+    "counter",
+    "Model FLOPs (forward and backward) of the samples trained, measured once or given.",
+    RANK_LABELS,
+)
+PEAK_FLOPS = _m(
+    "gpujob_train_peak_flops_per_second",
+    "gauge",
+    "Dense peak FLOP/s of the rank's GPU at its training precision; 0 with the reason when "
+    "unknown.",
+    (*RANK_LABELS, LABEL_DEVICE, LABEL_DTYPE, LABEL_REASON),
+)
+RANK_DEVICE = _m(
+    "gpujob_train_device_info",
+    "gauge",
+    "One series per GPU this rank drives (several under nn.DataParallel); the value is the "
+    "device's position in the rank's list, 0 for the one that gathers.",
+    (*RANK_LABELS, LABEL_UUID),
+)
 CURRENT_PHASE = _m(
     "gpujob_train_current_phase",
     "gauge",
@@ -280,6 +329,42 @@ GPU_ECC_UNCORRECTED = _m(
     GPU_LABELS,
 )
 
+GPU_PCIE_RX = _m(
+    "gpujob_gpu_pcie_rx_bytes_per_second",
+    "gauge",
+    "PCIe traffic into the GPU (host to device), NVML's 20 ms sample.",
+    GPU_LABELS,
+    "bytes_per_second",
+)
+GPU_PCIE_TX = _m(
+    "gpujob_gpu_pcie_tx_bytes_per_second",
+    "gauge",
+    "PCIe traffic out of the GPU (device to host), NVML's 20 ms sample.",
+    GPU_LABELS,
+    "bytes_per_second",
+)
+GPU_SM_ACTIVE = _m(
+    "gpujob_gpu_sm_active_ratio",
+    "gauge",
+    "Share of SMs that were busy over the last sample period (NVML GPM SM_UTIL).",
+    GPU_LABELS,
+    "ratio",
+)
+GPU_TENSOR_ACTIVE = _m(
+    "gpujob_gpu_tensor_active_ratio",
+    "gauge",
+    "Share of cycles any tensor pipe was busy (NVML GPM ANY_TENSOR_UTIL).",
+    GPU_LABELS,
+    "ratio",
+)
+GPU_PROFILING_AVAILABLE = _m(
+    "gpujob_gpu_profiling_available",
+    "gauge",
+    "1 when an optional counter group (pcie, gpm) is exported for every GPU, else 0 with "
+    "the reason.",
+    (LABEL_NODE_RANK, LABEL_COUNTER, LABEL_REASON),
+)
+
 CUDA_MEMORY_RESERVED = _m(
     "gpujob_cuda_memory_reserved_bytes",
     "gauge",
@@ -310,6 +395,9 @@ TRAIN_METRICS: Final = (
     LAST_STEP_TIMESTAMP,
     HEARTBEAT_TIMESTAMP,
     CURRENT_PHASE,
+    MODEL_FLOPS,
+    PEAK_FLOPS,
+    RANK_DEVICE,
 )
 GPU_METRICS: Final = (
     GPU_UTILIZATION,
@@ -322,9 +410,19 @@ GPU_METRICS: Final = (
     GPU_CLOCK_EVENT,
     GPU_XID_ERRORS,
     GPU_ECC_UNCORRECTED,
+    GPU_PCIE_RX,
+    GPU_PCIE_TX,
+    GPU_SM_ACTIVE,
+    GPU_TENSOR_ACTIVE,
 )
 CUDA_METRICS: Final = (CUDA_MEMORY_RESERVED, CUDA_ALLOC_RETRIES, CUDA_OOMS)
-ALL_METRICS: Final = (*TRAIN_METRICS, GPU_TELEMETRY_AVAILABLE, *GPU_METRICS, *CUDA_METRICS)
+ALL_METRICS: Final = (
+    *TRAIN_METRICS,
+    GPU_TELEMETRY_AVAILABLE,
+    GPU_PROFILING_AVAILABLE,
+    *GPU_METRICS,
+    *CUDA_METRICS,
+)
 BY_NAME: Final = {m.name: m for m in ALL_METRICS}
 
 

@@ -82,6 +82,17 @@ def render_snapshot(snap: Snapshot) -> list[Metric]:
             [*rank, name], 1.0 if name == snap.current_phase else 0.0
         )
     out.append(current)
+    single(contract.MODEL_FLOPS, snap.model_flops)
+    if snap.peak is not None:
+        peak = family(contract.PEAK_FLOPS)
+        p = snap.peak
+        peak.add_metric([*rank, p.device, p.dtype, p.reason], p.flops or 0.0)  # type: ignore[attr-defined]
+        out.append(peak)
+    if snap.devices:
+        devices = family(contract.RANK_DEVICE)
+        for i, uuid in enumerate(snap.devices):
+            devices.add_metric([*rank, uuid], float(i))  # type: ignore[attr-defined]
+        out.append(devices)
     return out
 
 

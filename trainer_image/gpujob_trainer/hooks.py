@@ -1,6 +1,7 @@
 """Hooks that move a tracker between phases without changes to the training loop.
 
-- DataLoader: a wrapper times each `next()` (data_wait) and counts the batch's samples.
+- DataLoader: a wrapper times each `next()` (data_wait) and counts the batch's samples;
+  given a device, it also moves the batch there, timed as the h2d phase.
 - Model: the model's `forward`, replaced on the instance, times the forward (inside
   `tracker.phase("eval")` or "checkpoint" a forward belongs to that phase instead).
   `torch.Tensor.backward`, wrapped while a tracker listens, opens the backward phase and
@@ -47,6 +48,25 @@ def batch_size(batch: Any) -> int:
     return 1
 
 
+def to_device(batch: Any, device: Any, non_blocking: bool) -> Any:
+    """The batch with every tensor (in tuples, lists and dicts) moved to `device`."""
+    move = getattr(batch, "to", None)
+    if move is not None and hasattr(batch, "shape"):
+        return move(device, non_blocking=non_blocking)
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
+        return type(batch)(*(to_device(v, device, non_blocking) for v in batch))
+    if isinstance(batch, _SEQUENCES):
+        return type(batch)(to_device(v, device, non_blocking) for v in batch)
+    if isinstance(batch, Mapping):
+        try:
+            return type(batch)(  # type: ignore[call-arg]
+                {k: to_device(v, device, non_blocking) for k, v in batch.items()}
+            )
+        except TypeError:  # a mapping type that takes no dict (BatchEncoding does)
+            return {k: to_device(v, device, non_blocking) for k, v in batch.items()}
+    return batch
+
+
 class InstrumentedLoader(Generic[T]):
     """An iterable over the wrapped loader's batches that times the wait for each one."""
 
@@ -57,11 +77,15 @@ class InstrumentedLoader(Generic[T]):
         *,
         tokens_fn: Callable[[T], int] | None = None,
         samples_fn: Callable[[T], int] | None = None,
+        device: Any = None,
+        non_blocking: bool = True,
     ) -> None:
         self._tracker = tracker
         self._loader = loader
         self._tokens_fn = tokens_fn
         self._samples_fn = samples_fn or batch_size
+        self._device = device
+        self._non_blocking = non_blocking
 
     def __iter__(self) -> Iterator[T]:
         if not self._tracker._held:
@@ -76,13 +100,15 @@ class InstrumentedLoader(Generic[T]):
         count, tokens_fn = self._samples_fn, self._tokens_fn
         default_count = count is batch_size
         enter, leave = ENTERS[contract.PHASE_DATA_WAIT], EXITS[contract.PHASE_DATA_WAIT]
+        h2d_in, h2d_out = ENTERS[contract.PHASE_H2D], EXITS[contract.PHASE_H2D]
+        device, non_blocking = self._device, self._non_blocking
         while True:
             if tracker._held:  # an evaluation's batches: its time is eval, no training samples
                 try:
                     batch = next(it)
                 except StopIteration:
                     return
-                yield batch
+                yield batch if device is None else to_device(batch, device, non_blocking)
                 continue
             record = tracker._record
             events.extend((now(), enter, None if record is None else record()))
@@ -101,6 +127,14 @@ class InstrumentedLoader(Generic[T]):
                 tracker._samples += count(batch)
             if tokens_fn is not None:
                 tracker._tokens = (tracker._tokens or 0) + int(tokens_fn(batch))
+            if device is not None:  # the copy to the GPU is the h2d phase
+                record = tracker._record
+                events.extend((now(), h2d_in, None if record is None else record()))
+                try:
+                    batch = to_device(batch, device, non_blocking)
+                finally:
+                    record = tracker._record
+                    events.extend((now(), h2d_out, None if record is None else record()))
             yield batch
 
     def __len__(self) -> int:
@@ -238,6 +272,8 @@ def attach_model(tracker: Tracker, model: Any) -> list[Any]:
         record = tracker._record
         op = exit_comm if state == _COMM else exit_bwd
         events.extend((now(), op, None if record is None else record()))
+        if tracker._flops_mode is not None:  # the counted pass's backward is done
+            tracker._flops_end()
         if state == _OPEN and spare:  # the watched parameter got no gradient: watch the other
             watch.add(spare.pop())
 
@@ -365,6 +401,8 @@ class _TimedForward(_StandIn):
         tracker = self._tracker
         if tracker is None or tracker._held:  # inside eval/checkpoint: that phase's time
             return self.__wrapped__(*args, **kwargs)
+        if tracker._flops_countdown:  # the model's FLOPs are still to count (early steps)
+            tracker._flops_forward(args)
         if tracker._bwd >= _LATE_QUEUED:  # a late backward that never finished (it raised)
             tracker._bwd = _IDLE
             tracker._pop(contract.PHASE_COMM_WAIT)

@@ -36,6 +36,21 @@ class Snapshot:
     """Unix time the training thread last changed phase (or made the tracker)."""
     current_phase: str = contract.PHASE_OTHER
     """The phase the rank is in now (the innermost one)."""
+    model_flops: float | None = None
+    """Model FLOPs of the work done so far (None until a count is known)."""
+    peak: Peak | None = None
+    devices: tuple[str, ...] = ()
+    """UUIDs of the GPUs the rank drives (several under nn.DataParallel)."""
+
+
+@dataclass(frozen=True)
+class Peak:
+    """The dense peak FLOP/s the rank's MFU is taken against, or why there is none."""
+
+    flops: float | None
+    device: str
+    dtype: str
+    reason: str
 
 
 @dataclass

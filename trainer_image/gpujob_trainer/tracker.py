@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from gpujob_trainer import contract, hooks
+from gpujob_trainer import contract, flops, hooks
 from gpujob_trainer.env import RankInfo, total_steps_from_env
 from gpujob_trainer.snapshot import Counters, Snapshot
 from gpujob_trainer.timing import (
@@ -83,6 +83,11 @@ class Tracker:
         hook_optimizers: bool = True,
         wall_clock: Callable[[], float] = time.time,
         host_clock: Callable[[], float] = time.perf_counter,
+        flops_per_sample: float | None = None,
+        flops_per_token: float | None = None,
+        measure_flops: bool = True,
+        peak_tflops: float | None = None,
+        device_uuid: Callable[[int], str] | None = None,
     ) -> None:
         self.rank = rank if rank is not None else RankInfo.from_env()
         self.target_steps = total_steps if total_steps is not None else total_steps_from_env()
@@ -127,6 +132,21 @@ class Tracker:
         self.exporter: Exporter | None = None
         self.cuda_device: int | None = None
         """Index of the model's CUDA device, once a CUDA model was wrapped."""
+        self.flops = flops.FlopsCount(
+            per_sample=flops_per_sample,
+            per_token=flops_per_token,
+            measure=measure_flops,
+            peak_tflops=peak_tflops,
+        )
+        self._flops_countdown = self.flops.countdown()
+        """Training forwards left before the one whose FLOPs are counted (0: none to count).
+        Checked on every forward: one attribute read."""
+        self._flops_mode: Any = None
+        """The open FlopCounterMode while one forward and backward are counted."""
+        self._device_uuid = device_uuid if device_uuid is not None else flops.cuda_uuid
+        self.devices: tuple[str, ...] = ()
+        """UUIDs of the GPUs this rank drives: one under DDP, several under nn.DataParallel
+        (the first gathers the outputs and holds the loss and the optimizer)."""
         self.closed = False
 
     # ----------------------------------------------------------------- events
@@ -185,6 +205,14 @@ class Tracker:
     def evaluating(self) -> contextlib.AbstractContextManager[None]:
         """`phase("eval")`: wrap an evaluation loop between training steps."""
         return self.phase(contract.PHASE_EVAL)
+
+    def transfer(self) -> contextlib.AbstractContextManager[None]:
+        """`phase("h2d")`: wrap host-to-device copies written in the loop (`x.to(device)`).
+
+        On CUDA the phase is timed by device events around the copies, so an asynchronous
+        copy counts for what the GPU spent on it and nothing is synchronised.
+        """
+        return self.phase(contract.PHASE_H2D)
 
     def checkpointing(self) -> contextlib.AbstractContextManager[None]:
         """`phase("checkpoint")`: wrap saving (or loading) a checkpoint."""
@@ -370,6 +398,9 @@ class Tracker:
                 last_step_timestamp=self._on_wall_clock(timeline.last_step_host),
                 heartbeat_timestamp=self._anchor[0] if heartbeat is None else heartbeat,
                 current_phase=timeline.stack[-1],
+                model_flops=self.flops.total(timeline.steps, self._samples, self._tokens),
+                peak=self.flops.peak(),
+                devices=self.devices,
             )
 
     # ----------------------------------------------------------------- wrapping
@@ -380,6 +411,7 @@ class Tracker:
         `hook_optimizers=False`. A CUDA model switches the tracker to CUDA event timing.
         """
         self._maybe_use_cuda_clock(model)
+        self._note_devices(model)
         self._handles.extend(hooks.attach_model(self, model))
         if self._hook_optimizers:
             self._install_optimizer_hooks()
@@ -391,9 +423,23 @@ class Tracker:
         *,
         tokens: Callable[[T], int] | None = None,
         samples: Callable[[T], int] | None = None,
+        device: Any = None,
+        non_blocking: bool = True,
     ) -> hooks.InstrumentedLoader[T]:
-        """Time the wait for each batch and count its samples (and `tokens(batch)`)."""
-        return hooks.InstrumentedLoader(self, loader, tokens_fn=tokens, samples_fn=samples)
+        """Time the wait for each batch and count its samples (and `tokens(batch)`).
+
+        With `device`, each batch's tensors (in tuples, lists and dicts) are also moved there
+        (`non_blocking`; asynchronous when the DataLoader pins memory) and the copy is timed
+        as the `h2d` phase.
+        """
+        return hooks.InstrumentedLoader(
+            self,
+            loader,
+            tokens_fn=tokens,
+            samples_fn=samples,
+            device=device,
+            non_blocking=non_blocking,
+        )
 
     def watch_optimizer(self, optimizer: Opt) -> Opt:
         """Hook this optimizer's steps; once any is watched, only watched ones end a step.
@@ -422,6 +468,53 @@ class Tracker:
         if first is not None and first.device.type == "cuda":
             self.cuda_device = first.device.index
             self._use_cuda_clock()
+
+    def _note_devices(self, model: Any) -> None:
+        """The GPUs this rank drives: nn.DataParallel's device list, else the model's one."""
+        ids = getattr(model, "device_ids", None)
+        indexes: list[int] = []
+        if type(model).__name__ == "DataParallel" and ids:
+            indexes = [int(getattr(i, "index", i)) for i in ids]
+        elif self.cuda_device is not None:
+            indexes = [self.cuda_device]
+        try:
+            self.devices = tuple(self._device_uuid(i) for i in indexes)
+        except Exception as exc:  # telemetry never stops training
+            log.warning("gpujob: cannot name the rank's GPUs: %s", exc)
+        if len(indexes) > 1 and self.cuda_device is None:
+            self.cuda_device = indexes[0]
+        self.flops.note_device(self._device_name(indexes[0]) if indexes else None)
+        parameters = getattr(model, "parameters", None)
+        first = next(iter(parameters()), None) if parameters is not None else None
+        if first is not None:
+            self.flops.note_params(str(first.dtype))
+
+    def _device_name(self, index: int) -> str | None:
+        try:
+            return flops.cuda_name(index)
+        except Exception:
+            return None
+
+    def set_flops(self, *, per_sample: float | None = None, per_token: float | None = None) -> None:
+        """Give the model's FLOPs (forward and backward) per sample or per token, when you
+        know them better than one counted pass (then none is counted)."""
+        self.flops.given(per_sample=per_sample, per_token=per_token)
+        self._flops_countdown = 0
+
+    def _flops_forward(self, args: Any) -> None:
+        """On a training forward while FLOPs are still to count: count this one's."""
+        if self._flops_mode is not None:  # a forward with no backward since: close it
+            self._flops_end()
+        self._flops_countdown -= 1
+        if self._flops_countdown <= 0:
+            self._flops_countdown = 0
+            self._flops_mode = self.flops.begin(args)
+
+    def _flops_end(self) -> None:
+        """After the counted backward (or at the next forward): read the count."""
+        mode, self._flops_mode = self._flops_mode, None
+        if mode is not None:
+            self.flops.end(mode)
 
     def _use_cuda_clock(self) -> Clock:
         with self._lock:

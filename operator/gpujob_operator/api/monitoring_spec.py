@@ -97,6 +97,27 @@ class Thresholds(_Model):
         le=1,
         description="GPUUnderutilized when median GPU utilization is below it.",
     )
+    transfer_bound_ratio: float = Field(
+        default=0.20,
+        ge=0,
+        le=1,
+        description="TransferBound when copying batches to the GPU (the h2d phase) exceeds "
+        "this share of training time.",
+    )
+    compute_bound_ratio: float = Field(
+        default=0.90,
+        ge=0,
+        le=1,
+        description="ComputeBound (Info) when forward, backward and optimizer exceed this "
+        "share of training time.",
+    )
+    data_parallel_balance_ratio: float = Field(
+        default=0.67,
+        ge=0,
+        le=1,
+        description="DataParallelImbalance when one process drives several GPUs and the "
+        "others' median memory in use (or utilization) over its first GPU's falls below it.",
+    )
 
     @model_validator(mode="after")
     def _warn_below_bound(self) -> Thresholds:
@@ -169,6 +190,14 @@ class Monitoring(_Model):
         default_factory=Thresholds,
         description="Per-verdict thresholds.",
         json_schema_extra={"default": {}},
+    )
+    peak_tflops_per_gpu: float | None = Field(
+        default=None,
+        alias="peakTFLOPSPerGPU",
+        gt=0,
+        le=1e6,
+        description="Dense peak TFLOP/s of one GPU at the job's training precision, for MFU; "
+        "overrides the trainer's table (a GPU it does not know, a clock-capped part).",
     )
 
     @model_validator(mode="after")

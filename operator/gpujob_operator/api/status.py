@@ -93,6 +93,41 @@ class Progress(_StatusModel):
         default=None, description="When a rank last finished a step."
     )
     loss: float | None = Field(default=None, description="Last reported training loss.")
+    step_seconds_p50: float | None = Field(
+        default=None,
+        description="Median step time over the window, every rank's steps pooled (from the "
+        "step time histogram, interpolated within its buckets).",
+    )
+    step_seconds_p95: float | None = Field(
+        default=None, description="95th percentile step time over the window, likewise."
+    )
+    seconds_per_sample: float | None = Field(
+        default=None,
+        description="Wall time per sample of the job (1 / samplesPerSecond): what one more "
+        "sample costs the whole gang.",
+    )
+    seconds_per_token: float | None = Field(
+        default=None, description="Wall time per token of the job (1 / tokensPerSecond)."
+    )
+    mfu: float | None = Field(
+        default=None,
+        description="Model FLOPs utilisation (0..1): the ranks' model FLOP/s over their GPUs' "
+        "dense peak at the training precision, median over ranks.",
+    )
+    achieved_tflops_per_gpu: float | None = Field(
+        default=None,
+        alias="achievedTFLOPSPerGPU",
+        description="Model TFLOP/s per GPU (median over ranks).",
+    )
+    peak_tflops_per_gpu: float | None = Field(
+        default=None,
+        alias="peakTFLOPSPerGPU",
+        description="The dense peak MFU is taken against: spec.monitoring.peakTFLOPSPerGPU, "
+        "else the trainer's table for its GPU and precision.",
+    )
+    mfu_unavailable: str | None = Field(
+        default=None, description="Why there is no MFU (no FLOP count, unknown GPU, FP8 ...)."
+    )
 
 
 class RankBreakdown(_StatusModel):
@@ -115,11 +150,15 @@ class RankBreakdown(_StatusModel):
         description="Own work outside forward/backward/optimizer: loss, preprocessing, metrics.",
     )
     data_wait_seconds: float | None = Field(default=None, description="Waiting for a batch.")
+    h2d_seconds: float | None = Field(
+        default=None, description="Copying batches to the GPU (the h2d phase, part of own)."
+    )
     comm_wait_seconds: float | None = Field(
         default=None, description="Exposed wait for gradient all-reduce (for slower peers too)."
     )
     checkpoint_seconds: float | None = Field(default=None, description="Checkpointing.")
     eval_seconds: float | None = Field(default=None, description="Evaluation.")
+    mfu: float | None = Field(default=None, description="The rank's model FLOPs utilisation.")
 
 
 class Bottleneck(_StatusModel):

@@ -7,25 +7,35 @@ with the numbers behind them; `hysteresis` then applies hysteresis before public
 `analyze()` asks each family of verdicts in turn and combines what they find: the device
 verdicts (`device`: HardwareFault on every window, then MemoryPressure, Throttled and
 GPUUnderutilized), the stall (`stall`), the step-time verdicts (`steptime`: Straggler,
-InputBound, CheckpointBound, EvalBound, CommunicationBound) and the progress (`progress`);
-the verdict names, priority and advice are in `verdict`, the settings in `analysis_settings`.
+InputBound, CheckpointBound, EvalBound, CommunicationBound),
+then TransferBound (`transfer`), DataParallelImbalance (`dataparallel`) and ComputeBound
+(`computebound`, graded by the MFU of `mfu`), and the progress (`progress`, with the step
+latency of `latency`); the verdict names, priority and advice are in `verdict`, the settings
+in `analysis_settings`.
 """
 
 from __future__ import annotations
 
 import math
+from array import array
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from gpujob_operator.api import conditions as c
 from gpujob_operator.monitoring.analysis_settings import Settings
+from gpujob_operator.monitoring.computebound import compute_bound
+from gpujob_operator.monitoring.dataparallel import data_parallel_imbalance
 from gpujob_operator.monitoring.device import device_verdicts, gpu_summary, hardware_fault
 from gpujob_operator.monitoring.formatting import pct
+from gpujob_operator.monitoring.latency import step_latency
+from gpujob_operator.monitoring.mfu import job_mfu
 from gpujob_operator.monitoring.progress import progress_status, smoothed_step_rate
 from gpujob_operator.monitoring.ranktimes import post_warmup
 from gpujob_operator.monitoring.rows import R_T
 from gpujob_operator.monitoring.stall import stall_verdict
 from gpujob_operator.monitoring.steptime import StepTimeFindings, step_time_verdicts
+from gpujob_operator.monitoring.transfer import transfer_bound
 from gpujob_operator.monitoring.verdict import HEALTHY, INFO, PRIORITY, Verdict, clean_evidence
 from gpujob_operator.monitoring.window import Window
 
@@ -59,6 +69,26 @@ class Analysis:
     missing_ranks: tuple[tuple[int, str], ...] = ()
     """(rank, pod) of the ranks whose newest row is older than the window: they do not
     speak for the present (progress and throughput come from the others)."""
+
+
+def _latency(
+    rank_rows: Iterable[Sequence[array[float]]], progress: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Step time quantiles and time per sample/token (status.progress fields)."""
+    out: dict[str, Any] = {}
+    p50, p95 = step_latency(rank_rows)
+    if p50 is not None:
+        out["stepSecondsP50"] = round(p50, 4)
+    if p95 is not None:
+        out["stepSecondsP95"] = round(p95, 4)
+    for rate_key, key in (
+        ("samplesPerSecond", "secondsPerSample"),
+        ("tokensPerSecond", "secondsPerToken"),
+    ):
+        per_second = progress.get(rate_key)
+        if per_second:
+            out[key] = float(f"{1.0 / per_second:.4g}")
+    return out
 
 
 def analyze(window: Window, settings: Settings, now: float) -> Analysis:
@@ -108,14 +138,30 @@ def analyze(window: Window, settings: Settings, now: float) -> Analysis:
 
     steps = StepTimeFindings()
     throttled_count = 0
+    mfu = job_mfu(series, ready, settings.peak_tflops)
+    if ready:
+        progress.update(mfu.to_progress())
+        progress.update(_latency(ready.values(), progress))
     if ready and stall is None:
-        steps = step_time_verdicts(window, ready, settings.thresholds)
+        th = settings.thresholds
+        steps = step_time_verdicts(window, ready, th)
         candidates.extend(steps.candidates)
+        for found in (
+            transfer_bound(steps.times, window, warm_t, th) if steps.times else None,
+            data_parallel_imbalance(window, ready, warm_t, th),
+        ):
+            if found is not None:
+                candidates.append(found)
         device, throttled_count = device_verdicts(
             window, ready, warm_t, settings, explained=bool(candidates)
         )
         candidates.extend(device)
+        compute = compute_bound(steps.times, th, mfu) if steps.times else None
+        if compute is not None:
+            candidates.append(compute)
     breakdown, notes, evidence = steps.breakdown, steps.notes, steps.evidence
+    if mfu.per_rank:
+        breakdown = tuple(replace(b, mfu=mfu.per_rank.get(b.rank)) for b in breakdown)
 
     candidates.sort(key=lambda v: PRIORITY.index(v.verdict))
     verdict: Verdict | None

@@ -30,6 +30,8 @@ class Settings:
     hysteresis_windows: int = 3
     gpus_requested: int | None = None
     thresholds: api.Thresholds = field(default_factory=api.Thresholds)
+    peak_tflops: float | None = None
+    """The job's dense peak TFLOP/s per GPU for MFU (None: the trainer's table)."""
 
     @classmethod
     def from_spec(cls, spec: api.GPUTrainingJobSpec | Mapping[str, Any]) -> Settings:
@@ -54,6 +56,7 @@ class Settings:
             hysteresis_windows=m.hysteresis_windows,
             gpus_requested=gpus,
             thresholds=m.thresholds,
+            peak_tflops=m.peak_tflops_per_gpu,
         )
 
     def max_points(self) -> int:

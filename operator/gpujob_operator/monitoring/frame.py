@@ -22,24 +22,33 @@ from gpujob_operator.monitoring.rows import (
     G_ECC,
     G_MEM_TOTAL,
     G_MEM_USED,
+    G_PCIE_RX,
+    G_PCIE_TX,
     G_POWER,
     G_POWER_LIMIT,
+    G_SM_ACTIVE,
     G_SM_CLOCK,
     G_TEMP,
+    G_TENSOR_ACTIVE,
     G_THROTTLE,
     G_UTIL,
     G_WIDTH,
     G_XID,
     NAN,
+    R_BUCKET0,
     R_COMPUTE,
     R_CUDA_OOMS,
     R_CUDA_RESERVED,
     R_CUDA_RETRIES,
     R_CURRENT_PHASE,
+    R_DTYPE,
     R_EPOCH,
+    R_FLOPS,
     R_HEARTBEAT,
     R_LAST_STEP,
     R_LOSS,
+    R_PEAK,
+    R_PEAK_REASON,
     R_PHASE,
     R_SAMPLES,
     R_STEP_COUNT,
@@ -69,6 +78,7 @@ _RANK_FIELDS: Final = {
     contract.CUDA_MEMORY_RESERVED.name: R_CUDA_RESERVED,
     contract.CUDA_ALLOC_RETRIES.name: R_CUDA_RETRIES,
     contract.CUDA_OOMS.name: R_CUDA_OOMS,
+    contract.MODEL_FLOPS.name: R_FLOPS,
 }
 _BUCKETS: Final = contract.STEP_DURATION.name + "_bucket"
 _BUCKET_INDEX: Final = {float(b): i for i, b in enumerate(contract.STEP_DURATION_BUCKETS)}
@@ -83,7 +93,44 @@ _GPU_FIELDS: Final = {
     contract.GPU_SM_CLOCK.name: G_SM_CLOCK,
     contract.GPU_XID_ERRORS.name: G_XID,
     contract.GPU_ECC_UNCORRECTED.name: G_ECC,
+    contract.GPU_PCIE_RX.name: G_PCIE_RX,
+    contract.GPU_PCIE_TX.name: G_PCIE_TX,
+    contract.GPU_SM_ACTIVE.name: G_SM_ACTIVE,
+    contract.GPU_TENSOR_ACTIVE.name: G_TENSOR_ACTIVE,
 }
+_DTYPES: Final = {name: i for i, name in enumerate(contract.PEAK_DTYPES)}
+_PEAK_REASONS: Final = {name: i for i, name in enumerate(contract.PEAK_REASONS)}
+MAX_RANK_DEVICES: Final = 16
+"""GPUs one rank may say it drives; an endpoint claiming more is cut there."""
+MAX_LABEL_TEXT: Final = 128
+"""Characters kept of an endpoint-supplied name (a GPU product name)."""
+
+
+def _peak_code(labels: dict[str, str]) -> int:
+    """The peak series' reason and dtype in one int (reason * 8 + dtype; -1 unknown)."""
+    reason = _PEAK_REASONS.get(labels.get(contract.LABEL_REASON, ""), -1)
+    dtype = _DTYPES.get(labels.get(contract.LABEL_DTYPE, ""), -1)
+    if reason < 0:
+        return -1
+    return reason * 8 + (dtype if dtype >= 0 else 7)
+
+
+def _put_peak(row: array[float], code: int, value: float) -> None:
+    row[R_PEAK] = value
+    if code >= 0:
+        reason, dtype = divmod(code, 8)
+        row[R_PEAK_REASON] = float(reason)
+        row[R_DTYPE] = float(dtype) if dtype < len(contract.PEAK_DTYPES) else NAN
+
+
+def _put_device(devices: dict[int, dict[int, str]], rank: int, uuid: str, value: float) -> None:
+    mine = devices.setdefault(rank, {})
+    if len(mine) < MAX_RANK_DEVICES and value == value and 0 <= value < MAX_RANK_DEVICES:
+        mine[int(value)] = uuid[:MAX_LABEL_TEXT]
+
+
+def _device_tuples(devices: dict[int, dict[int, str]]) -> dict[int, tuple[str, ...]]:
+    return {r: tuple(d[i] for i in sorted(d)) for r, d in devices.items() if d}
 
 
 def _row(width: int, t: float) -> array[float]:
@@ -110,6 +157,11 @@ class Frame:
     steps_local_ranks: tuple[str, ...] = ()
     """The `local_rank` label of each step counter series, in payload order ("?" when absent,
     and one entry per series whether or not it carries a rank): which rank answered."""
+    devices: dict[int, tuple[str, ...]] | None = None
+    """Global rank -> UUIDs of the GPUs it drives, in its order (first: the one that
+    gathers under nn.DataParallel)."""
+    device_names: dict[int, str] | None = None
+    """Global rank -> the GPU product name its peak FLOP/s is for."""
 
 
 def frame(samples: Iterable[Sample], t: float) -> Frame:
@@ -122,6 +174,8 @@ def frame(samples: Iterable[Sample], t: float) -> Frame:
     node: dict[int, int] = {}
     telemetry: str | None = None
     steps: list[str] = []
+    devices: dict[int, dict[int, str]] = {}
+    names: dict[int, str] = {}
     nb = len(contract.STEP_DURATION_BUCKETS) + 1
     for name, labels, value, _ in samples:
         if name == _STEPS:
@@ -173,6 +227,11 @@ def frame(samples: Iterable[Sample], t: float) -> Frame:
             ci = _PHASE_INDEX.get(labels.get(contract.LABEL_PHASE, ""))
             if ci is not None and value > 0:
                 rrow[R_CURRENT_PHASE] = ci
+        elif name == contract.PEAK_FLOPS.name:
+            _put_peak(rrow, _peak_code(labels), value)
+            names[rank] = labels.get(contract.LABEL_DEVICE, "")[:MAX_LABEL_TEXT]
+        elif name == contract.RANK_DEVICE.name:
+            _put_device(devices, rank, labels.get(contract.LABEL_UUID, ""), value)
         elif name == _BUCKETS:
             le = labels.get("le", "")
             idx = nb - 1 if le == "+Inf" else _BUCKET_INDEX.get(_float(le), -1)
@@ -181,7 +240,19 @@ def frame(samples: Iterable[Sample], t: float) -> Frame:
                 if b is None:
                     b = buckets[rank] = array("d", [NAN]) * nb
                 b[idx] = value
-    return Frame(ranks, buckets, cuda_uuid, gpus, telemetry, local, node, tuple(steps))
+                rrow[R_BUCKET0 + idx] = value
+    return Frame(
+        ranks,
+        buckets,
+        cuda_uuid,
+        gpus,
+        telemetry,
+        local,
+        node,
+        tuple(steps),
+        _device_tuples(devices),
+        names,
+    )
 
 
 def _int(text: str | None) -> int | None:
@@ -212,6 +283,7 @@ NEEDED: Final = sample_names(
         contract.GPU_POWER_LIMIT,
         contract.GPU_TEMPERATURE,
         contract.GPU_SM_CLOCK,
+        contract.GPU_PROFILING_AVAILABLE,
     )
 )
 """The sample names the analysis reads; `frame_payload` equals `frame(parse(text, NEEDED))`."""
@@ -244,13 +316,25 @@ _OURS: Final = re.compile(rf"\n({_PREFIX}[^ \n]*) ([^ \n]+)")
 _PAIR: Final = re.compile(r'([a-zA-Z_]\w*)="([^"]*)"', re.ASCII)
 
 # What one series (name and label set) contributes to a frame, decoded once and cached.
-_IGNORE, _RANK_ROW, _RANK_BUCKET, _GPU, _TELEMETRY, _STEPS_ONLY, _RANK_CURRENT = range(7)
+(
+    _IGNORE,
+    _RANK_ROW,
+    _RANK_BUCKET,
+    _GPU,
+    _TELEMETRY,
+    _STEPS_ONLY,
+    _RANK_CURRENT,
+    _RANK_PEAK,
+    _RANK_DEVICE,
+) = range(9)
+_RANK_KINDS: Final = frozenset({_RANK_ROW, _RANK_BUCKET, _RANK_CURRENT, _RANK_PEAK, _RANK_DEVICE})
 _Action = tuple[int, int, int | None, int | None, int, str | None, str | None]
 """(kind, key, a, node, index, label, steps' local_rank label). Rank kinds: key is the rank,
 a its local rank, index the row or bucket position (-1: none), label the CUDA UUID. _GPU: key
 is the GPU, a its row position (None for a clock event), index the throttle bit (0: none),
 label its UUID. _TELEMETRY: label is the reason. _RANK_CURRENT: index is the phase's position in
-`contract.PHASES` (-1: unknown), written to R_CURRENT_PHASE when the value is 1."""
+`contract.PHASES` (-1: unknown), written to R_CURRENT_PHASE when the value is 1. _RANK_PEAK:
+index is `_peak_code`, label the product name. _RANK_DEVICE: label is the GPU's UUID."""
 _NO_ACTION: Final[_Action] = (_IGNORE, -1, None, None, -1, None, None)
 _ACTIONS: dict[str, _Action] = {}
 _ACTIONS_MAX: Final = 65536
@@ -307,6 +391,11 @@ def _action(series: str) -> _Action:
     if name == contract.CURRENT_PHASE.name:
         ci = int(_PHASE_INDEX.get(labels.get(contract.LABEL_PHASE, ""), -1))
         return (_RANK_CURRENT, rank, local, node, ci, None, None)
+    if name == contract.PEAK_FLOPS.name:
+        device = labels.get(contract.LABEL_DEVICE, "")[:MAX_LABEL_TEXT]
+        return (_RANK_PEAK, rank, local, node, _peak_code(labels), device, None)
+    if name == contract.RANK_DEVICE.name:
+        return (_RANK_DEVICE, rank, local, node, -1, labels.get(contract.LABEL_UUID, ""), None)
     if name == _BUCKETS:
         le = labels.get("le", "")
         nb = len(_BUCKET_TEMPLATE)
@@ -380,6 +469,8 @@ def _scan(text: str, t: float) -> Frame:
     node: dict[int, int] = {}
     telemetry: str | None = None
     steps: list[str] = []
+    devices: dict[int, dict[int, str]] = {}
+    names: dict[int, str] = {}
     actions = _ACTIONS
     # A large payload (parsed on a worker thread) is searched with finditer, which hands the
     # GIL back between lines instead of holding it for one long C call; findall is faster.
@@ -394,7 +485,7 @@ def _scan(text: str, t: float) -> Frame:
             a = _action(series)
             _remember(series, a)
         kind, key, lr, nr, idx, text_label, steps_label = a
-        if kind in (_RANK_ROW, _RANK_BUCKET, _RANK_CURRENT):
+        if kind in _RANK_KINDS:
             row = ranks.get(key)
             if row is None:
                 row = ranks[key] = _RANK_TEMPLATE[:]
@@ -413,11 +504,16 @@ def _scan(text: str, t: float) -> Frame:
             elif kind == _RANK_CURRENT:
                 if idx >= 0 and float(value_text) > 0:
                     row[R_CURRENT_PHASE] = float(idx)
-            else:
+            elif kind == _RANK_BUCKET:
                 b = buckets.get(key)
                 if b is None:
                     b = buckets[key] = _BUCKET_TEMPLATE[:]
-                b[idx] = float(value_text)
+                b[idx] = row[R_BUCKET0 + idx] = float(value_text)
+            elif kind == _RANK_PEAK:
+                _put_peak(row, idx, float(value_text))
+                names[key] = text_label or ""
+            else:
+                _put_device(devices, key, text_label or "", float(value_text))
         elif kind == _GPU:
             entry = gpus.get(key)
             if entry is None:
@@ -437,4 +533,15 @@ def _scan(text: str, t: float) -> Frame:
                 telemetry = contract.TELEMETRY_OK if value > 0 else text_label or "unknown"
         elif kind == _STEPS_ONLY and steps_label is not None:
             steps.append(steps_label)
-    return Frame(ranks, buckets, cuda_uuid, gpus, telemetry, local, node, tuple(steps))
+    return Frame(
+        ranks,
+        buckets,
+        cuda_uuid,
+        gpus,
+        telemetry,
+        local,
+        node,
+        tuple(steps),
+        _device_tuples(devices),
+        names,
+    )

@@ -38,6 +38,10 @@ _EXACT: Final = float(2**53)
 _COUNT: Final = 1e18
 _SECONDS: Final = 1e12
 _BYTES: Final = float(2**60)
+_FLOPS: Final = 1e40
+"""Model FLOPs a run may report (an exaflop machine for a billion years is ~3e34)."""
+_PEAK: Final = 1e18
+"""Peak FLOP/s of one GPU (today's largest are near 1e16)."""
 _CLOCK_SKEW: Final = 86400.0
 """A last-step time may run this far ahead of the operator's clock (skew), no more."""
 
@@ -55,9 +59,15 @@ _RANK_LIMITS: Final[dict[int, tuple[str, float, float]]] = {
     rows.R_CUDA_RESERVED: (contract.CUDA_MEMORY_RESERVED.name, 0.0, _BYTES),
     rows.R_CUDA_RETRIES: (contract.CUDA_ALLOC_RETRIES.name, 0.0, _COUNT),
     rows.R_CUDA_OOMS: (contract.CUDA_OOMS.name, 0.0, _COUNT),
+    rows.R_FLOPS: (contract.MODEL_FLOPS.name, 0.0, _FLOPS),
+    rows.R_PEAK: (contract.PEAK_FLOPS.name, 0.0, _PEAK),
     **{
         i: (f'{contract.PHASE_SECONDS.name}{{phase="{p}"}}', 0.0, _SECONDS)
         for p, i in rows.R_PHASE.items()
+    },
+    **{
+        rows.R_BUCKET0 + i: (contract.STEP_DURATION.name + "_bucket", 0.0, _COUNT)
+        for i in range(rows.N_BUCKETS)
     },
 }
 _GPU_LIMITS: Final[dict[int, tuple[str, float, float]]] = {
@@ -70,6 +80,10 @@ _GPU_LIMITS: Final[dict[int, tuple[str, float, float]]] = {
     rows.G_SM_CLOCK: (contract.GPU_SM_CLOCK.name, 0.0, 1e11),
     rows.G_XID: (contract.GPU_XID_ERRORS.name, 0.0, _COUNT),
     rows.G_ECC: (contract.GPU_ECC_UNCORRECTED.name, 0.0, _COUNT),
+    rows.G_PCIE_RX: (contract.GPU_PCIE_RX.name, 0.0, 1e13),
+    rows.G_PCIE_TX: (contract.GPU_PCIE_TX.name, 0.0, 1e13),
+    rows.G_SM_ACTIVE: (contract.GPU_SM_ACTIVE.name, 0.0, 1.0),
+    rows.G_TENSOR_ACTIVE: (contract.GPU_TENSOR_ACTIVE.name, 0.0, 1.0),
 }
 
 
@@ -100,6 +114,8 @@ def admit(fr: Frame, rank: int | None, t: float) -> Admitted:
             cuda_uuid={r: v for r, v in fr.cuda_uuid.items() if r == rank},
             local_rank={r: v for r, v in fr.local_rank.items() if r == rank},
             node_rank={r: v for r, v in fr.node_rank.items() if r == rank},
+            devices={r: v for r, v in (fr.devices or {}).items() if r == rank},
+            device_names={r: v for r, v in (fr.device_names or {}).items() if r == rank},
         )
     if len(fr.gpus) > MAX_GPUS_PER_ENDPOINT:
         keep = sorted(fr.gpus)[:MAX_GPUS_PER_ENDPOINT]

@@ -37,6 +37,8 @@ class RankTimes:
     step: float
     uuid: str = ""
     data_wait: float = 0.0
+    h2d: float = 0.0
+    """Copying batches to the GPU: part of the rank's own time (it is its work)."""
     comm_wait: float = 0.0
     checkpoint: float = 0.0
     eval: float = 0.0
@@ -92,6 +94,7 @@ def rank_times(series: RankSeries, rows: Sequence[array[float]]) -> RankTimes | 
         step=step_sum,
         uuid=series.uuid,
         data_wait=inc(R_PHASE[contract.PHASE_DATA_WAIT]),
+        h2d=inc(R_PHASE[contract.PHASE_H2D]),
         comm_wait=inc(R_PHASE[contract.PHASE_COMM_WAIT]),
         checkpoint=inc(R_PHASE[contract.PHASE_CHECKPOINT]),
         eval=inc(R_PHASE[contract.PHASE_EVAL]),

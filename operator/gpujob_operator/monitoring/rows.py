@@ -31,12 +31,25 @@ R_HEARTBEAT: Final = R_PHASE0 + len(contract.PHASES)
 """Unix time the rank last changed phase (its liveness between steps)."""
 R_CURRENT_PHASE: Final = R_HEARTBEAT + 1
 """Index in `contract.PHASES` of the phase the rank is in (NaN: not exported)."""
-R_WIDTH: Final = R_CURRENT_PHASE + 1
+R_FLOPS: Final = R_CURRENT_PHASE + 1
+"""Model FLOPs of the work done (a counter)."""
+R_PEAK: Final = R_FLOPS + 1
+"""Dense peak FLOP/s of the rank's GPU at its precision (0: unknown, see R_PEAK_REASON)."""
+R_PEAK_REASON: Final = R_PEAK + 1
+"""Index in `contract.PEAK_REASONS` of why the peak is (not) known."""
+R_DTYPE: Final = R_PEAK_REASON + 1
+"""Index in `contract.PEAK_DTYPES` of the rank's training precision."""
+R_BUCKET0: Final = R_DTYPE + 1
+"""The step time histogram's cumulative counts, one field per contract bound, then +Inf:
+counters, so a window's quantiles come from their increases."""
+N_BUCKETS: Final = len(contract.STEP_DURATION_BUCKETS) + 1
+R_WIDTH: Final = R_BUCKET0 + N_BUCKETS
 
 # ---- GPU rows: one per scrape of a GPU (exported by local rank 0 of its node) ----------
 G_T, G_UTIL, G_MEM_USED, G_MEM_TOTAL, G_POWER, G_POWER_LIMIT = 0, 1, 2, 3, 4, 5
 G_TEMP, G_SM_CLOCK, G_THROTTLE, G_XID, G_ECC = 6, 7, 8, 9, 10
-G_WIDTH: Final = 11
+G_PCIE_RX, G_PCIE_TX, G_SM_ACTIVE, G_TENSOR_ACTIVE = 11, 12, 13, 14
+G_WIDTH: Final = 15
 """G_THROTTLE is a bit mask of the active `contract.THROTTLE_REASONS` (bit i = reason i)."""
 
 THROTTLE_BIT: Final = {name: 1 << i for i, name in enumerate(contract.THROTTLE_REASONS)}

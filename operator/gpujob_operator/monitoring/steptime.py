@@ -58,6 +58,8 @@ class StepTimeFindings:
     evidence: Evidence = field(default_factory=dict)
     """The job's data and comm wait ratios, mean step time and straggler score."""
     breakdown: tuple[RankBreakdown, ...] = ()
+    times: Mapping[Any, RankTimes] = field(default_factory=dict)
+    """Each ready rank's phase seconds over the window (for the verdicts judged elsewhere)."""
 
 
 def step_time_verdicts(
@@ -106,7 +108,7 @@ def step_time_verdicts(
         exposed = min(comm.values())
         if exposed > th.comm_bound_ratio:
             candidates.append(_comm_bound(exposed, comm, per, th))
-    return StepTimeFindings(tuple(candidates), tuple(notes), evidence, breakdown)
+    return StepTimeFindings(tuple(candidates), tuple(notes), evidence, breakdown, per)
 
 
 def _breakdown(per: Mapping[Any, RankTimes]) -> tuple[RankBreakdown, ...]:

@@ -26,18 +26,24 @@ GPU_UNDERUTILIZED: Final = "GPUUnderutilized"
 THROTTLED: Final = "Throttled"
 STALLED: Final = "Stalled"
 HARDWARE_FAULT: Final = "HardwareFault"
+TRANSFER_BOUND: Final = "TransferBound"
+COMPUTE_BOUND: Final = "ComputeBound"
+DATA_PARALLEL_IMBALANCE: Final = "DataParallelImbalance"
 
 PRIORITY: Final = (
     HARDWARE_FAULT,
     STALLED,
     STRAGGLER,
+    DATA_PARALLEL_IMBALANCE,
     INPUT_BOUND,
+    TRANSFER_BOUND,
     CHECKPOINT_BOUND,
     EVAL_BOUND,
     COMMUNICATION_BOUND,
     MEMORY_PRESSURE,
     THROTTLED,
     GPU_UNDERUTILIZED,
+    COMPUTE_BOUND,
 )
 """When several hold, the first is published (the others are listed in its evidence)."""
 VERDICTS: Final = (*PRIORITY, HEALTHY)
@@ -72,6 +78,15 @@ ADVICE: Final = {
     "rank, a deadlocked DataLoader); runPolicy.restartOnStall can restart the gang.",
     HARDWARE_FAULT: "The GPU reported an XID or uncorrected ECC error: drain the node and "
     "restart the job elsewhere.",
+    TRANSFER_BOUND: "Copy less, and asynchronously: DataLoader(pin_memory=True) with "
+    ".to(device, non_blocking=True), prefetch the next batch to the GPU on a side stream, "
+    "send smaller dtypes (uint8 images, int32 token ids) and convert on the GPU, keep data "
+    "that every step reuses on the GPU.",
+    DATA_PARALLEL_IMBALANCE: "One process drives several GPUs with nn.DataParallel, which "
+    "scatters, gathers, computes the loss and steps the optimizer on the first GPU: run one "
+    "process per GPU with torchrun and DistributedDataParallel; until then, compute the loss "
+    "inside forward() so only the loss is gathered.",
+    COMPUTE_BOUND: "",  # graded by MFU: see compute.py
     HEALTHY: "",
 }
 
@@ -94,18 +109,28 @@ class RankBreakdown:
     comm_wait: float
     checkpoint: float
     eval: float
+    h2d: float = 0.0
+    mfu: float | None = None
 
     @classmethod
-    def of(cls, t: RankTimes, role: str) -> RankBreakdown:
+    def of(cls, t: RankTimes, role: str, mfu: float | None = None) -> RankBreakdown:
+        def per(seconds: float) -> float:
+            return round4(t.per_step(seconds))
+
         return cls(
             t.rank,
             t.pod,
             t.node,
             role,
-            *(
-                round4(t.per_step(v))
-                for v in (t.step, t.own, t.compute, t.data_wait, t.comm_wait, t.checkpoint, t.eval)
-            ),
+            step=per(t.step),
+            own=per(t.own),
+            compute=per(t.compute),
+            data_wait=per(t.data_wait),
+            comm_wait=per(t.comm_wait),
+            checkpoint=per(t.checkpoint),
+            eval=per(t.eval),
+            h2d=per(t.h2d),
+            mfu=None if mfu is None else round4(mfu),
         )
 
     def to_status(self) -> dict[str, Any]:
@@ -115,19 +140,22 @@ class RankBreakdown:
             out["pod"] = self.pod
         if self.node:
             out["node"] = self.node
-        other = max(0.0, self.own - self.compute)
+        other = max(0.0, self.own - self.compute - self.h2d)
         for key, value in (
             ("stepSeconds", self.step),
             ("ownSeconds", self.own),
             ("computeSeconds", self.compute),
             ("otherSeconds", round4(other)),
             ("dataWaitSeconds", self.data_wait),
+            ("h2dSeconds", self.h2d),
             ("commWaitSeconds", self.comm_wait),
             ("checkpointSeconds", self.checkpoint),
             ("evalSeconds", self.eval),
         ):
             if math.isfinite(value):
                 out[key] = value
+        if self.mfu is not None and math.isfinite(self.mfu):
+            out["mfu"] = self.mfu
         return out
 
 

@@ -34,6 +34,10 @@ class RankSeries:
     rows: list[array[float]] = field(default_factory=list)
     buckets: array[float] | None = None
     """The latest cumulative step time histogram (the run's distribution so far)."""
+    devices: tuple[str, ...] = ()
+    """UUIDs of the GPUs the rank drives (several under nn.DataParallel; first gathers)."""
+    device_name: str = ""
+    """The GPU product name the rank's peak FLOP/s is for."""
     beat: float = NAN
     """The rank's latest heartbeat (R_HEARTBEAT) as exported."""
     beat_since: float = NAN
@@ -95,6 +99,10 @@ class Window:
                 s.uuid = fr.cuda_uuid[rank]
             if rank in fr.buckets:
                 s.buckets = fr.buckets[rank]
+            if fr.devices and rank in fr.devices:
+                s.devices = fr.devices[rank]
+            if fr.device_names and rank in fr.device_names:
+                s.device_name = fr.device_names[rank]
             _append(s.rows, row, self.max_points, t - self.max_age)
             beat = row[R_HEARTBEAT]
             if beat == beat and beat != s.beat:  # a phase change since the last scrape

@@ -37,6 +37,9 @@ VERDICTS: Final = (
     "Throttled",
     "Stalled",
     "HardwareFault",
+    "TransferBound",
+    "ComputeBound",
+    "DataParallelImbalance",
 )
 """Bottleneck verdicts (design section 5). An unknown verdict is rendered as ``Other``."""
 VERDICT_OTHER: Final = "Other"
