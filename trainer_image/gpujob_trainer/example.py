@@ -34,6 +34,13 @@ purpose, strong enough to show on a loaded 2-core machine:
                             releases the GIL, so even its exporter cannot answer)
     --startup-seconds S     the first step takes S seconds longer (compilation, init, a
                             data download): busy, not stalled
+    --slow-copy S           each batch's copy to the device takes S seconds (copies of host
+                            memory stand in for a synchronous copy of oversized, pageable
+                            batches) inside tracker.transfer(): transfer bound
+    --peak-tflops T         the peak MFU is taken against (a CPU has none in the table)
+
+Batches reach the device through `tracker.wrap_loader(loader, device=...)`, so the copy is
+timed as the h2d phase; the model's FLOPs are counted once by the tracker (MFU).
 """
 
 from __future__ import annotations
@@ -105,6 +112,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--hang-how", choices=("sleep", "loader", "collective", "gil"), default="sleep"
     )
     cond.add_argument("--startup-seconds", type=float, default=0.0, metavar="S")
+    cond.add_argument("--slow-copy", type=float, default=0.0, metavar="S")
+    mfu = p.add_argument_group("mfu")
+    mfu.add_argument("--peak-tflops", type=float, metavar="T")
     run = p.add_argument_group("run")
     run.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     run.add_argument("--threads", type=int, help="torch threads per rank (CPU default: 1)")
@@ -120,7 +130,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.slow_factor < 1:
         p.error("--slow-factor must be >= 1")
-    for name in ("slow_loss_seconds", "slow_preprocess_seconds", "checkpoint_seconds"):
+    for name in ("slow_loss_seconds", "slow_preprocess_seconds", "checkpoint_seconds", "slow_copy"):
         if getattr(args, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0")
     if args.eval_seconds < 0 or args.checkpoint_every < 0 or args.eval_every < 0:
@@ -190,6 +200,16 @@ def busy(seconds: float, x: torch.Tensor) -> torch.Tensor:
     while time.perf_counter() < deadline:
         y = torch.tanh(y * 0.5 + 0.1)
     return y
+
+
+def slow_copy(seconds: float, batch: tuple[torch.Tensor, ...]) -> None:
+    """Copies of the batch's host memory for about `seconds` of wall time: what a synchronous
+    copy of a batch far larger than the step needs costs the loop."""
+    deadline = time.perf_counter() + seconds
+    staging = [torch.empty_like(t) for t in batch]
+    while time.perf_counter() < deadline:
+        for dst, src in zip(staging, batch, strict=True):
+            dst.copy_(src)
 
 
 def save_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, seconds: float) -> int:
@@ -326,9 +346,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         pin_memory=use_cuda,
     )
 
-    tracker = gpujob_trainer.init(total_steps=steps, port=_port(args, rank))
+    tracker = gpujob_trainer.init(
+        total_steps=steps, port=_port(args, rank), peak_tflops=args.peak_tflops
+    )
     model = tracker.wrap_model(DDP(net, device_ids=[device.index] if use_cuda else None))
-    batches = tracker.wrap_loader(loader)
+    # The loader moves each batch to the device (the h2d phase); with --slow-copy the loop
+    # copies it itself, inside tracker.transfer().
+    batches = tracker.wrap_loader(loader, device=None if args.slow_copy else device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     repeat = args.slow_factor if args.slow_rank == rank.rank else 1.0
 
@@ -343,7 +367,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.hang_rank == rank.rank and step == args.hang_after and how != "loader":
                 log.warning("rank %d hangs after %d steps (--hang-how %s)", rank.rank, step, how)
                 hang(how, side)  # forever; peers block in their next all-reduce
-            x, y, ids = (t.to(device, non_blocking=True) for t in (x, y, ids))
+            if args.slow_copy:
+                with tracker.transfer():
+                    slow_copy(args.slow_copy, (x, y, ids))
+                    x, y, ids = (t.to(device, non_blocking=True) for t in (x, y, ids))
             if step == 0 and args.startup_seconds > 0:  # stands in for torch.compile & co.
                 log.info("first step %.0fs longer (--startup-seconds)", args.startup_seconds)
                 time.sleep(args.startup_seconds)

@@ -57,6 +57,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup-steps", type=int, metavar="N", help="steps ignored at the start")
     p.add_argument("--min-scrapes", type=int, metavar="N", help="scrapes before a verdict")
     p.add_argument("--hysteresis", type=int, metavar="N", help="windows a new verdict must hold")
+    p.add_argument(
+        "--peak-tflops",
+        type=float,
+        metavar="T",
+        help="dense peak TFLOP/s of one GPU for MFU (spec.monitoring.peakTFLOPSPerGPU)",
+    )
     for name, what in (
         ("stall", "no step on any rank for this long: Stalled"),
         ("startup", "allowed before the first step"),
@@ -149,12 +155,18 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     for flag, value in flags.values():
         if value is not None and value < 0:
             raise SettingsError(f"--{flag}: must be >= 0, got {value}")
+    peak = base.peak_tflops
+    if args.peak_tflops is not None:
+        if not 0 < args.peak_tflops <= 1e6:
+            raise SettingsError(f"--peak-tflops: must be > 0 and <= 1e6, got {args.peak_tflops}")
+        peak = args.peak_tflops
     return replace(
         base,
         **{k: v for k, (_, v) in flags.items() if v is not None},
         window_seconds=max(args.window, args.interval),
         scrape_interval_seconds=args.interval,
         thresholds=_thresholds(base.thresholds, args.threshold),
+        peak_tflops=peak,
     )
 
 
@@ -245,8 +257,10 @@ def _breakdown_line(r: dict[str, Any]) -> str:
     parts = [
         f"own {g('ownSeconds'):.3g} (compute {g('computeSeconds'):.3g}, other {g('otherSeconds'):.3g})"
     ]
+    mfu = f", MFU {format_percent(100 * float(r['mfu']))}" if r.get("mfu") is not None else ""
     for key, label in (
         ("dataWaitSeconds", "data"),
+        ("h2dSeconds", "h2d"),
         ("commWaitSeconds", "comm"),
         ("checkpointSeconds", "checkpoint"),
         ("evalSeconds", "eval"),
@@ -257,6 +271,7 @@ def _breakdown_line(r: dict[str, Any]) -> str:
     return (
         f"rank {r.get('rank')} {r.get('role', '')}{where}: step {g('stepSeconds'):.3g}s = "
         + " + ".join(parts)
+        + mfu
     )
 
 
@@ -280,6 +295,21 @@ def render_text(update: MonitorUpdate, out: TextIO, hung: HangReport | None = No
         if "estimatedCompletionTime" in p:
             eta += f"  (done at {p['estimatedCompletionTime']})"
         rows.append(("eta", eta))
+    if "stepSecondsP50" in p:
+        latency = f"p50 {p['stepSecondsP50']:.3g}s, p95 {p.get('stepSecondsP95', 0):.3g}s"
+        if "secondsPerSample" in p:
+            latency += f"; {1000 * float(p['secondsPerSample']):.3g} ms per sample"
+        rows.append(("step time", latency))
+    if "mfu" in p:
+        rows.append(
+            (
+                "mfu",
+                f"{format_percent(100 * float(p['mfu']))} ({p.get('achievedTFLOPSPerGPU', 0):g} "
+                f"of {p.get('peakTFLOPSPerGPU', 0):g} TFLOP/s per GPU)",
+            )
+        )
+    elif "mfuUnavailable" in p:
+        rows.append(("mfu", f"unknown: {p['mfuUnavailable']}"))
     if "lastStepTime" in p:
         rows.append(("last step", str(p["lastStepTime"])))
     if "loss" in p:
