@@ -27,7 +27,7 @@ from gpujob_operator.monitoring.analysis_settings import Settings
 from gpujob_operator.monitoring.computebound import compute_bound
 from gpujob_operator.monitoring.dataparallel import data_parallel_imbalance
 from gpujob_operator.monitoring.device import device_verdicts, gpu_summary, hardware_fault
-from gpujob_operator.monitoring.formatting import pct
+from gpujob_operator.monitoring.formatting import pct, sig4
 from gpujob_operator.monitoring.latency import step_latency
 from gpujob_operator.monitoring.mfu import job_mfu
 from gpujob_operator.monitoring.progress import progress_status, smoothed_step_rate
@@ -87,7 +87,7 @@ def _latency(
     ):
         per_second = progress.get(rate_key)
         if per_second:
-            out[key] = float(f"{1.0 / per_second:.4g}")
+            out[key] = sig4(1.0 / per_second)
     return out
 
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from gpujob_operator import api
-from gpujob_operator.monitoring.formatting import pct, round4
+from gpujob_operator.monitoring.formatting import pct, round4, sig4
 from gpujob_operator.monitoring.mfu import Mfu
 from gpujob_operator.monitoring.ranktimes import RankTimes
 from gpujob_operator.monitoring.verdict import COMPUTE_BOUND, INFO, Evidence, Verdict
@@ -60,8 +60,8 @@ def compute_bound(per: Mapping[Any, RankTimes], th: api.Thresholds, mfu: Mfu) ->
     summary = f"forward, backward and optimizer take {pct(ratio)} of step time"
     if mfu.mfu is not None and mfu.peak is not None and mfu.achieved is not None:
         ev["mfu"] = round4(mfu.mfu)
-        ev["achievedTFLOPSPerGPU"] = round(mfu.achieved / 1e12, 3)
-        ev["peakTFLOPSPerGPU"] = round(mfu.peak / 1e12, 3)
+        ev["achievedTFLOPSPerGPU"] = sig4(mfu.achieved / 1e12)
+        ev["peakTFLOPSPerGPU"] = sig4(mfu.peak / 1e12)
         summary += (
             f" at MFU {pct(mfu.mfu)} ({mfu.achieved / 1e12:.3g} of "
             f"{mfu.peak / 1e12:.4g} TFLOP/s per GPU)"

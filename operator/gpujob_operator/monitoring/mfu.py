@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpujob_operator.monitoring.formatting import sig4
 from gpujob_operator.monitoring.rows import R_FLOPS, R_PEAK, R_PEAK_REASON, latest, rate
 from gpujob_operator.monitoring.window import RankSeries
 from gpujob_trainer import contract
@@ -39,9 +40,9 @@ class Mfu:
         if self.mfu is not None:
             out["mfu"] = round(self.mfu, 4)
         if self.achieved is not None:
-            out["achievedTFLOPSPerGPU"] = round(self.achieved / 1e12, 3)
+            out["achievedTFLOPSPerGPU"] = sig4(self.achieved / 1e12)
         if self.peak is not None:
-            out["peakTFLOPSPerGPU"] = round(self.peak / 1e12, 3)
+            out["peakTFLOPSPerGPU"] = sig4(self.peak / 1e12)
         if self.why:
             out["mfuUnavailable"] = self.why
         return out
