@@ -58,7 +58,7 @@ def watch(kube: Kube, name: str, timeout: float) -> list[dict[str, str]]:
     return rows
 
 
-def test_healthy_job_climbs_to_100_percent_without_a_verdict(
+def test_healthy_job_climbs_to_100_percent_without_a_warning(
     kube: Kube, operator: OperatorProcess
 ) -> None:
     # The diagnose tests' healthy size (tests/trainer/test_diagnose_runs.py HEALTHY): ~0.4 s
@@ -73,7 +73,8 @@ def test_healthy_job_climbs_to_100_percent_without_a_verdict(
         for r in running
     )
     assert any(r["ETA"] for r in running), "an ETA was shown while running"
-    assert all(r["BOTTLENECK"] in ("", "Healthy") for r in rows), (
+    # its steps are nearly all compute: ComputeBound (Info) is as right as Healthy
+    assert all(r["BOTTLENECK"] in ("", "Healthy", "ComputeBound") for r in rows), (
         f"a healthy run got a verdict: {rows}"
     )
     final = rows[-1]

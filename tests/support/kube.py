@@ -14,7 +14,8 @@ from gpujob_localcluster.cluster import LocalCluster
 from tests.support.waiting import wait_until
 
 GET_COLUMNS: tuple[str, ...] = (
-    "NAME", "STATUS", "NODES", "GPUS", "PROGRESS", "ETA", "THROUGHPUT", "BOTTLENECK", "AGE",
+    "NAME", "STATUS", "NODES", "GPUS", "PROGRESS", "ETA", "THROUGHPUT", "BOTTLENECK", "MFU",
+    "AGE",
 )  # fmt: skip
 """The columns of `kubectl get gputrainingjobs` (the CRD's printer columns without -o wide)."""
 

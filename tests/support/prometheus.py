@@ -182,7 +182,14 @@ def fake_trainer_main() -> None:
             node_rank=node_rank,
             world_size=world,
         )
-        tracker = Tracker(total_steps=total, rank=rank, hook_optimizers=False)
+        tracker = Tracker(
+            total_steps=total,
+            rank=rank,
+            hook_optimizers=False,
+            flops_per_sample=1e9,  # MFU panels: 32e9 FLOPs a step against a given peak
+            peak_tflops=100.0,
+        )
+        tracker.devices = (gpus[local_rank].uuid,)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(TrainerCollector(tracker))
         stats = {"reserved_bytes.all.current": 20 * 2**30, "num_alloc_retries": 0, "num_ooms": 0}
@@ -198,6 +205,8 @@ def fake_trainer_main() -> None:
         while not stop.is_set() and step < total:
             with tracker.phase(contract.PHASE_DATA_WAIT):
                 time.sleep(0.004)
+            with tracker.transfer():
+                time.sleep(0.002)
             with tracker.phase(contract.PHASE_FORWARD):
                 time.sleep(0.01 * slow)
             with tracker.phase(contract.PHASE_BACKWARD):

@@ -18,12 +18,11 @@ from pathlib import Path
 import pytest
 from trainer_harness import TrainerRun, scrape, torchrun_example, wait_for
 
-from gpujob_operator import cli
+from gpujob_operator import api, cli
 from gpujob_operator.monitoring.analysis_settings import Settings
 from gpujob_operator.monitoring.diagnose import compare_ranks, diagnose, targets_from_urls
 from gpujob_operator.monitoring.monitor import JobMonitor
 from gpujob_operator.monitoring.update import MonitorUpdate
-from gpujob_operator import api
 from gpujob_operator.monitoring.verdict import (
     COMMUNICATION_BOUND,
     COMPUTE_BOUND,

@@ -83,8 +83,13 @@ def test_counts_and_phases_agree_with_what_ran(baseline: tuple[list[Scrape], flo
         compute = phases["forward"] + phases["backward"] + phases["optimizer"]
         assert s.value("gpujob_train_compute_seconds_total") == pytest.approx(compute, rel=1e-6)
         # types as the contract says, and no _created series
+        # the batches reached the device through the loader: the copy is its own phase
+        assert phases["h2d"] > 0
+        # the model's FLOPs were counted once, per sample; a CPU has no peak, and says so
+        assert s.value(contract.MODEL_FLOPS.name) > 0
+        assert s.value(contract.PEAK_FLOPS.name, reason="no_gpu") == 0
         for spec in contract.TRAIN_METRICS:
-            if spec is not contract.TOKENS:
+            if spec not in (contract.TOKENS, contract.RANK_DEVICE):  # no GPU here: no devices
                 assert s.types[spec.family] == spec.type, spec.name
         assert "_created" not in s.text
     # local rank 0 runs the NVML collector; there is no GPU here, and it says why

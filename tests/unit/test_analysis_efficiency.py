@@ -50,7 +50,9 @@ class FlopsRank(RankSim):
             flops = self.flops_per_sample * self.steps * self.batch
             lines.append(f"{contract.MODEL_FLOPS.name}{{{lab}}} {flops}")
         if self.peak is not None:
-            peak_labels = f'{lab},device="{self.device}",dtype="{self.dtype}",reason="{self.reason}"'
+            peak_labels = (
+                f'{lab},device="{self.device}",dtype="{self.dtype}",reason="{self.reason}"'
+            )
             lines.append(f"{contract.PEAK_FLOPS.name}{{{peak_labels}}} {self.peak}")
         for i, uuid in enumerate(self.devices):
             lines.append(f'{contract.RANK_DEVICE.name}{{{lab},UUID="{uuid}"}} {i}')
@@ -240,8 +242,7 @@ def test_a_straggler_that_is_also_transfer_bound_is_named_as_the_straggler() -> 
 
 def _pcie_job(sm: float) -> Job:
     gpus = [
-        BusGPU(i, f"GPU-{i}", util=0.5, pcie_rx=2 * PCIE_BUSY_BYTES, sm_active=sm)
-        for i in range(2)
+        BusGPU(i, f"GPU-{i}", util=0.5, pcie_rx=2 * PCIE_BUSY_BYTES, sm_active=sm) for i in range(2)
     ]
     return Job(ranks(phases=dict(COMPUTE_HEAVY)), gpus=list(gpus))
 

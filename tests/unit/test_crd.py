@@ -64,7 +64,7 @@ def test_names_scope_and_subresources() -> None:
 
 def test_printer_columns() -> None:
     cols = {c["name"]: c for c in VERSION["additionalPrinterColumns"]}
-    assert list(cols)[:8] == [
+    assert list(cols)[:10] == [
         "Status",
         "Nodes",
         "GPUs",
@@ -72,8 +72,12 @@ def test_printer_columns() -> None:
         "ETA",
         "Throughput",
         "Bottleneck",
+        "MFU",
+        "Step",
         "Restarts",
     ]
+    assert cols["MFU"]["jsonPath"] == ".status.display.mfu" and "priority" not in cols["MFU"]
+    assert cols["Step"]["priority"] == 1  # -o wide
     assert cols["Status"]["jsonPath"] == ".status.phase"
     assert cols["Nodes"]["jsonPath"] == ".spec.nodes"
     assert cols["GPUs"]["jsonPath"] == ".status.totalGPUs"
@@ -272,3 +276,11 @@ def test_display_strings_for_printer_columns() -> None:
         "throughput": "50.0 tokens/s"
     }
     assert display.render_display({}) == {}
+
+
+def test_display_shows_mfu_and_step_time_only_while_live() -> None:
+    progress = {"percent": 40.0, "mfu": 0.38259, "stepSecondsP50": 0.41, "stepSecondsP95": 1.25}
+    live = display.render_display({"phase": "Running", "progress": progress})
+    assert (live["mfu"], live["stepTime"]) == ("38.2%", "410ms/1.25s")
+    done = display.render_display({"phase": "Succeeded", "progress": progress})
+    assert "mfu" not in done and "stepTime" not in done and done["progress"] == "40.0%"

@@ -121,12 +121,16 @@ def test_heartbeat_and_current_phase_are_read_and_timed_by_the_operator_clock() 
     assert (s.beat, s.beat_since) == (40.0, 40.0)
     assert s.rows[-1][R_CURRENT_PHASE] == contract.PHASES.index("forward")
     scrape(110.0, 40.0, "checkpoint")  # unchanged: still since 40
-    assert s.beat_since == 40.0 and s.rows[-1][R_CURRENT_PHASE] == contract.PHASES.index("checkpoint")
+    assert s.beat_since == 40.0 and s.rows[-1][R_CURRENT_PHASE] == contract.PHASES.index(
+        "checkpoint"
+    )
     scrape(120.0, 9e9, "eval")  # changed (whatever its value says): since this scrape
     assert (s.beat, s.beat_since) == (9e9, 120.0)
     scrape(130.0, None, "eval")  # not exported this time: nothing learnt, nothing forgotten
     assert (s.beat, s.beat_since) == (9e9, 120.0)
-    assert math.isnan(s.rows[-1][R_HEARTBEAT]) and s.rows[-1][R_CURRENT_PHASE] == contract.PHASES.index("eval")
+    assert math.isnan(s.rows[-1][R_HEARTBEAT]) and s.rows[-1][
+        R_CURRENT_PHASE
+    ] == contract.PHASES.index("eval")
     scrape(140.0, 150.0, "forward")
     assert s.beat_since == 140.0
     # a first value from a clock ahead counts from now

@@ -96,6 +96,19 @@ PRINTER_COLUMNS: Final = [
         "description": "Current bottleneck verdict.",
     },
     {
+        "name": "MFU",
+        "type": "string",
+        "jsonPath": ".status.display.mfu",
+        "description": "Model FLOPs utilisation: model FLOP/s over the GPUs' dense peak.",
+    },
+    {
+        "name": "Step",
+        "type": "string",
+        "jsonPath": ".status.display.stepTime",
+        "description": "Median / p95 step time over the window.",
+        "priority": 1,
+    },
+    {
         "name": "Restarts",
         "type": "integer",
         "jsonPath": ".status.restarts",

@@ -140,4 +140,16 @@ def render_display(status: Mapping[str, Any]) -> dict[str, str]:
     verdict = format_bottleneck(bottleneck)
     if verdict:
         out["bottleneck"] = verdict
+    if progress.get("mfu") is not None:
+        out["mfu"] = format_percent(100 * float(progress["mfu"]))
+    p50, p95 = progress.get("stepSecondsP50"), progress.get("stepSecondsP95")
+    if p50 is not None and p95 is not None:
+        out["stepTime"] = f"{format_seconds(float(p50))}/{format_seconds(float(p95))}"
     return out
+
+
+def format_seconds(seconds: float) -> str:
+    """A step time, short: 41ms, 1.25s, 12.5s."""
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    return f"{seconds:.3g}s"

@@ -345,6 +345,10 @@ class Display(_StatusModel):
     )
     throughput: str | None = Field(default=None, description='e.g. "2840 samples/s".')
     bottleneck: str | None = Field(default=None, description='e.g. "Straggler(r13)".')
+    mfu: str | None = Field(default=None, description='Model FLOPs utilisation, e.g. "38.2%".')
+    step_time: str | None = Field(
+        default=None, description='Median and p95 step time, e.g. "410ms/520ms".'
+    )
 
 
 Phase = Literal["Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]

@@ -79,20 +79,25 @@ JOB_ALERTS: Final = (
     ),
     Alert(
         "GPUJobBottleneckPersisting",
-        f'({opfamilies.JOB_VERDICT.name}{{verdict!~"Healthy|Stalled"}} == 1) and {RUNNING}',
+        f'({opfamilies.JOB_VERDICT.name}{{verdict!~"Healthy|Stalled|ComputeBound"}} == 1) '
+        f"and {RUNNING}",
         "30m",
         "info",
         "GPUTrainingJob {{ $labels.namespace }}/{{ $labels.job_name }} has been "
         "{{ $labels.verdict }} for 30 minutes.",
         "The operator's analysis has reported the same bottleneck for half an hour: the GPUs "
         "are paid for but wait. status.bottleneck holds the evidence and the advice: InputBound "
-        "(more DataLoader workers, pin_memory, prefetch), CommunicationBound (bucket size, "
+        "(more DataLoader workers, pin_memory, prefetch), TransferBound (pinned memory, "
+        "non_blocking copies, prefetch to the GPU), CommunicationBound (bucket size, "
         "gradient accumulation with no_sync, network), Straggler (the named rank's node, GPU or "
         "rank-specific work in its step; status.bottleneck.breakdown splits each rank's step), "
         "CheckpointBound (async or sharded checkpoints, a longer interval), EvalBound (evaluate "
         "less often, on fewer batches), "
         "MemoryPressure (activation checkpointing, AMP, smaller micro-batch), Throttled (power "
-        "cap, cooling), GPUUnderutilized (bigger batch, CUDA graphs, torch.compile). "
+        "cap, cooling), GPUUnderutilized (bigger batch, CUDA graphs, torch.compile), "
+        "DataParallelImbalance (torchrun and DDP instead of nn.DataParallel). ComputeBound is "
+        "left out: a job busy computing is what a healthy job looks like (its MFU says how "
+        "efficiently). "
         + INSPECT
         + " and open the 'gpujob / Job' dashboard for the per-rank step time breakdown.",
     ),

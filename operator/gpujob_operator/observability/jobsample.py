@@ -57,6 +57,9 @@ class JobSample:
     samples_per_second: float | None = None
     tokens_per_second: float | None = None
     loss: float | None = None
+    mfu: float | None = None
+    step_p50_seconds: float | None = None
+    step_p95_seconds: float | None = None
     last_step_timestamp: float | None = None
     start_timestamp: float | None = None
     phase: str | None = None
@@ -108,6 +111,9 @@ class JobSample:
             samples_per_second=_num(progress.get("samplesPerSecond")),
             tokens_per_second=_num(progress.get("tokensPerSecond")),
             loss=_num(progress.get("loss")),
+            mfu=_num(progress.get("mfu")),
+            step_p50_seconds=_num(progress.get("stepSecondsP50")),
+            step_p95_seconds=_num(progress.get("stepSecondsP95")),
             last_step_timestamp=_timestamp(progress.get("lastStepTime")),
             start_timestamp=_timestamp(status.get("startTime")),
             phase=phase if phase in PHASES else None,

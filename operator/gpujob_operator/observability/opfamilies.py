@@ -69,6 +69,17 @@ JOB_TOKENS_RATE = Family(
     "gpujob_job_tokens_per_second", "Global token throughput over the window, when exported."
 )
 JOB_LOSS = Family("gpujob_job_loss", "Last reported training loss.")
+JOB_MFU = Family(
+    "gpujob_job_mfu_ratio",
+    "Model FLOPs utilisation, 0..1: model FLOP/s over the GPUs' dense peak (status.progress).",
+    "ratio",
+)
+JOB_STEP_P50 = Family(
+    "gpujob_job_step_p50_seconds", "Median step time over the analysis window.", "seconds"
+)
+JOB_STEP_P95 = Family(
+    "gpujob_job_step_p95_seconds", "95th percentile step time over the window.", "seconds"
+)
 JOB_LAST_STEP = Family(
     "gpujob_job_last_step_timestamp_seconds", "Unix time a rank last finished a step.", "seconds"
 )
@@ -156,6 +167,9 @@ JOB_FAMILIES: Final = (
     JOB_SAMPLES_RATE,
     JOB_TOKENS_RATE,
     JOB_LOSS,
+    JOB_MFU,
+    JOB_STEP_P50,
+    JOB_STEP_P95,
     JOB_LAST_STEP,
     JOB_START,
     JOB_VERDICT,

@@ -117,6 +117,19 @@ def build() -> dict[str, Any]:
                 },
             ),
             Panel(
+                "MFU",
+                "Model FLOPs utilisation: model FLOP/s over the GPUs' dense peak at the "
+                "training precision (status.progress.mfu; absent with the reason in "
+                "mfuUnavailable when the peak or the FLOP count is unknown).",
+                [t(f"{opfamilies.JOB_MFU.name}{{{JOB_ONE}}}")],
+                kind="gauge",
+                unit="percentunit",
+                min=0,
+                max=1,
+                w=4,
+                h=5,
+            ),
+            Panel(
                 "Time since last step",
                 "Seconds since any rank finished a step (stall detection).",
                 [t(f"time() - max({contract.LAST_STEP_TIMESTAMP.name}{{{JOB_ONE}}})")],
@@ -182,6 +195,28 @@ def build() -> dict[str, Any]:
                 w=12,
             ),
             Panel(
+                "Step time distribution",
+                "How many steps took how long (all ranks), per bucket of the step time "
+                "histogram: a second band is a periodic slow step (checkpoint, eval, a "
+                "garbage collection), a wide smear is jitter.",
+                [t(f"sum by (le) ({step_buckets})", "{{le}}", heatmap=True)],
+                kind="heatmap",
+                unit="s",
+                options={"calculate": False, "yAxis": {"unit": "s"}, "cellGap": 1},
+                w=12,
+            ),
+            Panel(
+                "Job step time (p50, p95)",
+                "The operator's median and p95 step time over its window "
+                "(status.progress.stepSecondsP50/P95).",
+                [
+                    t(f"{opfamilies.JOB_STEP_P50.name}{{{JOB_ONE}}}", "p50"),
+                    t(f"{opfamilies.JOB_STEP_P95.name}{{{JOB_ONE}}}", "p95"),
+                ],
+                unit="s",
+                w=12,
+            ),
+            Panel(
                 "Mean step time per rank",
                 "Mean step time per rank over the rate interval.",
                 [
@@ -225,6 +260,39 @@ def build() -> dict[str, Any]:
                 "the rank that spends most in each (the others wait for it). Above 10% "
                 "(checkpointBoundRatio): CheckpointBound; above 15% (evalBoundRatio): EvalBound.",
                 [t(outside_share, "{{phase}}")],
+                unit="percentunit",
+                min=0,
+                max=1,
+                w=8,
+            ),
+            Panel(
+                "MFU per rank",
+                "Each rank's model FLOP/s over its peak (the trainer's table for its GPU and "
+                "precision; ranks without one are absent: see status.progress.mfuUnavailable).",
+                [
+                    t(
+                        f"{_by_rank(contract.MODEL_FLOPS.name)} / on (rank) "
+                        f"max by (rank) ({contract.PEAK_FLOPS.name}{{{JOB_ONE}}} > 0)",
+                        "rank {{rank}}",
+                    )
+                ],
+                unit="percentunit",
+                min=0,
+                max=1,
+                w=8,
+            ),
+            Panel(
+                "Host-to-device copy share",
+                "Share of each rank's time spent copying batches to the GPU (the h2d phase). "
+                "Above 20% (transferBoundRatio): TransferBound.",
+                [
+                    t(
+                        f"sum by (rank) (rate({contract.PHASE_SECONDS.name}"
+                        f'{{{JOB_ONE},phase="{contract.PHASE_H2D}"}}[{RATE}])) / on (rank) '
+                        f"sum by (rank) (rate({contract.PHASE_SECONDS.name}{{{JOB_ONE}}}[{RATE}]))",
+                        "rank {{rank}}",
+                    )
+                ],
                 unit="percentunit",
                 min=0,
                 max=1,
@@ -352,6 +420,44 @@ def build() -> dict[str, Any]:
                     t(f"{contract.GPU_XID_ERRORS.name}{{{gpu_sel}}}", "XID " + gpu_legend),
                     t(f"{contract.GPU_ECC_UNCORRECTED.name}{{{gpu_sel}}}", "ECC " + gpu_legend),
                 ],
+                w=8,
+            ),
+            Panel(
+                "PCIe traffic",
+                "Bytes per second into (rx, host to device) and out of each GPU (NVML). "
+                "Heavy rx while the SMs idle: TransferBound.",
+                [
+                    t(f"{contract.GPU_PCIE_RX.name}{{{gpu_sel}}}", "rx " + gpu_legend),
+                    t(f"{contract.GPU_PCIE_TX.name}{{{gpu_sel}}}", "tx " + gpu_legend),
+                ],
+                unit="Bps",
+                w=8,
+            ),
+            Panel(
+                "SM and tensor activity",
+                "Share of SMs busy and of cycles a tensor pipe worked (NVML GPM, Hopper and "
+                "later): a busy GPU with idle tensor pipes is not doing matmuls.",
+                [
+                    t(f"{contract.GPU_SM_ACTIVE.name}{{{gpu_sel}}}", "SM " + gpu_legend),
+                    t(f"{contract.GPU_TENSOR_ACTIVE.name}{{{gpu_sel}}}", "tensor " + gpu_legend),
+                ],
+                unit="percentunit",
+                min=0,
+                max=1,
+                w=8,
+            ),
+            Panel(
+                "Profiling counters",
+                "1 when a node exports the PCIe or GPM counter group; 0 with the reason "
+                "(not_supported, nvml_too_old).",
+                [
+                    t(
+                        f"{contract.GPU_PROFILING_AVAILABLE.name}{{{gpu_sel}}}",
+                        "node {{node_rank}} {{counter}} {{reason}}",
+                    )
+                ],
+                min=0,
+                max=1,
                 w=8,
             ),
             Panel(

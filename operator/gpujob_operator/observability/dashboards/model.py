@@ -26,6 +26,8 @@ class Target:
     legend: str = ""
     instant: bool = False
     table: bool = False
+    heatmap: bool = False
+    """Buckets by `le`, drawn as a heatmap (Grafana's heatmap format)."""
 
 
 @dataclass
@@ -93,6 +95,8 @@ def _render_panel(p: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
             target["range"] = False
         if t.table:
             target["format"] = "table"
+        if t.heatmap:
+            target["format"] = "heatmap"
         targets.append(target)
     out: dict[str, Any] = {
         "id": pid,
