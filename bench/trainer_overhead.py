@@ -110,15 +110,19 @@ class Loop:
 
     def attach(self, parts: frozenset[str]) -> Tracker:
         self.detach()
-        tracker = Tracker(rank=RankInfo(), hook_optimizers=False, clock=self._clock)
+        # A process counts its model's FLOPs once, in its first steps; a fresh tracker per
+        # block would count them in every block (`flop_count_cost` measures that step).
+        tracker = Tracker(
+            rank=RankInfo(), hook_optimizers=False, clock=self._clock, measure_flops=False
+        )
         if "model" in parts:
             tracker.wrap_model(self.model)
         if "optimizer" in parts:
             # What `wrap_model` installs in the README's loop (`hook_optimizers=True`): the
             # global step hooks, which see every optimizer in the process.
             tracker._install_optimizer_hooks()
-        if "loader" in parts:
-            self._source = iter(tracker.wrap_loader(self._ring))
+        if "loader" in parts:  # the wrapper also moves each batch (the h2d phase)
+            self._source = iter(tracker.wrap_loader(self._ring, device=self.device))
         self._log = "log" in parts
         self.tracker = tracker
         return tracker
@@ -130,6 +134,8 @@ class Loop:
 
     def step(self) -> None:
         x, y = next(self._source)
+        if self._source is self._ring:  # bare: the loop's own copy, as the wrapper makes it
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         loss = nn.functional.cross_entropy(self.model(x), y)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -396,6 +402,28 @@ def count_syncs(base: nn.Module, device: torch.device, steps: int) -> dict[str, 
     return out
 
 
+def flop_count_cost(base: nn.Module, device: torch.device, steps: int = 12) -> dict[str, float]:
+    """What counting the model's FLOPs costs, once per process: the counted step's time
+    against the median of the others (a fresh tracker that counts, as `init()` makes)."""
+    loop = Loop(base, 256, device)
+    tracker = Tracker(rank=RankInfo(), hook_optimizers=False, clock=loop._clock)
+    tracker.wrap_model(loop.model)
+    times = []
+    sync = _sync(device)
+    for _ in range(steps):
+        sync()
+        t0 = time.perf_counter()
+        loop.step()
+        sync()
+        times.append(time.perf_counter() - t0)
+    counted = tracker.flops.per_pass is not None
+    tracker.close()
+    loop.detach()
+    at = 2  # the third forward is counted (flops.MEASURE_AT)
+    others = statistics.median(t for i, t in enumerate(times) if i not in (0, at))
+    return {"counted_ms": 1000 * times[at], "others_ms": 1000 * others, "ok": float(counted)}
+
+
 def _ci(name: str, m: tuple[float, float, float], fmt: str) -> str:
     return f"{name} {m[0]:{fmt}} (95% CI {m[1]:{fmt}}..{m[2]:{fmt}})"
 
@@ -477,6 +505,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
             if math.isnan(last):
                 last = total
+        fc = flop_count_cost(base, device)
+        print(
+            f"model FLOPs counted once per process ({'done' if fc['ok'] else 'FAILED'}): "
+            f"that step {fc['counted_ms']:.2f} ms against {fc['others_ms']:.2f} ms for the "
+            "others; no other step pays for it"
+        )
         if use_cuda:
             s = count_syncs(base, device, steps=50)
             print(

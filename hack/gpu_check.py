@@ -13,7 +13,14 @@
 4. runs two processes sharing the GPU (gloo, since NCCL refuses a shared GPU) and checks
    both ranks' series;
 5. runs `bench/trainer_overhead.py --device cuda`: zero host-device synchronisations
-   added by the library (`torch.cuda.set_sync_debug_mode`), and the overhead ratio.
+   added by the library (`torch.cuda.set_sync_debug_mode`, the h2d copy included), and the
+   overhead ratio;
+6. MFU of the matmul-heavy single-rank run: counted FLOPs over the table's peak for the
+   product NVML names, in a plausible range;
+7. a copy-heavy run (`--copy-mb`: pageable batches copied every step) judged TransferBound
+   with NVML's PCIe receive bytes/s reported;
+8. nn.DataParallel over every visible GPU: the rank names each GPU it drives and the first
+   one carries the most (SKIPPED, with why, on a one-GPU machine).
 
 Without CUDA every check is SKIPPED with the reason and the exit code is 3; otherwise 0
 when all held and 1 when one failed. Checks are pure functions of scrapes and outputs, so
@@ -61,7 +68,15 @@ CHECKS = (
     "no syncs added",
     "overhead ratio",
     "nccl collective trace",
+    "mfu in range",
+    "transfer bound + PCIe",
+    "dataparallel devices",
 )
+MFU_RANGE = (0.02, 1.0)
+"""A matmul-heavy fp32/TF32 MLP on a data-centre GPU: a few percent (small layers, launch
+bound) to most of the peak; 0 or above 1 means the count or the peak is wrong."""
+COPY = ["--copy-mb=512", "--batch-size=64"]
+"""512 MiB of pageable memory per step against a tiny compute: the copy is the step."""
 
 
 @dataclass(frozen=True)
@@ -234,6 +249,67 @@ def overhead(bench_output: str) -> Check:
     return Check(name, status, f"{ratio:.4f} (target <= {RATIO_TARGET}); {detail}")
 
 
+def mfu_check(report: dict[str, Any]) -> Check:
+    name = "mfu in range"
+    p = report.get("progress") or {}
+    if "mfu" not in p:
+        return Check(name, FAIL, f"no MFU: {p.get('mfuUnavailable', 'no progress')}")
+    mfu = float(p["mfu"])
+    detail = (
+        f"MFU {100 * mfu:.1f}% ({p.get('achievedTFLOPSPerGPU')} of "
+        f"{p.get('peakTFLOPSPerGPU')} TFLOP/s)"
+    )
+    ok = MFU_RANGE[0] <= mfu <= MFU_RANGE[1]
+    return Check(name, PASS if ok else FAIL, detail + f"; expected {MFU_RANGE}")
+
+
+def transfer_check(report: dict[str, Any], s: Scrape) -> Check:
+    name = "transfer bound + PCIe"
+    verdicts = [c.get("verdict") for c in report.get("candidates") or []]
+    rx = [v for (n, _), v in s.samples.items() if n == contract.GPU_PCIE_RX.name and v == v]
+    b = report.get("bottleneck") or {}
+    detail = (
+        f"verdict {b.get('verdict')}, candidates {verdicts}; h2dRatio "
+        f"{(b.get('evidence') or {}).get('h2dRatio')}; PCIe rx "
+        f"{', '.join(f'{v / 1e9:.1f} GB/s' for v in rx) or 'not exported'}"
+    )
+    ok = "TransferBound" in verdicts and bool(rx) and max(rx) > 0
+    return Check(name, PASS if ok else FAIL, detail)
+
+
+def dataparallel_check(result: dict[str, Any], gpus: int) -> Check:
+    name = "dataparallel devices"
+    if gpus < 2:
+        return Check(name, SKIPPED, f"{gpus} GPU visible: nn.DataParallel needs two or more")
+    devices = result.get("devices") or []
+    used = result.get("used") or []
+    detail = f"{len(devices)} of {gpus} GPUs named; memory used {used}"
+    ok = len(devices) == gpus and bool(used) and used[0] >= max(used)
+    return Check(name, PASS if ok else FAIL, detail)
+
+
+DATAPARALLEL_SCRIPT = """
+import json, torch
+from torch import nn
+from gpujob_trainer.env import RankInfo
+from gpujob_trainer.exporter import render_snapshot
+from gpujob_trainer.tracker import Tracker
+t = Tracker(rank=RankInfo())
+net = nn.Sequential(*[nn.Linear(2048, 2048) for _ in range(4)], nn.Linear(2048, 10)).cuda()
+model = t.wrap_model(nn.DataParallel(net))
+opt = torch.optim.Adam(model.parameters())
+for _ in range(20):
+    x = torch.randn(4096, 2048).cuda()
+    loss = nn.functional.cross_entropy(model(x), torch.randint(0, 10, (4096,)).cuda())
+    opt.zero_grad(); loss.backward(); opt.step()
+torch.cuda.synchronize()
+used = [torch.cuda.memory_reserved(i) for i in range(torch.cuda.device_count())]
+names = [s.labels["UUID"] for f in render_snapshot(t.snapshot()) for s in f.samples
+         if s.name == "gpujob_train_device_info"]
+print(json.dumps({"devices": names, "used": used}))
+"""
+
+
 def skipped_all(reason: str) -> list[Check]:
     return [Check(n, SKIPPED, reason) for n in CHECKS]
 
@@ -400,7 +476,65 @@ def run_checks(device: Device, work: Path, bench_seconds: float) -> list[Check]:
     checks.append(_guard("no syncs added", lambda: syncs(bench.stdout)))
     checks.append(_guard("overhead ratio", lambda: overhead(bench.stdout)))
     checks.append(nccl)
+    checks.append(
+        _guard(
+            "mfu in range",
+            lambda: (
+                mfu_check(one["diagnose"])
+                if one.get("diagnose")
+                else Check("mfu in range", FAIL, "no diagnose report")
+            ),
+        )
+    )
+
+    def copy_heavy() -> Check:
+        with torchrun_example([*SIZE, *COPY, "--device=cuda"], work, nproc=1) as run:
+            port = run.ports()[0]
+            wait_for("10 steps", lambda: _steps(port) >= 10 or None, 180)
+            report = _diagnose(port)
+            return transfer_check(report, scrape(port))
+
+    checks.append(_guard("transfer bound + PCIe", copy_heavy))
+
+    def dataparallel() -> Check:
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if gpus < 2:
+            return dataparallel_check({}, gpus)
+        out = subprocess.run(
+            [sys.executable, "-c", DATAPARALLEL_SCRIPT],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        lines = out.stdout.strip().splitlines()
+        result = json.loads(lines[-1]) if lines else {}
+        return (
+            dataparallel_check(result, gpus)
+            if result
+            else Check("dataparallel devices", FAIL, out.stderr[-300:])
+        )
+
+    checks.append(_guard("dataparallel devices", dataparallel))
     return checks
+
+
+def _diagnose(port: int) -> dict[str, Any]:
+    diag = subprocess.run(
+        [
+            *(sys.executable, "-m", "gpujob_operator.cli", "diagnose"),
+            f"127.0.0.1:{port}",
+            *("--window=8", "--interval=1", "--warmup-steps=5", "--hysteresis=1"),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return dict(json.loads(diag.stdout)) if diag.stdout.strip() else {}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

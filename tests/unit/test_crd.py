@@ -284,3 +284,20 @@ def test_display_shows_mfu_and_step_time_only_while_live() -> None:
     assert (live["mfu"], live["stepTime"]) == ("38.2%", "410ms/1.25s")
     done = display.render_display({"phase": "Succeeded", "progress": progress})
     assert "mfu" not in done and "stepTime" not in done and done["progress"] == "40.0%"
+
+
+def test_exclusive_bounds_are_openapi_v3_flags() -> None:
+    peak = SPEC["properties"]["monitoring"]["properties"]["peakTFLOPSPerGPU"]
+    assert (peak["minimum"], peak["exclusiveMinimum"], peak["maximum"]) == (0, True, 1e6)
+
+    def walk(node: Any) -> Iterator[tuple[str, Any]]:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                yield k, v
+                yield from walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                yield from walk(v)
+
+    bad = [(k, v) for k, v in walk(SPEC) if k.startswith("exclusiveM") and v is not True]
+    assert bad == []

@@ -153,3 +153,37 @@ def test_the_nccl_trace_check_passes_skips_and_fails_as_the_evidence_says() -> N
     assert gloo.status == gc.SKIPPED and "runs gloo" in gloo.detail
     empty = {"collectives": {"available": False, "backend": "nccl", "why": "buffer 0"}}
     assert gc.nccl_trace(empty).status == gc.FAIL
+
+
+def test_mfu_must_exist_and_be_plausible() -> None:
+    def report(**progress: object) -> dict[str, object]:
+        return {"progress": progress}
+
+    ok = gc.mfu_check(report(mfu=0.41, achievedTFLOPSPerGPU=27.4, peakTFLOPSPerGPU=66.9))
+    assert ok.status == gc.PASS and "MFU 41.0% (27.4 of 66.9 TFLOP/s)" in ok.detail
+    assert gc.mfu_check(report(mfu=1.7)).status == gc.FAIL  # a wrong count or peak
+    assert gc.mfu_check(report(mfu=0.001)).status == gc.FAIL
+    missing = gc.mfu_check(report(mfuUnavailable="no peak FLOP/s known for NVIDIA X"))
+    assert missing.status == gc.FAIL and "NVIDIA X" in missing.detail
+
+
+def test_transfer_check_needs_the_verdict_and_pcie_bytes() -> None:
+    gpu = f'node_rank="0",gpu="0",UUID="{UUID}"'
+    with_rx = gc.Scrape.parse(exposition() + f"{contract.GPU_PCIE_RX.name}{{{gpu}}} 1.2e10\n")
+    report = {
+        "candidates": [{"verdict": "TransferBound"}],
+        "bottleneck": {"verdict": "TransferBound", "evidence": {"h2dRatio": 0.8}},
+    }
+    ok = gc.transfer_check(report, with_rx)
+    assert ok.status == gc.PASS and "12.0 GB/s" in ok.detail and "0.8" in ok.detail
+    assert gc.transfer_check(report, gc.Scrape.parse(exposition())).status == gc.FAIL
+    healthy = {"candidates": [{"verdict": "ComputeBound"}], "bottleneck": {}}
+    assert gc.transfer_check(healthy, with_rx).status == gc.FAIL
+
+
+def test_dataparallel_check_skips_on_one_gpu_and_wants_every_gpu_named() -> None:
+    assert gc.dataparallel_check({}, 1).status == gc.SKIPPED
+    good = {"devices": ["GPU-a", "GPU-b"], "used": [4 * 2**30, 2**30]}
+    assert gc.dataparallel_check(good, 2).status == gc.PASS
+    assert gc.dataparallel_check({**good, "devices": ["GPU-a"]}, 2).status == gc.FAIL
+    assert gc.dataparallel_check({**good, "used": [2**30, 4 * 2**30]}, 2).status == gc.FAIL

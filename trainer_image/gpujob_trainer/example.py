@@ -37,6 +37,9 @@ purpose, strong enough to show on a loaded 2-core machine:
     --slow-copy S           each batch's copy to the device takes S seconds (copies of host
                             memory stand in for a synchronous copy of oversized, pageable
                             batches) inside tracker.transfer(): transfer bound
+    --copy-mb MB            every batch also carries MB of pageable host memory, copied to
+                            the device with it (a real synchronous copy on a GPU; nothing
+                            on a CPU): transfer bound
     --peak-tflops T         the peak MFU is taken against (a CPU has none in the table)
 
 Batches reach the device through `tracker.wrap_loader(loader, device=...)`, so the copy is
@@ -113,6 +116,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     cond.add_argument("--startup-seconds", type=float, default=0.0, metavar="S")
     cond.add_argument("--slow-copy", type=float, default=0.0, metavar="S")
+    cond.add_argument("--copy-mb", type=float, default=0.0, metavar="MB")
     mfu = p.add_argument_group("mfu")
     mfu.add_argument("--peak-tflops", type=float, metavar="T")
     run = p.add_argument_group("run")
@@ -130,7 +134,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.slow_factor < 1:
         p.error("--slow-factor must be >= 1")
-    for name in ("slow_loss_seconds", "slow_preprocess_seconds", "checkpoint_seconds", "slow_copy"):
+    for name in (
+        "slow_loss_seconds",
+        "slow_preprocess_seconds",
+        "checkpoint_seconds",
+        "slow_copy",
+        "copy_mb",
+    ):
         if getattr(args, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0")
     if args.eval_seconds < 0 or args.checkpoint_every < 0 or args.eval_every < 0:
@@ -246,10 +256,14 @@ class SlowInput:
     """Stands in for an expensive decode/augment: each batch takes `seconds` to assemble;
     with `block_after`, the batch after that many blocks forever (a hung data loader)."""
 
-    def __init__(self, seconds: float, block_after: int | None = None) -> None:
+    def __init__(
+        self, seconds: float, block_after: int | None = None, extra_mb: float = 0.0
+    ) -> None:
         self.seconds = seconds
         self.block_after = block_after
         self.calls = 0
+        self.extra = torch.zeros(int(extra_mb * 2**20 / 4)) if extra_mb > 0 else None
+        """Rides along with every batch (--copy-mb): pageable, copied to the device each step."""
 
     def __call__(self, batch: Any) -> Any:
         self.calls += 1
@@ -258,6 +272,8 @@ class SlowInput:
             threading.Event().wait()
         if self.seconds > 0:
             time.sleep(self.seconds)
+        if self.extra is not None:
+            return (*batch, self.extra)
         return batch
 
 
@@ -342,8 +358,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         collate_fn=SlowInput(
             args.slow_input,
             args.hang_after if args.hang_how == "loader" and args.hang_rank == rank.rank else None,
+            args.copy_mb,
         ),
-        pin_memory=use_cuda,
+        pin_memory=use_cuda and not args.copy_mb,  # --copy-mb: pageable on purpose
     )
 
     tracker = gpujob_trainer.init(
@@ -363,7 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     t_log = time.perf_counter()
     while step < steps:
         sampler.set_epoch(epoch)
-        for x, y, ids in batches:
+        for x, y, ids, *_extra in batches:  # --copy-mb's payload rides along, unused
             if args.hang_rank == rank.rank and step == args.hang_after and how != "loader":
                 log.warning("rank %d hangs after %d steps (--hang-how %s)", rank.rank, step, how)
                 hang(how, side)  # forever; peers block in their next all-reduce

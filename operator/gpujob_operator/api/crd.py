@@ -170,6 +170,11 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], *, defaults: bool) -> d
             out[key] = {name: _convert(sub, defs, defaults=defaults) for name, sub in value.items()}
         elif key == "items":
             out[key] = _convert(value, defs, defaults=defaults)
+        elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+            # JSON Schema 2020-12 (pydantic's `gt`/`lt`) gives the bound; OpenAPI v3.0, which
+            # the API server reads, wants the bound in minimum/maximum and a flag.
+            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            out[key] = True
         else:
             out[key] = value
     if out.get("x-kubernetes-int-or-string"):

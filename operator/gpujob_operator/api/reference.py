@@ -45,6 +45,10 @@ def _limits(node: dict[str, Any]) -> str:
         ("pattern", "pattern"),
     ):
         if key in node:
+            if key == "minimum" and node.get("exclusiveMinimum") is True:
+                label = ">"
+            elif key == "maximum" and node.get("exclusiveMaximum") is True:
+                label = "<"
             parts.append(f"{label} `{node[key]}`")
     if "default" in node:
         parts.append(f"default `{node['default']}`")
