@@ -405,20 +405,7 @@ def run_checks(device: Device, work: Path, bench_seconds: float) -> list[Check]:
             second = scrape(port)
             one["seconds"] = time.monotonic() - t1
             one["first"], one["second"] = first, second
-            diag = subprocess.run(
-                [
-                    *(sys.executable, "-m", "gpujob_operator.cli", "diagnose"),
-                    f"127.0.0.1:{port}",
-                    *("--window=8", "--interval=1", "--warmup-steps=5", "--hysteresis=1"),
-                    "--json",
-                ],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-            )
-            one["diagnose"] = json.loads(diag.stdout) if diag.stdout.strip() else {}
-            one["diagnose_err"] = diag.stderr[-300:] or f"exit {diag.returncode}"
+            one["diagnose"], one["diagnose_err"] = _diagnose(port)
         return Check("single rank", PASS, "")
 
     started = _guard("single rank", single_rank)
@@ -491,7 +478,9 @@ def run_checks(device: Device, work: Path, bench_seconds: float) -> list[Check]:
         with torchrun_example([*SIZE, *COPY, "--device=cuda"], work, nproc=1) as run:
             port = run.ports()[0]
             wait_for("10 steps", lambda: _steps(port) >= 10 or None, 180)
-            report = _diagnose(port)
+            report, why = _diagnose(port)
+            if not report:
+                return Check("transfer bound + PCIe", FAIL, why)
             return transfer_check(report, scrape(port))
 
     checks.append(_guard("transfer bound + PCIe", copy_heavy))
@@ -521,7 +510,8 @@ def run_checks(device: Device, work: Path, bench_seconds: float) -> list[Check]:
     return checks
 
 
-def _diagnose(port: int) -> dict[str, Any]:
+def _diagnose(port: int) -> tuple[dict[str, Any], str]:
+    """`gpujob diagnose --json` on one rank: the report ({} if none) and why not."""
     diag = subprocess.run(
         [
             *(sys.executable, "-m", "gpujob_operator.cli", "diagnose"),
@@ -534,7 +524,8 @@ def _diagnose(port: int) -> dict[str, Any]:
         timeout=60,
         check=False,
     )
-    return dict(json.loads(diag.stdout)) if diag.stdout.strip() else {}
+    report = dict(json.loads(diag.stdout)) if diag.stdout.strip() else {}
+    return report, diag.stderr[-300:] or f"exit {diag.returncode}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

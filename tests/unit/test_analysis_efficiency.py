@@ -224,6 +224,9 @@ def test_h2d_share_over_the_bound_is_transfer_bound_with_its_numbers() -> None:
     assert {b.h2d for b in a.verdict.breakdown} == {0.05}
     slowest = a.verdict.breakdown[0].to_status()
     assert slowest["h2dSeconds"] == 0.05 and slowest["otherSeconds"] == 0.0
+    # the status schema keeps every key the analysis writes (a CRD prunes unknown ones)
+    kept = api.RankBreakdown.model_validate(slowest).model_dump(by_alias=True, exclude_none=True)
+    assert kept == slowest
 
 
 def test_h2d_below_the_bound_is_not_transfer_bound() -> None:

@@ -151,7 +151,9 @@ class RankBreakdown(_StatusModel):
     )
     data_wait_seconds: float | None = Field(default=None, description="Waiting for a batch.")
     h2d_seconds: float | None = Field(
-        default=None, description="Copying batches to the GPU (the h2d phase, part of own)."
+        default=None,
+        alias="h2dSeconds",
+        description="Copying batches to the GPU (the h2d phase, part of own).",
     )
     comm_wait_seconds: float | None = Field(
         default=None, description="Exposed wait for gradient all-reduce (for slower peers too)."
