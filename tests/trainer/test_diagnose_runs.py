@@ -190,7 +190,7 @@ def test_compute_heavy_run_is_compute_bound_with_a_plausible_mfu(tmp_path: Path)
     a little in gloo) and a peak given for the CPU, as `peakTFLOPSPerGPU` does for a GPU the
     table does not know."""
     settings = replace(
-        SETTINGS, thresholds=api.Thresholds(compute_bound_ratio=0.6), peak_tflops=0.2
+        SETTINGS, thresholds=api.Thresholds(compute_bound_ratio=0.5), peak_tflops=0.2
     )
     with torchrun_example(HEALTHY_ARGS, tmp_path) as run:
         wait_warm(run)

@@ -11,12 +11,13 @@ from gpujob_operator import api
 from gpujob_operator.monitoring import expfmt
 from gpujob_operator.monitoring.analysis import Analysis
 from gpujob_operator.monitoring.analysis_settings import Settings
-from gpujob_operator.monitoring.frame import NEEDED, frame, frame_payload
+from gpujob_operator.monitoring.frame import NEEDED, _canonical, frame, frame_payload
 from gpujob_operator.monitoring.guard import admit
 from gpujob_operator.monitoring.latency import BOUNDS, quantile
 from gpujob_operator.monitoring.rows import R_FLOPS, R_PEAK
 from gpujob_operator.monitoring.transfer import PCIE_BUSY_BYTES
 from gpujob_operator.monitoring.verdict import (
+    COMMUNICATION_BOUND,
     COMPUTE_BOUND,
     DATA_PARALLEL_IMBALANCE,
     HEALTHY,
@@ -131,7 +132,9 @@ def test_progress_has_step_latency_and_time_per_sample() -> None:
     step = sum(RankSim(0).phases.values())  # 0.1 s, in the (0.05, 0.1] bucket
     assert 0.05 < p["stepSecondsP50"] <= step and p["stepSecondsP50"] <= p["stepSecondsP95"]
     assert p["secondsPerSample"] == pytest.approx(1 / p["samplesPerSecond"], rel=1e-3)
-    api.Progress.model_validate(p)
+    assert set(api.Progress.model_validate(p).model_dump(by_alias=True, exclude_none=True)) == set(
+        p
+    )
 
 
 # ---- MFU and ComputeBound ---------------------------------------------------------------
@@ -147,7 +150,9 @@ def test_mfu_from_the_flops_counter_and_the_exported_peak() -> None:
     assert p["peakTFLOPSPerGPU"] == 0.1 and "mfuUnavailable" not in p
     assert a.verdict is not None and a.verdict.verdict == HEALTHY  # 85% compute: below 90%
     assert [b.mfu for b in a.verdict.breakdown] == [pytest.approx(0.2133, abs=1e-4)] * 2
-    api.Progress.model_validate(p)
+    assert set(api.Progress.model_validate(p).model_dump(by_alias=True, exclude_none=True)) == set(
+        p
+    )
 
 
 def test_the_jobs_peak_overrides_the_trainers_and_stands_in_for_none() -> None:
@@ -158,6 +163,21 @@ def test_the_jobs_peak_overrides_the_trainers_and_stands_in_for_none() -> None:
     job = Job(ranks(flops_per_sample=1e9, peak=0.0, reason=contract.PEAK_NO_GPU))
     a = run(job, settings=Settings(warmup_steps=20, min_scrapes=3, peak_tflops=0.04))
     assert a.progress["mfu"] == pytest.approx(2.1333e10 / 4e10, rel=1e-3)
+
+
+def test_fp8_gets_no_mfu_even_against_the_jobs_peak() -> None:
+    job = Job(ranks(flops_per_sample=1e9, peak=0.0, reason=contract.PEAK_FP8, dtype="fp8"))
+    a = run(job, settings=Settings(warmup_steps=20, min_scrapes=3, peak_tflops=1979.0))
+    assert "mfu" not in a.progress and "FP8" in a.progress["mfuUnavailable"]
+
+
+def test_an_implausible_mfu_is_withheld_and_said_so() -> None:
+    # a count per batch taken for per sample: 32x the truth, above any GPU's peak
+    a = run(Job(ranks(flops_per_sample=32e9, peak=1e11)))
+    assert "mfu" not in a.progress
+    assert a.progress["mfuUnavailable"].startswith("implausible: 6.83 times the peak")
+    tiny = run(Job(ranks(flops_per_sample=1e9, peak=1e-300)))  # no GPU's peak
+    assert "mfu" not in tiny.progress
 
 
 @pytest.mark.parametrize(
@@ -264,6 +284,14 @@ def test_heavy_pcie_traffic_with_busy_sms_is_not_transfer_bound() -> None:
     assert TRANSFER_BOUND not in names(a)
 
 
+def test_pcie_traffic_of_a_job_waiting_for_its_peers_is_the_network_not_batches() -> None:
+    job = _pcie_job(sm=0.1)  # GPUDirect RDMA crosses PCIe with few SMs busy
+    for r in job.ranks:
+        r.phases["comm_wait"] = 0.05  # 37% of the step waiting in all-reduce
+    a = run(job)
+    assert TRANSFER_BOUND not in names(a) and verdict(a) == COMMUNICATION_BOUND
+
+
 # ---- DataParallel -------------------------------------------------------------------------
 
 
@@ -323,6 +351,7 @@ def test_both_frame_paths_read_flops_peak_devices_buckets_and_pcie_alike() -> No
     slow = frame(expfmt.parse(text, NEEDED), 1.0)
     fast = frame_payload(text, 1.0)
     assert repr(fast) == repr(slow)
+    assert _canonical(text)  # a product name with spaces keeps the payload on the fast path
     assert fast.devices == {0: ("GPU-a", "GPU-b")} and fast.device_names == {0: H100}
     row = fast.ranks[0]
     assert row[R_FLOPS] == 2e9 * 30 * 32 and row[R_PEAK] == 9.894e14

@@ -361,3 +361,17 @@ def test_a_huge_but_finite_target_gives_an_eta_without_a_date() -> None:
     assert "estimatedCompletionTime" not in u.progress
     patch = u.status_patch({})
     assert patch is not None and patch["display"]["eta"]
+
+
+def test_compute_bound_is_published_but_detects_no_bottleneck_and_warns_nobody() -> None:
+    heavy = {"data_wait": 0.001, "forward": 0.03, "backward": 0.05, "optimizer": 0.005}
+    job = Job([RankSim(0, 0, phases={**heavy, "comm_wait": 0.001, "other": 0.0})])
+    mon = JobMonitor(SPEC, generation=1)
+    updates = [mon.observe(results_of(job, i), job.now) for i in range(5)]
+    u = updates[-1]
+    assert u.bottleneck is not None and u.bottleneck["verdict"] == "ComputeBound"
+    detected = cond(u, c.BOTTLENECK_DETECTED)
+    assert (detected["status"], detected["reason"]) == (c.FALSE, "ComputeBound")
+    assert all(e.type == "Normal" for up in updates for e in up.events), [
+        e for up in updates for e in up.events
+    ]

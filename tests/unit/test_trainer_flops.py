@@ -162,19 +162,21 @@ def test_the_loader_moves_batches_to_the_device_as_the_h2d_phase(tracker: Tracke
     assert sum(snap.phase_seconds.values()) == pytest.approx(snap.step_sum, rel=1e-9)
 
 
-def test_copies_written_in_the_loop_count_inside_transfer(tracker: Tracker) -> None:
+def test_copies_written_in_the_loop_count_inside_transfer() -> None:
+    tracker = Tracker(rank=RankInfo(), measure_flops=False)  # no counted (slower) step
     model, loader = make_loop(batches=3)
     model = tracker.wrap_model(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for x, y in tracker.wrap_loader(loader):
         with tracker.transfer():
             x = x.to("cpu")
-            time.sleep(0.02)  # stands in for a slow synchronous copy
+            time.sleep(0.1)  # stands in for a slow synchronous copy
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
     snap = tracker.snapshot()
-    assert snap.phase_seconds[contract.PHASE_H2D] >= 3 * 0.02
+    assert snap.phase_seconds[contract.PHASE_H2D] >= 3 * 0.1
     assert snap.compute_seconds < snap.phase_seconds[contract.PHASE_H2D]  # not compute
+    tracker.close()
 
 
 def test_to_device_reaches_every_tensor_in_nested_batches() -> None:
@@ -192,3 +194,93 @@ def test_to_device_reaches_every_tensor_in_nested_batches() -> None:
     got = to_device(batch, "cuda:1", True)
     assert got == {"x": "moved", "pair": Pair("moved", 3), "list": ["moved", "text"]}
     assert moved == ["cuda:1:True"] * 3
+
+
+def _dispatch_modes() -> int:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return len(_get_current_dispatch_mode_stack())
+
+
+def test_a_count_never_outlives_its_pass_whatever_ends_the_step() -> None:
+    """autograd.backward (no Tensor.backward), a forward that raises, a forward with no
+    backward before close(): the counter is closed, never left over every later op."""
+    t = Tracker(rank=RankInfo())
+    model, loader = make_loop()
+    model = t.wrap_model(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in t.wrap_loader(loader):
+        loss = nn.functional.cross_entropy(model(x), y)
+        torch.autograd.backward(loss)  # the late path: no Tensor.backward wrapper
+        opt.step()
+    assert t._flops_mode is None and _dispatch_modes() == 0
+    assert t.flops.per_sample == PER_SAMPLE
+    t.close()
+
+    raising = Tracker(rank=RankInfo())
+    net = raising.wrap_model(nn.Linear(16, 4))
+    for i in range(5):
+        try:
+            out = net(torch.randn(8, 16) if i != 2 else torch.randn(8, 3))  # the third raises
+            out.sum().backward()
+        except RuntimeError:
+            pass
+    assert raising._flops_mode is None and _dispatch_modes() == 0
+    raising.close()
+
+    early = Tracker(rank=RankInfo())
+    net = early.wrap_model(nn.Linear(16, 4))
+    for _ in range(3):
+        net(torch.randn(8, 16))  # forwards only: the third opens the count
+    assert early._flops_mode is not None
+    early.close()
+    assert early._flops_mode is None and _dispatch_modes() == 0
+
+
+def test_keyword_inputs_and_inference_forwards_do_not_skew_the_count() -> None:
+    class Keyworded(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.body(x)
+
+    t = Tracker(rank=RankInfo())
+    model = t.wrap_model(Keyworded())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(4):
+        with torch.no_grad():
+            model(x=torch.randn(1, 16))  # a probe outside evaluating(): not a training pass
+        loss = nn.functional.cross_entropy(model(x=torch.randn(8, 16)), torch.zeros(8).long())
+        loss.backward()
+        opt.step()
+    assert t.flops.per_sample == PER_SAMPLE  # per sample of the batch of 8, not of 1
+    t.close()
+
+
+def test_given_flops_still_read_the_precision_from_autocast() -> None:
+    t = Tracker(rank=RankInfo(), flops_per_sample=1e6, peak_tflops=1.0)
+    model, loader = make_loop()
+    model = t.wrap_model(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in t.wrap_loader(loader):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+    peak = t.snapshot().peak
+    assert peak is not None and peak.dtype == "bf16" and t.flops.per_pass is None
+    t.close()
+
+
+def test_dataparallel_refuses_a_count_that_would_miss_its_replicas(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    t = Tracker(rank=RankInfo(), device_uuid=lambda i: f"GPU-fake-{i}")
+    model = t.wrap_model(DataParallel(nn.Linear(16, 4)))
+    for _ in range(4):
+        model(torch.randn(8, 16)).sum().backward()
+    assert t.flops.per_pass is None and t.snapshot().model_flops is None
+    assert "nn.DataParallel: give flops_per_sample" in caplog.text
+    t.close()

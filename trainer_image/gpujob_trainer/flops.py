@@ -26,7 +26,8 @@ from gpujob_trainer.snapshot import Peak
 log = logging.getLogger("gpujob_trainer")
 
 MEASURE_AT: Final = 3
-"""The training forward whose FLOPs are counted (1-based)."""
+"""The training forward whose FLOPs are counted and whose precision is read (1-based;
+forwards under no_grad or inside evaluating() do not count)."""
 
 
 def cuda_uuid(index: int) -> str:
@@ -44,11 +45,14 @@ def cuda_name(index: int) -> str:
     return str(torch.cuda.get_device_name(index))
 
 
-def _batch(args: Any) -> int:
+def _batch(args: Any, kwargs: Any) -> int:
+    """Samples in a forward's input: its first argument, else its first keyword argument
+    (`model(**batch)`, `model(input_ids=...)`)."""
     from gpujob_trainer.hooks import batch_size
 
+    first = args[0] if args else next(iter(kwargs.values()), None) if kwargs else None
     try:
-        return max(1, batch_size(args[0] if isinstance(args, tuple) and args else args))
+        return max(1, batch_size(first)) if first is not None else 1
     except Exception:
         return 1
 
@@ -79,13 +83,15 @@ class FlopsCount:
         self._peaks: dict[tuple[str | None, str], Peak] = {}
         self._warned = False
 
-    def countdown(self) -> int:
-        """Training forwards before the counted one (0: nothing to count)."""
-        return MEASURE_AT if self._measure else 0
-
     def given(self, *, per_sample: float | None, per_token: float | None) -> None:
         self.per_sample, self.per_token = per_sample, per_token
         self._measure = False
+
+    def refuse(self, why: str) -> None:
+        """No count can be trusted here (said once); a given figure still counts."""
+        if self._measure:
+            self._measure = False
+            log.warning("gpujob: model FLOPs not counted, so no MFU: %s", why)
 
     def note_device(self, name: str | None) -> None:
         """The product name of the rank's (first) GPU; None on CPU."""
@@ -95,19 +101,23 @@ class FlopsCount:
     def note_params(self, dtype: str) -> None:
         self._param_dtype = dtype
 
-    def begin(self, args: Any) -> Any:
-        """Open a FLOP counter around this forward (and the backward that follows)."""
+    def begin(self, args: Any, kwargs: Any) -> Any:
+        """Read the training precision from this forward's context (autocast) and, unless
+        the FLOPs were given, open a counter around it and the backward that follows."""
         try:
             import torch
-            from torch.utils.flop_counter import FlopCounterMode
 
             self._dtype = self._precision(torch)
+            if not self._measure:
+                return None
+            from torch.utils.flop_counter import FlopCounterMode
+
             mode = FlopCounterMode(display=False)
             mode.__enter__()
         except Exception as exc:  # an old torch, a mode conflict: no MFU, training goes on
             self._give_up(exc)
             return None
-        self._batch = _batch(args)
+        self._batch = _batch(args, kwargs)
         return mode
 
     def end(self, mode: Any) -> None:
@@ -116,6 +126,12 @@ class FlopsCount:
             counted = float(mode.get_total_flops())
         except Exception as exc:
             self._give_up(exc)
+            tracker = getattr(mode, "mod_tracker", None)  # its module hooks must not stay
+            try:
+                if tracker is not None:
+                    tracker.__exit__(None, None, None)
+            except Exception:
+                pass
             return
         if counted > 0 and self.per_sample is None and self.per_token is None:
             self.per_pass = counted

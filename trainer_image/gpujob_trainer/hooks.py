@@ -49,9 +49,13 @@ def batch_size(batch: Any) -> int:
 
 
 def to_device(batch: Any, device: Any, non_blocking: bool) -> Any:
-    """The batch with every tensor (in tuples, lists and dicts) moved to `device`."""
+    """The batch with every tensor (in tuples, lists and dicts) moved to `device`.
+
+    Anything with its own `.to()` that is not a plain container moves itself (a tensor, a
+    PackedSequence, a BatchEncoding), so it keeps what it knows must stay on the host.
+    """
     move = getattr(batch, "to", None)
-    if move is not None and hasattr(batch, "shape"):
+    if move is not None and type(batch) not in (list, tuple, dict):
         return move(device, non_blocking=non_blocking)
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
         return type(batch)(*(to_device(v, device, non_blocking) for v in batch))
@@ -289,6 +293,8 @@ def attach_model(tracker: Tracker, model: Any) -> list[Any]:
     def late_end() -> None:
         tracker._bwd = _IDLE
         tracker._exit(comm)
+        # A count still open is left to the next forward: closed from inside the engine, it
+        # would come back with the thread state autograd restores after the backward.
 
     def grad_ready(param: Any) -> None:
         state = tracker._bwd
@@ -402,7 +408,7 @@ class _TimedForward(_StandIn):
         if tracker is None or tracker._held:  # inside eval/checkpoint: that phase's time
             return self.__wrapped__(*args, **kwargs)
         if tracker._flops_countdown:  # the model's FLOPs are still to count (early steps)
-            tracker._flops_forward(args)
+            tracker._flops_forward(args, kwargs)
         if tracker._bwd >= _LATE_QUEUED:  # a late backward that never finished (it raised)
             tracker._bwd = _IDLE
             tracker._pop(contract.PHASE_COMM_WAIT)

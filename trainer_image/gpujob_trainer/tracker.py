@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import sys
 import threading
 import time
 from collections import deque
@@ -138,11 +139,15 @@ class Tracker:
             measure=measure_flops,
             peak_tflops=peak_tflops,
         )
-        self._flops_countdown = self.flops.countdown()
-        """Training forwards left before the one whose FLOPs are counted (0: none to count).
+        self._flops_countdown = flops.MEASURE_AT
+        """Training forwards left before the one whose FLOPs are counted and whose precision
+        is read; -1 while that count is open (the next forward closes it), 0 when done.
         Checked on every forward: one attribute read."""
         self._flops_mode: Any = None
         """The open FlopCounterMode while one forward and backward are counted."""
+        self._flops_owner = 0
+        """The thread that opened it: a dispatch mode is closed on the thread it was
+        opened on, so a backward ending elsewhere leaves it to the next forward."""
         self._device_uuid = device_uuid if device_uuid is not None else flops.cuda_uuid
         self.devices: tuple[str, ...] = ()
         """UUIDs of the GPUs this rank drives: one under DDP, several under nn.DataParallel
@@ -481,8 +486,12 @@ class Tracker:
             self.devices = tuple(self._device_uuid(i) for i in indexes)
         except Exception as exc:  # telemetry never stops training
             log.warning("gpujob: cannot name the rank's GPUs: %s", exc)
-        if len(indexes) > 1 and self.cuda_device is None:
-            self.cuda_device = indexes[0]
+        if len(indexes) > 1:
+            if self.cuda_device is None:
+                self.cuda_device = indexes[0]
+            # DataParallel runs the replicas' forwards on threads of its own, which a
+            # dispatch mode (thread-local) does not follow: a count would miss them.
+            self.flops.refuse("nn.DataParallel: give flops_per_sample for MFU")
         self.flops.note_device(self._device_name(indexes[0]) if indexes else None)
         parameters = getattr(model, "parameters", None)
         first = next(iter(parameters()), None) if parameters is not None else None
@@ -499,22 +508,31 @@ class Tracker:
         """Give the model's FLOPs (forward and backward) per sample or per token, when you
         know them better than one counted pass (then none is counted)."""
         self.flops.given(per_sample=per_sample, per_token=per_token)
-        self._flops_countdown = 0
 
-    def _flops_forward(self, args: Any) -> None:
-        """On a training forward while FLOPs are still to count: count this one's."""
-        if self._flops_mode is not None:  # a forward with no backward since: close it
+    def _flops_forward(self, args: Any, kwargs: Any) -> None:
+        """On a training forward while the count is still to take (or open)."""
+        if self._flops_countdown < 0:  # the counted pass is over, whatever ended it
             self._flops_end()
+            if self._flops_mode is None:
+                self._flops_countdown = 0
+            return
+        torch = sys.modules.get("torch")
+        if torch is not None and not torch.is_grad_enabled():
+            return  # an inference forward outside evaluating(): not a training pass
         self._flops_countdown -= 1
         if self._flops_countdown <= 0:
-            self._flops_countdown = 0
-            self._flops_mode = self.flops.begin(args)
+            self._flops_mode = self.flops.begin(args, kwargs)
+            self._flops_owner = threading.get_ident()
+            self._flops_countdown = -1 if self._flops_mode is not None else 0
 
     def _flops_end(self) -> None:
-        """After the counted backward (or at the next forward): read the count."""
-        mode, self._flops_mode = self._flops_mode, None
-        if mode is not None:
-            self.flops.end(mode)
+        """After the counted backward (or at the next forward, or at close): read the count.
+        Only on the thread that opened it; elsewhere the next forward does it."""
+        mode = self._flops_mode
+        if mode is None or threading.get_ident() != self._flops_owner:
+            return
+        self._flops_mode = None
+        self.flops.end(mode)
 
     def _use_cuda_clock(self) -> Clock:
         with self._lock:
@@ -550,6 +568,7 @@ class Tracker:
 
     def close(self, linger: float = 0.0) -> None:
         """Remove hooks, then keep serving for `linger` seconds and stop the exporter."""
+        self._flops_end()  # a count still open (a forward that never had a backward)
         for handle in self._handles:
             handle.remove()
         self._handles.clear()

@@ -167,8 +167,9 @@ class Bottleneck(_StatusModel):
     """What limits the job's speed now, with the numbers that justify the verdict."""
 
     verdict: str = Field(
-        description="InputBound, CheckpointBound, EvalBound, CommunicationBound, Straggler, "
-        "MemoryPressure, GPUUnderutilized, Throttled, Stalled, HardwareFault or Healthy."
+        description="InputBound, TransferBound, CheckpointBound, EvalBound, "
+        "CommunicationBound, Straggler, DataParallelImbalance, MemoryPressure, "
+        "GPUUnderutilized, Throttled, ComputeBound, Stalled, HardwareFault or Healthy."
     )
     severity: str | None = Field(default=None, description="Info, Warning or Critical.")
     summary: str | None = Field(default=None, description="One-line explanation.")

@@ -291,7 +291,7 @@ NEEDED: Final = sample_names(
 _STEPS: Final = contract.STEPS.name
 _PREFIX: Final = re.escape(common_prefix(NEEDED))
 _NAME_RE: Final = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
-_LVAL_RE: Final = r'"[^"\\\n ]*"'
+_LVAL_RE: Final = r'"[^"\\\n}]*"'
 _LABELS_RE: Final = rf"\{{(?:[a-zA-Z_]\w*={_LVAL_RE}(?:,[a-zA-Z_]\w*={_LVAL_RE})*,?)?\}}"
 _VALUE_RE: Final = (
     r"[+-]?(?:[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?|Inf|NaN)"
@@ -299,7 +299,8 @@ _VALUE_RE: Final = (
 _TYPE_RE: Final = r"(?:counter|gauge|histogram|summary|untyped|info)"
 # The common shape of a whole payload, checked in one C-level match: every line is empty, a
 # comment (a TYPE line well formed), a line of ours in strict canonical form (ASCII label
-# names, no escapes or spaces in label values, single spaces, a plain float value, an optional integer timestamp), or
+# names, no escapes or closing braces in label values (spaces are fine: GPU product names),
+# single spaces, a plain float value, an optional integer timestamp), or
 # another metric's line, which is only checked to start with a name. Everything it accepts,
 # `expfmt.parse` accepts too and decodes the same way; anything else (escapes, CRs, indented
 # or odd lines, garbage) takes the general parser, which decides and raises ParseError.
@@ -310,9 +311,9 @@ _LINE_RE: Final = (
 )
 _DOC: Final = re.compile(rf"(?>{_LINE_RE})(?:\n(?>{_LINE_RE}))*", re.ASCII)
 # In a payload _DOC accepted, every line that starts with the prefix is one of ours, its
-# series (name and labels) up to the first space, then the value. Searched in "\n" + text:
+# series (name, then the label block up to its closing brace), a space, then the value. Searched in "\n" + text:
 # a literal start lets the regex engine skip to candidates at C speed.
-_OURS: Final = re.compile(rf"\n({_PREFIX}[^ \n]*) ([^ \n]+)")
+_OURS: Final = re.compile(rf"\n({_PREFIX}[^ \n{{]*(?:\{{[^}}\n]*\}})?) ([^ \n]+)")
 _PAIR: Final = re.compile(r'([a-zA-Z_]\w*)="([^"]*)"', re.ASCII)
 
 # What one series (name and label set) contributes to a frame, decoded once and cached.

@@ -14,12 +14,19 @@ import statistics
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from gpujob_operator.monitoring.formatting import sig4
 from gpujob_operator.monitoring.rows import R_FLOPS, R_PEAK, R_PEAK_REASON, latest, rate
 from gpujob_operator.monitoring.window import RankSeries
 from gpujob_trainer import contract
+
+MIN_PEAK: Final = 1e9
+"""A peak below a GFLOP/s is no GPU's (an endpoint's mistake): treated as unknown."""
+MAX_MFU: Final = 1.2
+"""Above it the count or the peak is wrong (a count per batch taken as per sample, a peak
+for the wrong precision): the figure is withheld and said so, not published."""
+_FP8: Final = float(contract.PEAK_REASONS.index(contract.PEAK_FP8))
 
 
 @dataclass(frozen=True)
@@ -84,9 +91,11 @@ def job_mfu(
         if math.isnan(flops):
             continue
         counted = True
+        if latest(rows, R_PEAK_REASON) == _FP8:
+            continue  # no honest single peak for FP8, the job's own included
         gpus = max(1, len(s.devices))
         peak = peak_override * 1e12 if peak_override else latest(rows, R_PEAK)
-        if math.isnan(peak) or peak <= 0:
+        if math.isnan(peak) or peak < MIN_PEAK:
             continue
         achieved[s.rank] = flops / gpus
         peaks[s.rank] = peak
@@ -102,8 +111,14 @@ def job_mfu(
             return Mfu(why=why)
         return Mfu(why=_why_no_peak(series, ready_rows))
     per_rank = {r: achieved[r] / peaks[r] for r in achieved}
+    job = statistics.median(per_rank.values())
+    if job > MAX_MFU:
+        return Mfu(
+            why=f"implausible: {job:.3g} times the peak (check the FLOP count, e.g. "
+            "flops_per_sample, and the peak, e.g. spec.monitoring.peakTFLOPSPerGPU)"
+        )
     return Mfu(
-        mfu=statistics.median(per_rank.values()),
+        mfu=job,
         achieved=statistics.median(achieved.values()),
         peak=statistics.median(peaks.values()),
         per_rank=per_rank,

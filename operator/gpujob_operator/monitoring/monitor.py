@@ -32,7 +32,14 @@ from gpujob_operator.monitoring.analysis_settings import Settings
 from gpujob_operator.monitoring.frame import frame
 from gpujob_operator.monitoring.scrape_result import ErrorKind, ScrapeResult, ScrapeTarget
 from gpujob_operator.monitoring.update import REFRESH_SECONDS, MonitorUpdate, PatchClock
-from gpujob_operator.monitoring.verdict import CRITICAL, HARDWARE_FAULT, HEALTHY, STALLED, WARNING
+from gpujob_operator.monitoring.verdict import (
+    CRITICAL,
+    HARDWARE_FAULT,
+    HEALTHY,
+    INFO,
+    STALLED,
+    WARNING,
+)
 from gpujob_operator.monitoring.window import MAX_SERIES, Window
 from gpujob_trainer import contract
 
@@ -331,6 +338,8 @@ class JobMonitor:
             return self._make(c.BOTTLENECK_DETECTED, False, c.WARMING_UP, why, now)
         if pub.verdict == HEALTHY:
             return self._make(c.BOTTLENECK_DETECTED, False, c.NO_BOTTLENECK, pub.summary, now)
+        if pub.severity == INFO:  # ComputeBound: what a healthy job looks like, with its MFU
+            return self._make(c.BOTTLENECK_DETECTED, False, pub.verdict, pub.summary, now)
         return self._make(c.BOTTLENECK_DETECTED, True, pub.verdict, pub.summary, now)
 
 

@@ -3,7 +3,8 @@
 Two signals, either enough: the `h2d` phase (the trainer times the copies it makes in
 `wrap_loader(device=...)` or inside `tracker.transfer()`) over the ranks' training time, and,
 for copies the trainer does not see, the GPUs' PCIe receive traffic while their SMs are
-mostly idle (GPM's SM activity; without GPM this second signal is not judged).
+mostly idle (GPM's SM activity; without GPM this second signal is not judged) and the ranks
+do not wait for all-reduce (network traffic to the GPU crosses PCIe too).
 """
 
 from __future__ import annotations
@@ -63,8 +64,11 @@ def transfer_bound(
     ratio = h2d_ratio(per)
     rx, sm = pcie_and_sm(window, since)
     by_share = not math.isnan(ratio) and ratio > th.transfer_bound_ratio
+    # GPUDirect RDMA and NCCL's peer-to-peer traffic cross PCIe too, with few SMs busy:
+    # the PCIe signal speaks for batches only where the ranks do not wait for their peers.
+    comm = min((t.comm_wait / t.training for t in per.values() if t.training > 0), default=0.0)
     by_pcie = not math.isnan(rx) and rx >= PCIE_BUSY_BYTES and not math.isnan(sm)
-    by_pcie = by_pcie and sm < SM_IDLE_RATIO
+    by_pcie = by_pcie and sm < SM_IDLE_RATIO and comm <= th.comm_bound_ratio
     if not (by_share or by_pcie):
         return None
     worst = max(per.values(), key=lambda t: t.h2d / t.training if t.training > 0 else 0.0)

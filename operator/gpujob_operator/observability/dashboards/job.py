@@ -268,7 +268,9 @@ def build() -> dict[str, Any]:
             Panel(
                 "MFU per rank",
                 "Each rank's model FLOP/s over its peak (the trainer's table for its GPU and "
-                "precision; ranks without one are absent: see status.progress.mfuUnavailable).",
+                "precision; ranks without one are absent: see status.progress.mfuUnavailable). "
+                "The job's figure in status also applies spec.monitoring.peakTFLOPSPerGPU and "
+                "divides a DataParallel rank's FLOP/s by its GPUs.",
                 [
                     t(
                         f"{_by_rank(contract.MODEL_FLOPS.name)} / on (rank) "
