@@ -110,11 +110,13 @@ class Loop:
 
     def attach(self, parts: frozenset[str]) -> Tracker:
         self.detach()
-        # A process counts its model's FLOPs once, in its first steps; a fresh tracker per
-        # block would count them in every block (`flop_count_cost` measures that step).
+        # A process reads its precision and counts its model's FLOPs once, in its first
+        # steps; a fresh tracker per block would do it in every block, so each starts as a
+        # tracker past that step (`flop_count_cost` measures the step that does it).
         tracker = Tracker(
             rank=RankInfo(), hook_optimizers=False, clock=self._clock, measure_flops=False
         )
+        tracker._flops_countdown = 0
         if "model" in parts:
             tracker.wrap_model(self.model)
         if "optimizer" in parts:

@@ -54,8 +54,11 @@ def to_device(batch: Any, device: Any, non_blocking: bool) -> Any:
     Anything with its own `.to()` that is not a plain container moves itself (a tensor, a
     PackedSequence, a BatchEncoding), so it keeps what it knows must stay on the host.
     """
+    kind = type(batch)
+    if kind is tuple or kind is list:  # the usual (inputs, labels): no attribute lookups
+        return kind([to_device(v, device, non_blocking) for v in batch])
     move = getattr(batch, "to", None)
-    if move is not None and type(batch) not in (list, tuple, dict):
+    if move is not None and kind is not dict:
         return move(device, non_blocking=non_blocking)
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
         return type(batch)(*(to_device(v, device, non_blocking) for v in batch))
