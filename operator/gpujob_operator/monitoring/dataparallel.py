@@ -17,8 +17,9 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from gpujob_operator import api
+from gpujob_operator.monitoring.device import gpu_rows
 from gpujob_operator.monitoring.formatting import pct, round4
-from gpujob_operator.monitoring.rows import G_MEM_USED, G_UTIL, latest
+from gpujob_operator.monitoring.rows import G_MEM_USED, G_UTIL, latest, mean
 from gpujob_operator.monitoring.verdict import (
     ADVICE,
     DATA_PARALLEL_IMBALANCE,
@@ -26,7 +27,7 @@ from gpujob_operator.monitoring.verdict import (
     Evidence,
     Verdict,
 )
-from gpujob_operator.monitoring.window import GPUSeries, Window
+from gpujob_operator.monitoring.window import Window
 
 MIN_MEMORY_GAP: Final = 512 * 2**20
 """Below this absolute gap a memory ratio says nothing (a tiny model's few hundred MiB).
@@ -41,12 +42,6 @@ MAX_LISTED: Final = 8
 """GPUs listed in the evidence's per-GPU table."""
 
 
-def _mean(g: GPUSeries, index: int, since: float | None) -> float:
-    values = [r[index] for r in g.rows if (since is None or r[0] >= since)]
-    finite = [v for v in values if not math.isnan(v)]
-    return statistics.fmean(finite) if finite else math.nan
-
-
 def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
@@ -59,6 +54,7 @@ def data_parallel_imbalance(
 ) -> Verdict | None:
     """The first rank whose first GPU is far above its other GPUs' median (memory or
     utilization), or None."""
+    warm = gpu_rows(window, since)
     by_uuid = {g.uuid: g for g in window.gpus.values() if g.uuid}
     bound = th.data_parallel_balance_ratio
     for key in sorted(ready, key=lambda k: window.ranks[k].rank):
@@ -67,7 +63,7 @@ def data_parallel_imbalance(
         if len(s.devices) < 2 or len(gpus) < 2 or gpus[0].uuid != s.devices[0]:
             continue
         mem = [latest(g.rows, G_MEM_USED) for g in gpus]
-        util = [_mean(g, G_UTIL, since) for g in gpus]
+        util = [mean(warm[(g.pod, g.gpu)], G_UTIL) for g in gpus]
         other_mem = [m for m in mem[1:] if not math.isnan(m)]
         other_util = [u for u in util[1:] if not math.isnan(u)]
         mem_med = statistics.median(other_mem) if other_mem else math.nan

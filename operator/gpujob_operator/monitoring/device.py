@@ -177,7 +177,8 @@ def _memory_pressure(
     )
 
 
-def _gpu_rows(window: Window, warm_t: float | None) -> dict[Any, list[array[float]]]:
+def gpu_rows(window: Window, warm_t: float | None) -> dict[Any, list[array[float]]]:
+    """Each GPU series' rows from `warm_t` on (all of them while no rank is warm)."""
     return {
         k: [r for r in g.rows if warm_t is None or r[G_T] >= warm_t] for k, g in window.gpus.items()
     }
@@ -187,7 +188,7 @@ def _throttled(
     window: Window, warm_t: float | None, min_scrapes: int
 ) -> tuple[Verdict | None, int]:
     hits = []
-    for key, rows in _gpu_rows(window, warm_t).items():
+    for key, rows in gpu_rows(window, warm_t).items():
         if len(rows) < min_scrapes:
             continue
         masks = [r[G_THROTTLE] for r in rows]
@@ -211,7 +212,7 @@ def _throttled(
 def _underutilized(window: Window, warm_t: float | None, bound: float) -> Verdict | None:
     utils = [
         r[G_UTIL]
-        for rows in _gpu_rows(window, warm_t).values()
+        for rows in gpu_rows(window, warm_t).values()
         for r in rows
         if not math.isnan(r[G_UTIL])
     ]
@@ -235,7 +236,7 @@ def gpu_summary(window: Window, settings: Settings, warm_t: float | None) -> dic
         out["requested"] = settings.gpus_requested
     if window.gpus:
         out["observed"] = len(window.gpus)
-        rows = _gpu_rows(window, warm_t)
+        rows = gpu_rows(window, warm_t)
         utils = [r[G_UTIL] for rs in rows.values() for r in rs if not math.isnan(r[G_UTIL])]
         if not utils:  # all rows before warm-up: use what there is
             utils = [

@@ -1,8 +1,8 @@
 """One scrape boiled down to rows: a `Frame`, what the window stores of an endpoint's payload.
 
 A payload becomes one rank row per rank it speaks for and one GPU row per GPU (the layout
-is `rows`), plus the step time histogram, the CUDA UUID, the ranks' local and node ranks
-and the GPU telemetry reason. Two paths lead there and must agree: `frame()` reads parsed
+is `rows`, the step time histogram's buckets included), plus the CUDA UUID, the ranks' local
+and node ranks, the GPUs each rank drives and the GPU telemetry reason. Two paths lead there and must agree: `frame()` reads parsed
 samples (`expfmt.parse`), and `frame_payload()`, the scraper's hot path, goes from payload
 text straight to a frame in one pass, without per-sample objects, falling back to the
 general parser for anything unusual.
@@ -34,6 +34,7 @@ from gpujob_operator.monitoring.rows import (
     G_UTIL,
     G_WIDTH,
     G_XID,
+    N_BUCKETS,
     NAN,
     R_BUCKET0,
     R_COMPUTE,
@@ -129,6 +130,10 @@ def _put_device(devices: dict[int, dict[int, str]], rank: int, uuid: str, value:
         mine[int(value)] = uuid[:MAX_LABEL_TEXT]
 
 
+def _has_any(values: array[float]) -> bool:
+    return any(v == v for v in values)
+
+
 def _device_tuples(devices: dict[int, dict[int, str]]) -> dict[int, tuple[str, ...]]:
     return {r: tuple(d[i] for i in sorted(d)) for r, d in devices.items() if d}
 
@@ -145,8 +150,6 @@ class Frame:
 
     ranks: dict[int, array[float]]
     """Global rank -> rank row."""
-    buckets: dict[int, array[float]]
-    """Global rank -> cumulative step time histogram counts per contract bucket, then +Inf."""
     cuda_uuid: dict[int, str]
     gpus: dict[int, tuple[str, array[float]]]
     """GPU index -> (UUID, GPU row)."""
@@ -163,11 +166,16 @@ class Frame:
     device_names: dict[int, str] | None = None
     """Global rank -> the GPU product name its peak FLOP/s is for."""
 
+    @property
+    def buckets(self) -> dict[int, array[float]]:
+        """Global rank -> cumulative step time histogram counts per contract bucket, then
+        +Inf: the bucket fields of its row (ranks that exported none are left out)."""
+        return {r: b for r, row in self.ranks.items() if _has_any(b := row[R_BUCKET0:])}
+
 
 def frame(samples: Iterable[Sample], t: float) -> Frame:
     """Boil one endpoint's samples down to rows; samples without a rank label are skipped."""
     ranks: dict[int, array[float]] = {}
-    buckets: dict[int, array[float]] = {}
     cuda_uuid: dict[int, str] = {}
     gpus: dict[int, tuple[str, array[float]]] = {}
     local: dict[int, int] = {}
@@ -176,7 +184,6 @@ def frame(samples: Iterable[Sample], t: float) -> Frame:
     steps: list[str] = []
     devices: dict[int, dict[int, str]] = {}
     names: dict[int, str] = {}
-    nb = len(contract.STEP_DURATION_BUCKETS) + 1
     for name, labels, value, _ in samples:
         if name == _STEPS:
             steps.append(labels.get(contract.LABEL_LOCAL_RANK, "?"))
@@ -234,16 +241,11 @@ def frame(samples: Iterable[Sample], t: float) -> Frame:
             _put_device(devices, rank, labels.get(contract.LABEL_UUID, ""), value)
         elif name == _BUCKETS:
             le = labels.get("le", "")
-            idx = nb - 1 if le == "+Inf" else _BUCKET_INDEX.get(_float(le), -1)
+            idx = N_BUCKETS - 1 if le == "+Inf" else _BUCKET_INDEX.get(_float(le), -1)
             if idx >= 0:
-                b = buckets.get(rank)
-                if b is None:
-                    b = buckets[rank] = array("d", [NAN]) * nb
-                b[idx] = value
                 rrow[R_BUCKET0 + idx] = value
     return Frame(
         ranks,
-        buckets,
         cuda_uuid,
         gpus,
         telemetry,
@@ -346,7 +348,6 @@ _ACTIONS_MAX_KEY: Final = 512
 _actions_chars = 0
 _RANK_TEMPLATE: Final = array("d", [NAN]) * R_WIDTH
 _GPU_TEMPLATE: Final = array("d", [NAN]) * G_WIDTH
-_BUCKET_TEMPLATE: Final = array("d", [NAN]) * (len(contract.STEP_DURATION_BUCKETS) + 1)
 
 
 class _Fallback(Exception):
@@ -399,8 +400,7 @@ def _action(series: str) -> _Action:
         return (_RANK_DEVICE, rank, local, node, -1, labels.get(contract.LABEL_UUID, ""), None)
     if name == _BUCKETS:
         le = labels.get("le", "")
-        nb = len(_BUCKET_TEMPLATE)
-        idx = nb - 1 if le == "+Inf" else _BUCKET_INDEX.get(_float(le), -1)
+        idx = N_BUCKETS - 1 if le == "+Inf" else _BUCKET_INDEX.get(_float(le), -1)
         if idx >= 0:
             return (_RANK_BUCKET, rank, local, node, idx, None, None)
     return (_RANK_ROW, rank, local, node, -1, None, None)
@@ -463,7 +463,6 @@ def _canonical(text: str) -> bool:
 
 def _scan(text: str, t: float) -> Frame:
     ranks: dict[int, array[float]] = {}
-    buckets: dict[int, array[float]] = {}
     cuda_uuid: dict[int, str] = {}
     gpus: dict[int, tuple[str, array[float]]] = {}
     local: dict[int, int] = {}
@@ -506,10 +505,7 @@ def _scan(text: str, t: float) -> Frame:
                 if idx >= 0 and float(value_text) > 0:
                     row[R_CURRENT_PHASE] = float(idx)
             elif kind == _RANK_BUCKET:
-                b = buckets.get(key)
-                if b is None:
-                    b = buckets[key] = _BUCKET_TEMPLATE[:]
-                b[idx] = row[R_BUCKET0 + idx] = float(value_text)
+                row[R_BUCKET0 + idx] = float(value_text)
             elif kind == _RANK_PEAK:
                 _put_peak(row, idx, float(value_text))
                 names[key] = text_label or ""
@@ -536,7 +532,6 @@ def _scan(text: str, t: float) -> Frame:
             steps.append(steps_label)
     return Frame(
         ranks,
-        buckets,
         cuda_uuid,
         gpus,
         telemetry,

@@ -110,7 +110,6 @@ def admit(fr: Frame, rank: int | None, t: float) -> Admitted:
         fr = replace(
             fr,
             ranks={r: v for r, v in fr.ranks.items() if r == rank},
-            buckets={r: v for r, v in fr.buckets.items() if r == rank},
             cuda_uuid={r: v for r, v in fr.cuda_uuid.items() if r == rank},
             local_rank={r: v for r, v in fr.local_rank.items() if r == rank},
             node_rank={r: v for r, v in fr.node_rank.items() if r == rank},
@@ -131,8 +130,6 @@ def admit(fr: Frame, rank: int | None, t: float) -> Admitted:
             bad.append(f"{contract.LAST_STEP_TIMESTAMP.name}={_show(last)}")
             row[rows.R_LAST_STEP] = math.nan
             dropped_values += 1
-    for b in fr.buckets.values():
-        dropped_values += _check_all(b, contract.STEP_DURATION.name + "_bucket", bad)
     for _uuid, grow in fr.gpus.values():
         dropped_values += _check(grow, _GPU_LIMITS, bad)
     if bad:
@@ -148,18 +145,6 @@ def _check(row: array[float], limits: dict[int, tuple[str, float, float]], bad: 
         v = row[i]
         # NaN is "absent" and fine; `lo <= v <= hi` is False for NaN, so test it first.
         if v != v or lo <= v <= hi:
-            continue
-        if len(bad) < MAX_NOTES:
-            bad.append(f"{name}={_show(v)}")
-        row[i] = math.nan
-        dropped += 1
-    return dropped
-
-
-def _check_all(row: array[float], name: str, bad: list[str]) -> int:
-    dropped = 0
-    for i, v in enumerate(row):
-        if v != v or 0.0 <= v <= _COUNT:
             continue
         if len(bad) < MAX_NOTES:
             bad.append(f"{name}={_show(v)}")

@@ -101,6 +101,12 @@ def rate(rows: Sequence[array[float]], index: int) -> float:
     return inc / dt if not math.isnan(inc) and not math.isnan(dt) else NAN
 
 
+def mean(rows: Sequence[array[float]], index: int) -> float:
+    """The mean of a field over rows, absent values skipped (NaN if none)."""
+    values = [row[index] for row in rows if not math.isnan(row[index])]
+    return math.fsum(values) / len(values) if values else NAN
+
+
 def latest(rows: Sequence[array[float]], index: int) -> float:
     """The most recent non-NaN value of a field (NaN if none)."""
     for row in reversed(rows):

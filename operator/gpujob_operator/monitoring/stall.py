@@ -18,7 +18,14 @@ from gpujob_operator.api import conditions as c
 from gpujob_operator.api.display import format_duration
 from gpujob_operator.monitoring.analysis_settings import Settings
 from gpujob_operator.monitoring.formatting import round4
-from gpujob_operator.monitoring.rows import R_CURRENT_PHASE, R_STEPS, R_TARGET, latest
+from gpujob_operator.monitoring.latency import quantile
+from gpujob_operator.monitoring.rows import (
+    N_BUCKETS,
+    R_CURRENT_PHASE,
+    R_STEPS,
+    R_TARGET,
+    latest,
+)
 from gpujob_operator.monitoring.verdict import ADVICE, CRITICAL, STALLED, Evidence, Verdict
 from gpujob_operator.monitoring.window import RankSeries, Window
 from gpujob_trainer import contract
@@ -29,28 +36,14 @@ STALL_STEP_FACTOR: Final = 10.0
 
 def median_step_seconds(series: Sequence[RankSeries]) -> float | None:
     """Median step time of the run so far, from the ranks' cumulative histograms."""
-    bounds = (*contract.STEP_DURATION_BUCKETS, math.inf)
-    merged = [0.0] * len(bounds)
+    merged = [0.0] * N_BUCKETS
     for s in series:
         if s.buckets is None:
             continue
         for i, v in enumerate(s.buckets):
             if not math.isnan(v):
                 merged[i] += v
-    total = merged[-1]
-    if total <= 0:
-        return None
-    half = total / 2
-    prev_bound, prev_count = 0.0, 0.0
-    for bound, count in zip(bounds, merged, strict=True):
-        if count >= half:
-            if math.isinf(bound):
-                return prev_bound
-            inside = count - prev_count
-            frac = (half - prev_count) / inside if inside > 0 else 1.0
-            return prev_bound + (bound - prev_bound) * frac
-        prev_bound, prev_count = bound, count
-    return None
+    return quantile(0.5, merged)
 
 
 StallOutcome = tuple[Verdict | None, float | None, float | None, str, str]

@@ -15,9 +15,10 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from gpujob_operator import api
+from gpujob_operator.monitoring.device import gpu_rows
 from gpujob_operator.monitoring.formatting import pct, round4
 from gpujob_operator.monitoring.ranktimes import RankTimes
-from gpujob_operator.monitoring.rows import G_PCIE_RX, G_SM_ACTIVE
+from gpujob_operator.monitoring.rows import G_PCIE_RX, G_SM_ACTIVE, mean
 from gpujob_operator.monitoring.verdict import ADVICE, TRANSFER_BOUND, WARNING, Evidence, Verdict
 from gpujob_operator.monitoring.window import Window
 
@@ -29,20 +30,14 @@ SM_IDLE_RATIO: Final = 0.30
 """SM activity below which the GPU is mostly waiting while the bytes arrive."""
 
 
-def _window_mean(values: list[float]) -> float:
-    finite = [v for v in values if not math.isnan(v)]
-    return statistics.fmean(finite) if finite else math.nan
-
-
 def pcie_and_sm(window: Window, since: float | None) -> tuple[float, float]:
     """(median GPU's mean PCIe receive bytes/s, median GPU's mean SM activity) in the window
     since `since` (NaN where no GPU exports it)."""
     rx: list[float] = []
     sm: list[float] = []
-    for g in window.gpus.values():
-        rows = [r for r in g.rows if since is None or r[0] >= since]
-        rx.append(_window_mean([r[G_PCIE_RX] for r in rows]))
-        sm.append(_window_mean([r[G_SM_ACTIVE] for r in rows]))
+    for rows in gpu_rows(window, since).values():
+        rx.append(mean(rows, G_PCIE_RX))
+        sm.append(mean(rows, G_SM_ACTIVE))
     rx = [v for v in rx if not math.isnan(v)]
     sm = [v for v in sm if not math.isnan(v)]
     return (

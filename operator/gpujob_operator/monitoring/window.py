@@ -84,6 +84,7 @@ class Window:
 
     def add(self, t: float, pod: str, node: str, fr: Frame) -> None:
         """Append one endpoint's frame (scraped at t) to the series of its pod."""
+        buckets = fr.buckets  # derived from the rows: once per frame
         for rank, row in fr.ranks.items():
             key = (pod, rank)
             s = self.ranks.get(key)
@@ -97,8 +98,8 @@ class Window:
             s.node = node or s.node
             if rank in fr.cuda_uuid:
                 s.uuid = fr.cuda_uuid[rank]
-            if rank in fr.buckets:
-                s.buckets = fr.buckets[rank]
+            if rank in buckets:
+                s.buckets = buckets[rank]
             if fr.devices and rank in fr.devices:
                 s.devices = fr.devices[rank]
             if fr.device_names and rank in fr.device_names:
