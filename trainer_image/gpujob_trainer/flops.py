@@ -38,11 +38,15 @@ def cuda_uuid(index: int) -> str:
     return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
 
 
-def cuda_name(index: int) -> str:
-    """The product name of a CUDA device (the name NVML reports)."""
-    import torch
+def cuda_name(index: int) -> str | None:
+    """The product name of a CUDA device (the name NVML reports); None when CUDA cannot
+    name it (telemetry never stops training)."""
+    try:
+        import torch
 
-    return str(torch.cuda.get_device_name(index))
+        return str(torch.cuda.get_device_name(index))
+    except Exception:
+        return None
 
 
 def _batch(args: Any, kwargs: Any) -> int:

@@ -415,8 +415,10 @@ class Tracker:
         Also installs the optimizer step hooks unless the tracker was made with
         `hook_optimizers=False`. A CUDA model switches the tracker to CUDA event timing.
         """
-        self._maybe_use_cuda_clock(model)
-        self._note_devices(model)
+        parameters = getattr(model, "parameters", None)
+        first = next(iter(parameters()), None) if parameters is not None else None
+        self._maybe_use_cuda_clock(first)
+        self._note_devices(model, first)
         self._handles.extend(hooks.attach_model(self, model))
         if self._hook_optimizers:
             self._install_optimizer_hooks()
@@ -465,16 +467,13 @@ class Tracker:
         self._handles.extend(hooks.attach_optimizers(self))
         self._optimizer_hooks_installed = True
 
-    def _maybe_use_cuda_clock(self, model: object) -> None:
-        parameters = getattr(model, "parameters", None)
-        if parameters is None:
-            return
-        first = next(iter(parameters()), None)
+    def _maybe_use_cuda_clock(self, first: Any) -> None:
+        """A model whose first parameter is on CUDA switches the tracker to CUDA events."""
         if first is not None and first.device.type == "cuda":
             self.cuda_device = first.device.index
             self._use_cuda_clock()
 
-    def _note_devices(self, model: Any) -> None:
+    def _note_devices(self, model: Any, first: Any) -> None:
         """The GPUs this rank drives: nn.DataParallel's device list, else the model's one."""
         ids = getattr(model, "device_ids", None)
         indexes: list[int] = []
@@ -492,17 +491,9 @@ class Tracker:
             # DataParallel runs the replicas' forwards on threads of its own, which a
             # dispatch mode (thread-local) does not follow: a count would miss them.
             self.flops.refuse("nn.DataParallel: give flops_per_sample for MFU")
-        self.flops.note_device(self._device_name(indexes[0]) if indexes else None)
-        parameters = getattr(model, "parameters", None)
-        first = next(iter(parameters()), None) if parameters is not None else None
+        self.flops.note_device(flops.cuda_name(indexes[0]) if indexes else None)
         if first is not None:
             self.flops.note_params(str(first.dtype))
-
-    def _device_name(self, index: int) -> str | None:
-        try:
-            return flops.cuda_name(index)
-        except Exception:
-            return None
 
     def set_flops(self, *, per_sample: float | None = None, per_token: float | None = None) -> None:
         """Give the model's FLOPs (forward and backward) per sample or per token, when you
