@@ -118,14 +118,23 @@ def test_slow_input_is_published_as_input_bound_with_its_evidence(
 
 
 def job_events(kube: Kube, name: str) -> list[dict[str, Any]]:
-    """The job's Events, oldest first."""
+    """The job's Events, oldest first.
+
+    Core Events carry second-resolution timestamps and a list comes back in name order
+    (random suffixes), so two Events of the same second are ordered by the resourceVersion
+    their creation was given: the operator posts them one at a time, in order."""
     items = [
         e
         for e in kube.list("events")
         if e["involvedObject"].get("name") == name
         and e["involvedObject"].get("kind") == "GPUTrainingJob"
     ]
-    return sorted(items, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+
+    def when(e: dict[str, Any]) -> tuple[str, int]:
+        stamp = e.get("firstTimestamp") or e.get("eventTime") or e.get("lastTimestamp") or ""
+        return stamp, int(e["metadata"].get("resourceVersion") or 0)
+
+    return sorted(items, key=when)
 
 
 def test_long_first_step_checkpoints_and_evaluations_are_not_stalled(
