@@ -80,7 +80,8 @@ def kube() -> Kube:
     """One API client for the whole operator (created after kopf has logged in)."""
     global _KUBE
     if _KUBE is None:
-        _KUBE = Kube()
+        fence = None if SETTINGS.standalone else standby.FENCE.open
+        _KUBE = Kube(timeout=SETTINGS.api_timeout, may_write=fence)
     return _KUBE
 
 
@@ -242,6 +243,7 @@ async def start_standby_guard(settings: kopf.OperatorSettings, **_: Any) -> None
     global _GUARD
     if settings.peering.standalone:
         return
+    standby.FENCE.until = 0.0  # shut until the guard's first read finds this replica active
     _GUARD = asyncio.get_running_loop().create_task(
         standby.guard(
             kube().custom,
@@ -251,9 +253,25 @@ async def start_standby_guard(settings: kopf.OperatorSettings, **_: Any) -> None
             settings.peering.priority,
             _stop_all_loops,
             _demote,
+            lifetime=settings.peering.lifetime,
         ),
         name="standby guard",
     )
+    _GUARD.add_done_callback(_guard_ended)
+
+
+def _guard_ended(task: asyncio.Task[None]) -> None:
+    """The guard never returns: should it end other than by the operator's own shutdown,
+    this replica could work beside another unguarded, so the process exits (its pod
+    restarts it as a fresh standby)."""
+    if task.cancelled():
+        return
+    log.critical(
+        "the standby guard ended (%r); exiting so that this replica restarts fresh",
+        task.exception(),
+    )
+    _stop_all_loops()
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _start_forecaster() -> None:
@@ -281,7 +299,7 @@ def _demote() -> None:
     (kopf's indexes would keep ghosts of pods deleted during the pause)."""
     if not SERVED:
         return
-    log.warning("peering: another replica is active now; restarting to drop this one's caches")
+    log.warning("peering: this replica stands by now; restarting to drop its caches")
     os.kill(os.getpid(), signal.SIGTERM)
 
 

@@ -49,7 +49,7 @@ from gpujob_operator.runtime.faults import (
     BETWEEN_POD_DELETES,
     fault_point,
 )
-from gpujob_operator.runtime.kube import JobGone, Kube
+from gpujob_operator.runtime.kube import Fenced, JobGone, Kube
 from gpujob_operator.runtime.metricstask import MetricsTask
 
 log = logging.getLogger("gpujob.reconciler")
@@ -60,6 +60,8 @@ IDLE_RESYNC_SECONDS = 300.0
 SERVICE_RECHECK_SECONDS = 300.0
 """How long a seen Service is trusted without a GET (a thousand jobs, one GET each per pass)."""
 DEBOUNCE_SECONDS = 0.05
+FENCED_RETRY_SECONDS = 1.0
+"""How soon a pass held back by the peering fence tries again (the guard looks every 2 s)."""
 RECHECK_SECONDS = 120.0
 """A loop that wrote nothing for this long GETs its job: a missed DELETED must end it."""
 
@@ -436,6 +438,9 @@ class JobLoop:
     def _side_failure(self, call: str, e: Exception, failures: int) -> float:
         """A failure off the lifecycle path (scrape-and-status, the existence check): an
         expected API error is one line and a count, a bug a traceback; the delay backs off."""
+        if isinstance(e, Fenced):
+            log.info("%s of %s held back: %s", call, self.key, e)
+            return FENCED_RETRY_SECONDS
         refusal = refusals.classify_exception(e)
         delay = self.retry.delay(failures, random.random(), refusal.retry_after)
         if refusal.expected:
@@ -447,6 +452,9 @@ class JobLoop:
 
     def _failed(self, e: Exception) -> float:
         """A pass failed: classify, log, count, and back off (exponential, jittered, capped)."""
+        if isinstance(e, Fenced):  # not a failure: the standby guard has not looked yet
+            log.info("reconcile of %s held back: %s", self.key, e)
+            return FENCED_RETRY_SECONDS
         self.failures += 1
         refusal = refusals.classify_exception(e)
         delay = self.retry.delay(self.failures, random.random(), refusal.retry_after)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from typing import Any, Final, cast
 
 from kubernetes import client, config
@@ -24,21 +25,61 @@ log = logging.getLogger("gpujob.kube")
 
 EVIDENCE_WRITE_TIMEOUT: Final = 20.0
 """Seconds one write of a hang evidence ConfigMap may take."""
+API_TIMEOUT: Final = 30.0
+"""Seconds any other API call may take (connect and read each): a half-open connection
+after a failover must not hold a job's lock, or a worker thread, for the kernel's minutes."""
+
+
+class TimedApiClient(client.ApiClient):
+    """An API client whose every call has a timeout unless the call gives its own.
+
+    The official client sends no timeout unless each call passes ``_request_timeout``; one
+    forgotten call is enough to hang a job loop on a dead connection. Setting it here, the
+    one place every call goes through, solves the class. A timeout raises urllib3's
+    ``TimeoutError`` subclasses, which the job loop retries with backoff like any other
+    transport error.
+    """
+
+    def __init__(self, *args: Any, timeout: float = API_TIMEOUT, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.timeout = timeout
+
+    def call_api(self, *args: Any, **kwargs: Any) -> Any:
+        if not kwargs.get("_request_timeout") and len(args) < 6:
+            kwargs["_request_timeout"] = (self.timeout, self.timeout)
+        return super().call_api(*args, **kwargs)
 
 
 class JobGone(Exception):
     """The job no longer exists (404), or another object now has its name."""
 
 
+class Fenced(Exception):
+    """This replica may not write now: the standby guard has not confirmed it is the active
+    one recently enough (peering). The write was not sent; the caller tries again later."""
+
+
 class Kube:
     """The few writes the job loop needs, each idempotent."""
 
-    def __init__(self, api_client: client.ApiClient | None = None) -> None:
+    def __init__(
+        self,
+        api_client: client.ApiClient | None = None,
+        timeout: float = API_TIMEOUT,
+        may_write: Callable[[], bool] | None = None,
+    ) -> None:
         if api_client is None:
-            api_client = load_client()
+            api_client = load_client(timeout)
+        self.may_write = may_write
+        """The fence every write passes (None: always open): a replica frozen or cut off
+        beyond its keep-alive must not write a single object before its guard has looked."""
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+
+    def _fence(self, call: str) -> None:
+        if self.may_write is not None and not self.may_write():
+            raise Fenced(f"{call}: this replica is not confirmed active (peering)")
 
     async def create_pod(self, namespace: str, body: dict[str, Any], dry_run: bool = False) -> bool:
         """Create a pod; False when a pod of that name already exists.
@@ -47,6 +88,7 @@ class Kube:
         (``dryRun=All``): the same refusals (quota, PodSecurity, webhooks, invalid fields),
         nothing created. RBAC-wise it is the same ``create`` verb.
         """
+        self._fence("create_pod")
         extra: dict[str, Any] = {"dry_run": "All"} if dry_run else {}
         try:
             await asyncio.to_thread(
@@ -60,6 +102,7 @@ class Kube:
 
     async def delete_pod(self, namespace: str, name: str) -> None:
         """Delete a pod (graceful, background); a missing pod is fine."""
+        self._fence("delete_pod")
         try:
             await asyncio.to_thread(
                 self.core.delete_namespaced_pod, name, namespace, propagation_policy="Background"
@@ -69,6 +112,7 @@ class Kube:
                 raise
 
     async def create_service(self, namespace: str, body: dict[str, Any]) -> None:
+        self._fence("create_service")
         try:
             await asyncio.to_thread(self.core.create_namespaced_service, namespace, cast(Any, body))
         except ApiException as e:
@@ -104,6 +148,7 @@ class Kube:
 
         Returns the written object, or None when the job is gone (deleted meanwhile).
         """
+        self._fence("patch_status")
         try:
             written: Any = await asyncio.to_thread(
                 cast(Any, self.custom.patch_namespaced_custom_object_status),
@@ -116,6 +161,7 @@ class Kube:
         return cast(dict[str, Any], written)
 
     async def delete_job(self, namespace: str, name: str) -> None:
+        self._fence("delete_job")
         try:
             await asyncio.to_thread(
                 self.custom.delete_namespaced_custom_object,
@@ -133,6 +179,7 @@ class Kube:
     async def put_configmap(self, namespace: str, body: dict[str, Any]) -> None:
         """Create the ConfigMap, or replace the data of the one of that name (no read).
         Each call is bounded (:data:`EVIDENCE_WRITE_TIMEOUT`): the stall's restart waits."""
+        self._fence("put_configmap")
         limit: dict[str, Any] = {"_request_timeout": EVIDENCE_WRITE_TIMEOUT}
         try:
             await asyncio.to_thread(
@@ -150,6 +197,7 @@ class Kube:
     # -- gang admission objects (gang.py): Workload/PodGroup, Kueue Workload, ResourceFlavor
     async def create_object(self, namespace: str, body: dict[str, Any]) -> bool:
         """Create a namespaced custom object; False when it already exists."""
+        self._fence("create_object")
         ref = gang.ref_of(body)
         try:
             await asyncio.to_thread(
@@ -163,6 +211,7 @@ class Kube:
             raise
 
     async def delete_object(self, namespace: str, ref: gang.ObjectRef) -> None:
+        self._fence("delete_object")
         try:
             await asyncio.to_thread(
                 self.custom.delete_namespaced_custom_object,
@@ -206,6 +255,7 @@ class Kube:
         False when the object is gone or changed since it was read (409 on the patch's
         resourceVersion precondition): the caller's next pass re-reads it.
         """
+        self._fence("patch_object_status")
         try:
             await asyncio.to_thread(
                 cast(Any, self.custom.patch_namespaced_custom_object_status),
@@ -241,10 +291,12 @@ def namespace_terminating(e: ApiException) -> bool:
     return e.status == 403 and "NamespaceTerminating" in str(e.body or "")
 
 
-def load_client() -> client.ApiClient:
-    """In-cluster credentials when running in a pod, else the kubeconfig (``KUBECONFIG``)."""
+def load_client(timeout: float = API_TIMEOUT) -> TimedApiClient:
+    """In-cluster credentials when running in a pod, else the kubeconfig (``KUBECONFIG``);
+    every call of the client is bounded by ``timeout`` seconds (:class:`TimedApiClient`)."""
+    configuration = client.Configuration()
     try:
-        config.load_incluster_config()
-        return client.ApiClient()
+        config.load_incluster_config(client_configuration=configuration)
     except config.ConfigException:
-        return config.new_client_from_config()
+        config.load_kube_config(client_configuration=configuration)
+    return TimedApiClient(configuration, timeout=timeout)

@@ -35,6 +35,18 @@ def _lastseen(value: str) -> dt.datetime:
     return seen if seen.tzinfo else seen.replace(tzinfo=dt.UTC)
 
 
+def live(info: Mapping[str, Any], now: dt.datetime) -> bool:
+    """Whether a peer's keep-alive (``lastseen + lifetime``) has not yet passed; an entry
+    that cannot be read counts as live (kopf's own entries always can)."""
+    try:
+        deadline = _lastseen(str(info["lastseen"])) + dt.timedelta(
+            seconds=int(info.get("lifetime", DEFAULT_LIFETIME))
+        )
+    except (KeyError, ValueError, TypeError):
+        return True
+    return deadline > now
+
+
 def is_active(
     status: Mapping[str, Mapping[str, Any]], me: str, my_priority: int, now: dt.datetime
 ) -> bool:

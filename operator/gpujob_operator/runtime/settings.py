@@ -17,6 +17,7 @@ before kopf starts. Nothing else in the operator reads the environment.
 | ``POD_ID`` | host/pid | this replica's peering identity (the chart sets the pod's name) |
 | ``GPUJOB_SCRAPE_CONCURRENCY`` | 64 | scrapes in flight, over every job |
 | ``GPUJOB_SCRAPE_TIMEOUT`` | 5 | seconds one scrape may take |
+| ``GPUJOB_API_TIMEOUT`` | 30 | seconds one API call may take (connect, then read) |
 | ``GPUJOB_WATCH_SERVER_TIMEOUT`` | 300 | kopf's server-side watch timeout |
 | ``GPUJOB_WORKER_LIMIT`` | 200 | kopf's concurrent workers |
 | ``GPUJOB_RETRY_BASE_SECONDS`` / ``..._MAX_SECONDS`` | 1 / 300 | backoff of failed API calls |
@@ -63,6 +64,7 @@ class Settings:
     pod_id: str | None = None
     scrape_concurrency: int = 64
     scrape_timeout: float = 5.0
+    api_timeout: float = 30.0
     watch_server_timeout: int = 300
     worker_limit: int = 200
     retry: backoff.Policy = backoff.RETRY
@@ -175,6 +177,9 @@ def from_env(env: Mapping[str, str]) -> Settings:
         ),
         scrape_timeout=_read(
             env, "GPUJOB_SCRAPE_TIMEOUT", d.scrape_timeout, float, seconds, _positive_seconds
+        ),
+        api_timeout=_read(
+            env, "GPUJOB_API_TIMEOUT", d.api_timeout, float, seconds, _positive_seconds
         ),
         watch_server_timeout=_read(
             env,

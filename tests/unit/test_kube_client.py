@@ -1,0 +1,92 @@
+"""The operator's API client: every call bounded in time, every write behind the fence.
+
+A real socket on loopback plays the half-open connection a failover leaves behind: it
+accepts and never answers. Before, such a call waited for the kernel (minutes) while
+holding the job's lock and a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+import urllib3
+from kubernetes import client
+
+from gpujob_operator.runtime.kube import Fenced, Kube, TimedApiClient
+
+
+@pytest.fixture
+def silent_server() -> Iterator[str]:
+    """An HTTP "server" on 127.0.0.1 that accepts connections and never says a word."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        srv.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+                held.append(conn)
+            except OSError:
+                continue
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.getsockname()[1]}"
+    stop.set()
+    t.join()
+    for conn in held:
+        conn.close()
+    srv.close()
+
+
+def kube_at(host: str, timeout: float, may_write: bool = True) -> Kube:
+    cfg = client.Configuration()
+    cfg.host = host
+    cfg.retries = False
+    return Kube(TimedApiClient(cfg, timeout=timeout), may_write=lambda: may_write)
+
+
+def test_a_call_without_its_own_timeout_gets_the_clients(silent_server: str) -> None:
+    kube = kube_at(silent_server, timeout=0.3)
+    with pytest.raises(urllib3.exceptions.HTTPError) as err:
+        asyncio.run(asyncio.wait_for(kube.get_job("ns", "job"), 30))
+    assert "timed out" in str(err.value).lower()
+
+
+def test_a_call_that_gives_its_own_timeout_keeps_it(silent_server: str) -> None:
+    """The hang-evidence write passes its own (shorter) bound; the client's does not widen it."""
+    api = TimedApiClient(client.Configuration(), timeout=1000.0)
+    seen: dict[str, object] = {}
+
+    def request(*_: object, **kwargs: object) -> None:
+        seen.update(kwargs)
+
+    api.rest_client.request = request  # type: ignore[method-assign]
+    api.call_api("GET", silent_server, _request_timeout=2.0)
+    assert seen["_request_timeout"] == 2.0
+    api.call_api("GET", silent_server)
+    assert seen["_request_timeout"] == (1000.0, 1000.0)
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda k: k.patch_status("ns", "job", {"phase": "Running"}),
+        lambda k: k.create_pod("ns", {"metadata": {"name": "p"}}),
+        lambda k: k.delete_pod("ns", "p"),
+        lambda k: k.put_configmap("ns", {"metadata": {"name": "c"}, "data": {}}),
+    ],
+    ids=["patch_status", "create_pod", "delete_pod", "put_configmap"],
+)
+def test_a_shut_fence_stops_a_write_before_it_is_sent(silent_server: str, write: object) -> None:
+    kube = kube_at(silent_server, timeout=0.3, may_write=False)
+    with pytest.raises(Fenced):
+        asyncio.run(write(kube))  # type: ignore[operator]

@@ -1,0 +1,189 @@
+"""The standby guard: survives any read error, fails closed, fences writes, demotes once.
+
+The guard's decision is the pure :func:`standby.judge`; the loop around it is driven here
+with a scripted peering API (what the API server would answer, or the transport errors a
+failover throws) and a fence, on a real event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import urllib3
+from kubernetes.client.rest import ApiException
+
+from gpujob_operator.runtime import standby
+
+NOW = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
+ME, OLD, NEW = "me", "old", "new"
+
+
+def entry(priority: int, seen_ago: float, lifetime: int = 20) -> dict[str, object]:
+    return {
+        "priority": priority,
+        "lifetime": lifetime,
+        "lastseen": (NOW - dt.timedelta(seconds=seen_ago)).isoformat(),
+    }
+
+
+def judge(statuses: list[dict[str, Any]] | None, away: float = 2.0, active: bool = True) -> bool:
+    return standby.judge(statuses, ME, -20, NOW, away, 20, active)[0]
+
+
+def test_the_oldest_live_replica_works_and_others_stand_by() -> None:
+    assert judge([{ME: entry(-20, 0), NEW: entry(-30, 1)}])
+    assert not judge([{ME: entry(-20, 0), OLD: entry(-10, 1)}])
+    assert judge([{ME: entry(-20, 0), OLD: entry(-10, 25)}])  # the older one's keep-alive lapsed
+
+
+def test_an_unreadable_peering_state_keeps_the_judgement_for_a_lifetime_then_fails_closed() -> None:
+    assert judge(None, away=5, active=True)
+    assert not judge(None, away=5, active=False)
+    assert not judge(None, away=21, active=True)
+
+
+def test_a_replica_away_longer_than_a_lifetime_stops_even_when_it_can_read_again() -> None:
+    """A frozen process (SIGSTOP, a paused VM) wakes with a fresh read that may even find
+    itself the oldest: it was away long enough to have been replaced, so it stops."""
+    fresh = [{ME: entry(-20, 0), NEW: entry(-30, 1)}]
+    assert judge(fresh, away=2)
+    ok, why = standby.judge(fresh, ME, -20, NOW, 45, 20, True)
+    assert not ok and "45s" in why
+
+
+def test_a_lapsed_own_keep_alive_with_a_live_successor_stops_this_replica() -> None:
+    """Its successor already counts it as gone and works; alone, it keeps working."""
+    assert not judge([{ME: entry(-20, 30), NEW: entry(-30, 1)}])
+    assert judge([{ME: entry(-20, 30)}])
+    assert judge([{ME: entry(-20, 30), NEW: entry(-30, 40)}])  # nobody live took over
+
+
+class ScriptedPeering:
+    """The peering API as the guard reads it: each call takes the next answer (a status
+    mapping, or an exception to raise), and the last answer repeats."""
+
+    def __init__(self, answers: list[Any]) -> None:
+        self.answers = answers
+        self.calls = 0
+
+    def get_cluster_custom_object(self, *_: Any) -> dict[str, Any]:
+        answer = self.answers[min(self.calls, len(self.answers) - 1)]
+        self.calls += 1
+        if isinstance(answer, BaseException):
+            raise answer
+        if callable(answer):
+            return {"status": answer()}
+        return {"status": answer}
+
+
+def live(priority: int) -> Callable[[], dict[str, Any]]:
+    """A peer entry that is fresh at every read (the guard judges on the wall clock)."""
+
+    def fresh() -> dict[str, Any]:
+        now = dt.datetime.now(dt.UTC)
+        return {"priority": priority, "lifetime": 20, "lastseen": now.isoformat()}
+
+    return fresh
+
+
+def status_of(**peers_: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
+    return lambda: {name: make() for name, make in peers_.items()}
+
+
+class Seen:
+    """What the guard did: loops stopped, demotions."""
+
+    def __init__(self) -> None:
+        self.stops: list[int] = []
+        self.demotes: list[int] = []
+
+    def stop(self) -> int:
+        self.stops.append(1)
+        return 0
+
+
+async def run_guard(
+    api: ScriptedPeering,
+    until: Callable[[], bool],
+    fence: standby.Fence,
+    seen: Seen,
+    lifetime: float = 20,
+) -> None:
+    task = asyncio.create_task(
+        standby.guard(
+            api,  # type: ignore[arg-type]
+            "gpujob",
+            [],
+            ME,
+            -20,
+            seen.stop,
+            lambda: seen.demotes.append(1),
+            lifetime=lifetime,
+            interval=0.01,
+            fence=fence,
+        )
+    )
+    deadline = time.monotonic() + 20
+    try:
+        while not until():
+            assert not task.done(), task.exception()
+            assert time.monotonic() < deadline, "the guard never got there"
+            await asyncio.sleep(0.01)
+        assert not task.done(), "the guard ended"
+    finally:
+        task.cancel()
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        urllib3.exceptions.ProtocolError("Connection aborted.", ConnectionResetError(104, "reset")),
+        urllib3.exceptions.MaxRetryError(None, "/apis", reason="Connection refused"),  # type: ignore[arg-type]
+        ConnectionRefusedError(111, "Connection refused"),
+        TimeoutError("read timed out"),
+        ApiException(status=500, reason="Internal Server Error"),
+    ],
+    ids=["reset", "refused", "socket", "timeout", "api-500"],
+)
+def test_the_guard_survives_every_read_error_and_goes_on_judging(error: Exception) -> None:
+    """Before, only an ``ApiException`` was caught: a reset ended the guard silently."""
+    newer_active = status_of(**{ME: live(-20), OLD: live(-10)})
+    api = ScriptedPeering([error, error, newer_active])
+    fence, seen = standby.Fence(), Seen()
+    asyncio.run(run_guard(api, lambda: api.calls >= 4, fence, seen))
+    assert seen.stops, "the read after the errors found an older live peer: loops stopped"
+    assert not fence.open()
+    assert not seen.demotes, "never confirmed active: nothing to drop"
+
+
+def test_an_active_replica_that_loses_its_place_demotes_once_and_shuts_the_fence() -> None:
+    alone = status_of(**{ME: live(-20)})
+    outranked = status_of(**{ME: live(-20), OLD: live(-10)})
+    api = ScriptedPeering([alone, alone, outranked])
+    fence, seen = standby.Fence(), Seen()
+    fence.until = 0.0
+    opened: list[bool] = []
+
+    def done() -> bool:
+        opened.append(fence.open())
+        return api.calls >= 8
+
+    asyncio.run(run_guard(api, done, fence, seen))
+    assert True in opened, "the fence opened while this replica was the active one"
+    assert not fence.open()
+    assert seen.demotes == [1], "demoted once, not at every round"
+    assert seen.stops
+
+
+def test_a_guard_that_cannot_read_for_a_lifetime_fails_closed() -> None:
+    alone = status_of(**{ME: live(-20)})
+    reset = urllib3.exceptions.ProtocolError("Connection aborted.")
+    api = ScriptedPeering([alone, reset])
+    fence, seen = standby.Fence(), Seen()
+    asyncio.run(run_guard(api, lambda: bool(seen.demotes), fence, seen, lifetime=0.2))
+    assert not fence.open() and seen.stops and seen.demotes == [1]
