@@ -486,3 +486,45 @@ def test_a_refused_kueue_workload_shows_the_refusal_and_waits_for_its_retry() ->
     sim.now += timedelta(seconds=9)
     (wl,) = sim.reconcile().ensure_objects
     assert wl["kind"] == "Workload"
+
+
+def test_a_webhook_denying_the_kueue_workload_is_retried_for_its_window_then_fails() -> None:
+    from datetime import timedelta
+
+    from gpujob_operator.lifecycle.refusals import Refused, classify
+
+    sim = GangSim(kueue_job(runPolicy={"admissionRetrySeconds": 30}))
+    body = {"message": 'admission webhook "budget.example.com" denied the request: not now'}
+    denied = classify(403, body)
+    t0 = sim.now
+    sim.refused = Refused(
+        denied, "Workload kueue.x-k8s.io/v1beta2 w", t0, t0 + timedelta(seconds=8)
+    )
+    p = sim.reconcile()
+    assert p.ensure_objects == [] and p.requeue_after == 8
+    running = cond_of(sim)
+    assert running["reason"] == c.ADMISSION_WEBHOOK_DENIED and "retried until" in running["message"]
+    assert sim.status["admissionDenial"]["target"].startswith("Workload ")
+    sim.now = t0 + timedelta(seconds=30)
+    sim.reconcile()
+    assert sim.status["phase"] == "Failed"
+    assert "retried for 30s" in cond(sim.status, c.FAILED)["message"]
+
+
+def test_a_workload_created_after_denials_ends_their_run() -> None:
+    from datetime import timedelta
+
+    from gpujob_operator.lifecycle.refusals import Refused, classify
+
+    sim = GangSim(kueue_job())
+    denied = classify(403, {"message": 'admission webhook "b.example.com" denied the request'})
+    t0 = sim.now
+    sim.refused = Refused(
+        denied, "Workload kueue.x-k8s.io/v1beta2 w", t0, t0 + timedelta(seconds=1)
+    )
+    sim.reconcile()
+    sim.now = t0 + timedelta(seconds=1)
+    sim.reconcile()  # the retry: this time the Workload is created
+    sim.refused = None
+    sim.reconcile()
+    assert sim.kueue_workload() is not None and "admissionDenial" not in sim.status

@@ -258,6 +258,15 @@ class GangStatus(_StatusModel):
     )
 
 
+class AdmissionDenial(_StatusModel):
+    """The run of admission webhook denials being retried (spec.runPolicy.admissionRetrySeconds)."""
+
+    since: Time | None = Field(
+        default=None, description="The first denial of this run: the retries count from it."
+    )
+    target: str | None = Field(default=None, description="What was denied, e.g. pod j-node-0.")
+
+
 class QueueForecast(_StatusModel):
     """When a waiting job is forecast to start, and, once it started, how far off that was."""
 
@@ -401,6 +410,12 @@ class GPUTrainingJobStatus(_StatusModel):
         description="When the pods of the next gang attempt will be created: set while a gang "
         "restart backs off (10 s, 20 s, 40 s ... capped, like batch/v1 Job) or a refused pod "
         "create is retried.",
+    )
+    admission_denial: AdmissionDenial | None = Field(
+        default=None,
+        description="Set while an admission webhook denies the job's creates: since when, so "
+        "that the bounded retry (spec.runPolicy.admissionRetrySeconds) survives an operator "
+        "restart.",
     )
     progress: Progress | None = Field(default=None, description="Training progress.")
     bottleneck: Bottleneck | None = Field(default=None, description="Current bottleneck verdict.")

@@ -98,6 +98,8 @@ def kueue_admitted(pp: PlanningPass) -> bool:
             warn=True,
         )
         return False
+    if wl is not None and str((pp.denial or {}).get("target", "")).startswith("Workload "):
+        pp.denial = None  # the Workload's create went through
     if wl is None:
         pclass = gang.priority_class(pp.body)
         if pclass and pp.gang_obs.kueue_priority is None:
@@ -110,7 +112,7 @@ def kueue_admitted(pp: PlanningPass) -> bool:
             )
             return False
         refused = pp.refused
-        if refused is not None and refused.refusal.permanent:
+        if refused is not None and retries.gives_up(pp, refused):
             retries.fail_refused(pp, refused, pp.current)
             return False
         if refused is not None and refused.retry_at > pp.now:
@@ -123,7 +125,7 @@ def kueue_admitted(pp: PlanningPass) -> bool:
                 )
             )
         if refused is not None:
-            hold(pp, refused.refusal.reason, retries.refused_message(refused), warn=True)
+            hold(pp, refused.refusal.reason, retries.refused_message(pp, refused), warn=True)
         else:
             hold(pp, c.QUEUED, f"queued in LocalQueue {queue}: creating its Kueue Workload")
         return False
