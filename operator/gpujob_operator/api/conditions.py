@@ -58,6 +58,8 @@ QUEUE_NAME_MISSING: Final = "QueueNameMissing"
 PRIORITY_CLASS_NOT_FOUND: Final = "PriorityClassNotFound"
 PREEMPTED: Final = "Preempted"
 EVICTED: Final = "Evicted"
+WORKLOAD_DELETED: Final = "WorkloadDeleted"
+"""The job's Kueue Workload vanished while its gang ran: counted like an eviction."""
 START_FORECAST: Final = "StartForecast"
 """Event: a waiting job's start forecast was first made or changed confidence, or it started
 (and how far that was from the forecast)."""

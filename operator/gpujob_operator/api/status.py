@@ -253,8 +253,16 @@ class GangStatus(_StatusModel):
     preemptions: int | None = Field(
         default=None,
         description="Times the gang was preempted or evicted (by Kueue, by kube-scheduler "
-        "for a higher-priority pod, by an eviction such as kubectl drain): restarts that are "
-        "not failures and not counted against backoffLimit.",
+        "for a higher-priority pod, by an eviction such as kubectl drain, or its Kueue "
+        "Workload deleted while it ran): restarts that are not failures and not counted "
+        "against backoffLimit.",
+    )
+    read_error: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="Why the gang's admission objects could not be read at the last pass; "
+        "while it lasts the gang's pods are kept with the last known admission and nothing "
+        "is created.",
     )
 
 
