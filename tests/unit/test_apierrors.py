@@ -40,15 +40,22 @@ PSA = (
     ("code", "reason", "message", "expected", "permanent"),
     [
         (403, "Forbidden", QUOTA, c.QUOTA_EXCEEDED, False),
-        (403, "Forbidden", 'pods "x" is forbidden: failed quota: q: must specify limits.cpu for: trainer', c.QUOTA_EXCEEDED, False),
+        (403, "Forbidden", 'pods "x" is forbidden: failed quota: q: must specify limits.cpu for: trainer', c.QUOTA_REQUIREMENTS_UNMET, True),
+        (403, "Forbidden", 'pods "x" is forbidden: failed quota: compute: must specify limits.cpu,limits.memory,requests.cpu,requests.memory', c.QUOTA_REQUIREMENTS_UNMET, True),
+        (403, "Forbidden", 'pods "x" is forbidden: status unknown for quota: compute, resources: requests.cpu', c.QUOTA_EXCEEDED, False),
+        (403, "Forbidden", "pods is forbidden: insufficient quota to consume: requests.nvidia.com/gpu", c.QUOTA_EXCEEDED, False),
+        (403, "Forbidden", 'pods is forbidden: User "system:serviceaccount:quota-team:gpujob" cannot create resource "pods" in API group "" in the namespace "quota-team"', c.OPERATOR_FORBIDDEN, False),
+        (403, "Forbidden", 'workloads.kueue.x-k8s.io is forbidden: User "system:serviceaccount:gpujob:quota-exceeded-sa" cannot create resource "workloads" in API group "kueue.x-k8s.io" in the namespace "ml"', c.OPERATOR_FORBIDDEN, False),
+        (403, "Forbidden", 'pods "quota-run-node-0" is forbidden: no PriorityClass with name urgent was found', c.CREATE_REFUSED, False),
         (403, "Forbidden", PSA, c.POD_SECURITY_VIOLATION, True),
         (403, "Forbidden", 'pods "x" is forbidden: maximum cpu usage per Container is 1, but limit is 2', c.LIMIT_RANGE_VIOLATION, True),
         (403, "Forbidden", 'pods "x" is forbidden: minimum memory usage per Pod is 1Gi, but request is 1Mi', c.LIMIT_RANGE_VIOLATION, True),
         (403, "Forbidden", 'pods "x" is forbidden: cpu max limit to request ratio per Container is 2, but provided ratio is 4.000000', c.LIMIT_RANGE_VIOLATION, True),
         (422, "Invalid", 'Pod "x" is invalid: metadata.annotations: Too long: may not be more than 262144 bytes', c.INVALID_POD_TEMPLATE, True),
         (400, "BadRequest", "the body of the request was in an unknown format", c.CREATE_REFUSED, True),
-        (403, "Forbidden", 'admission webhook "deny.example.com" denied the request: no GPUs on Fridays', c.ADMISSION_WEBHOOK_DENIED, True),
-        (400, "BadRequest", 'admission webhook "v.example.com" denied the request without explanation', c.ADMISSION_WEBHOOK_DENIED, True),
+        (403, "Forbidden", 'admission webhook "deny.example.com" denied the request: no GPUs on Fridays', c.ADMISSION_WEBHOOK_DENIED, False),
+        (400, "BadRequest", 'admission webhook "v.example.com" denied the request without explanation', c.ADMISSION_WEBHOOK_DENIED, False),
+        (403, "Forbidden", 'admission webhook "budget.example.com" denied the request: team quota-team exceeded quota: GPU budget spent for today', c.ADMISSION_WEBHOOK_DENIED, False),
         (500, "InternalError", 'Internal error occurred: failed calling webhook "v.example.com": failed to call webhook: Post "https://svc:443/validate": dial tcp 10.0.0.1:443: connect: connection refused', c.ADMISSION_WEBHOOK_UNAVAILABLE, False),
         (422, "Invalid", "pods \"x\" is forbidden: ValidatingAdmissionPolicy 'gpu-limits' with binding 'b' denied request: too many GPUs", c.ADMISSION_POLICY_DENIED, True),
         (429, "TooManyRequests", "the server has received too many requests and has asked us to try again later", c.API_THROTTLED, False),
@@ -69,6 +76,51 @@ def test_classifies_the_servers_refusals(
     assert (r.reason, r.permanent) == (expected, permanent)
     assert r.message == message and r.code == code
     assert expected in c.REFUSAL_REASONS
+
+
+def test_only_a_webhooks_denial_is_retried_for_a_bounded_time() -> None:
+    """Budget and capacity webhooks deny "for now": retried, but only for the job's window."""
+    denied = 'admission webhook "budget.example.com" denied the request: GPU budget spent'
+    r = refusals.classify(403, status(403, "Forbidden", denied))
+    assert (r.reason, r.permanent, r.bounded) == (c.ADMISSION_WEBHOOK_DENIED, False, True)
+    down = 'Internal error occurred: failed calling webhook "budget.example.com": timeout'
+    assert not refusals.classify(500, status(500, "InternalError", down)).bounded
+    assert not refusals.classify(403, status(403, "Forbidden", QUOTA)).bounded
+
+
+def test_a_quota_requirement_names_the_quota_and_the_spec_fields_to_set() -> None:
+    old = 'pods "j-node-0" is forbidden: failed quota: compute: must specify limits.cpu,requests.memory'
+    new = (
+        'pods "j-node-0" is forbidden: failed quota: compute: must specify limits.cpu for: '
+        "trainer; requests.memory for: trainer"
+    )
+    for message in (old, new):
+        r = refusals.classify(403, status(403, "Forbidden", message))
+        assert r.reason == c.QUOTA_REQUIREMENTS_UNMET and r.permanent and not r.bounded
+        assert r.advice is not None
+        assert "ResourceQuota compute requires every container to set limits.cpu, " in r.advice
+        assert "spec.resources.limits.cpu, spec.resources.requests.memory" in r.advice
+    bare = 'pods "x" is forbidden: failed quota: q: must specify cpu'
+    advice = refusals.classify(403, status(403, "Forbidden", bare)).advice
+    assert advice is not None and "spec.resources.requests.cpu" in advice
+    other = 'pods "x" is forbidden: failed quota: q: spec.containers[0].resources: Invalid value'
+    r = refusals.classify(403, status(403, "Forbidden", other))
+    assert r.reason == c.QUOTA_REQUIREMENTS_UNMET and r.advice and "ResourceQuota q" in r.advice
+
+
+def test_quota_is_read_from_the_quota_plugins_phrases_not_the_word() -> None:
+    """A name holding "quota" (namespace, ServiceAccount, pod) is no quota refusal."""
+    for message in (
+        'pods "quota-node-0" is forbidden: unable to validate against any security policy',
+        'pods is forbidden: User "system:serviceaccount:quota:gpujob" cannot create resource '
+        '"pods" in API group "" in the namespace "quota"',
+    ):
+        assert refusals.classify(403, status(403, "Forbidden", message)).reason not in (
+            c.QUOTA_EXCEEDED,
+            c.QUOTA_REQUIREMENTS_UNMET,
+        )
+    assert refusals.classify(403, status(403, "Forbidden", "forbidden: exceeded quota: q, "
+                                         "requested: pods=1, used: pods=1, limited: pods=1")).reason == c.QUOTA_EXCEEDED  # fmt: skip
 
 
 def test_invalid_objects_other_than_pods_are_the_operators() -> None:

@@ -486,3 +486,116 @@ def test_a_refused_kueue_workload_shows_the_refusal_and_waits_for_its_retry() ->
     sim.now += timedelta(seconds=9)
     (wl,) = sim.reconcile().ensure_objects
     assert wl["kind"] == "Workload"
+
+
+def running_kueue_gang() -> GangSim:
+    sim = GangSim(kueue_job())
+    sim.reconcile()
+    sim.admit()
+    sim.reconcile()
+    sim.run_all()
+    sim.reconcile()
+    assert sim.status["phase"] == "Running" and sim.status["attempt"] == 0
+    return sim
+
+
+def test_a_workload_deleted_while_the_gang_runs_counts_like_an_eviction() -> None:
+    sim = running_kueue_gang()
+    name = gang.kueue_workload_name(sim.job)
+    del sim.objects[name]  # kubectl delete workload
+    p = sim.reconcile()
+    assert sorted(p.delete_pods) == ["bert-node-0", "bert-node-1"]
+    assert p.ensure_objects == []  # no second Workload while the old pods hold the GPUs
+    st = sim.status
+    assert st["attempt"] == 1 and st["restarts"] == 0 and "failure" not in st
+    assert st["gang"]["preemptions"] == 1 and st["phase"] == "Pending"
+    running = cond_of(sim)
+    assert running["reason"] == c.WORKLOAD_DELETED and name in running["message"]
+    assert [(e.type, e.reason) for e in p.events] == [("Warning", c.WORKLOAD_DELETED)]
+    # While the pods terminate: nothing new, no second Warning, no second count.
+    p = sim.reconcile()
+    assert p.ensure_objects == [] and p.events == [] and sim.status["attempt"] == 1
+    sim.gc()
+    (wl,) = sim.reconcile().ensure_objects
+    assert wl["metadata"]["name"] == name and cond_of(sim)["reason"] == c.WORKLOAD_DELETED
+    sim.pending("waiting for quota")
+    sim.reconcile()
+    assert cond_of(sim)["reason"] == c.WORKLOAD_DELETED  # still says why it waits
+    assert sim.status["gang"]["preemptions"] == 1
+    sim.admit()
+    p = sim.reconcile()
+    assert {x["metadata"]["labels"]["gpujob.dev/attempt"] for x in p.create_pods} == {"1"}
+    sim.run_all()
+    sim.reconcile()
+    assert sim.status["phase"] == "Running" and sim.status["attempt"] == 1
+
+
+@pytest.mark.parametrize("job", [native_job(), kueue_job()], ids=["native", "kueue"])
+def test_a_failed_read_never_deletes_the_gangs_pods(job: dict[str, Any]) -> None:
+    sim = GangSim(job)
+    sim.reconcile()
+    if sim.kueue_workload() is not None:
+        sim.admit()
+        sim.reconcile()
+    sim.run_all()
+    sim.reconcile()
+    assert sim.status["phase"] == "Running"
+    before = copy.deepcopy(sim.status)
+    sim.error = '403 workloads.kueue.x-k8s.io "x" is forbidden'
+    p = sim.reconcile()
+    assert p.delete_pods == [] and p.create_pods == [] and p.ensure_objects == []
+    assert p.requeue_after is not None and p.requeue_after <= 10
+    st = sim.status
+    assert st["phase"] == "Running" and st["attempt"] == 0
+    assert st["conditions"] == before["conditions"]
+    assert {k: v for k, v in st["gang"].items() if k != "readError"} == before["gang"]
+    assert "403" in st["gang"]["readError"]
+    (warning,) = p.events
+    assert warning.type == "Warning" and "pod(s) are kept" in warning.message
+    assert sim.reconcile().events == []  # warned once while it lasts
+    sim.error = None
+    p = sim.reconcile()
+    assert p.delete_pods == [] and "readError" not in sim.status["gang"]
+    assert sim.status["phase"] == "Running"
+
+
+def test_a_webhook_denying_the_kueue_workload_is_retried_for_its_window_then_fails() -> None:
+    from datetime import timedelta
+
+    from gpujob_operator.lifecycle.refusals import Refused, classify
+
+    sim = GangSim(kueue_job(runPolicy={"admissionRetrySeconds": 30}))
+    body = {"message": 'admission webhook "budget.example.com" denied the request: not now'}
+    denied = classify(403, body)
+    t0 = sim.now
+    sim.refused = Refused(
+        denied, "Workload kueue.x-k8s.io/v1beta2 w", t0, t0 + timedelta(seconds=8)
+    )
+    p = sim.reconcile()
+    assert p.ensure_objects == [] and p.requeue_after == 8
+    running = cond_of(sim)
+    assert running["reason"] == c.ADMISSION_WEBHOOK_DENIED and "retried until" in running["message"]
+    assert sim.status["admissionDenial"]["target"].startswith("Workload ")
+    sim.now = t0 + timedelta(seconds=30)
+    sim.reconcile()
+    assert sim.status["phase"] == "Failed"
+    assert "retried for 30s" in cond(sim.status, c.FAILED)["message"]
+
+
+def test_a_workload_created_after_denials_ends_their_run() -> None:
+    from datetime import timedelta
+
+    from gpujob_operator.lifecycle.refusals import Refused, classify
+
+    sim = GangSim(kueue_job())
+    denied = classify(403, {"message": 'admission webhook "b.example.com" denied the request'})
+    t0 = sim.now
+    sim.refused = Refused(
+        denied, "Workload kueue.x-k8s.io/v1beta2 w", t0, t0 + timedelta(seconds=1)
+    )
+    sim.reconcile()
+    sim.now = t0 + timedelta(seconds=1)
+    sim.reconcile()  # the retry: this time the Workload is created
+    sim.refused = None
+    sim.reconcile()
+    assert sim.kueue_workload() is not None and "admissionDenial" not in sim.status

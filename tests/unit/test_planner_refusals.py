@@ -182,3 +182,130 @@ def test_gang_restarts_back_off_exponentially_and_status_says_when() -> None:
         sim.reconcile()
         assert sim.status["phase"] == "Running"
     assert waits == [10.0, 20.0, 25.0]
+
+
+def classified(code: int, message: str) -> refusals.Refusal:
+    """A refusal as the classifier reads the API server's metav1.Status."""
+    body = {"kind": "Status", "status": "Failure", "message": message, "code": code}
+    return refusals.classify(code, body)
+
+
+MUST_SPECIFY = classified(
+    403,
+    'pods "bert-node-0" is forbidden: failed quota: compute-resources: must specify '
+    "limits.cpu,limits.memory",
+)
+DENIED = classified(
+    403,
+    'admission webhook "budget.example.com" denied the request: GPU budget of team ml spent '
+    "for now",
+)
+
+
+def test_a_quota_that_requires_limits_fails_the_job_and_says_what_to_set() -> None:
+    sim = Sim(make_job(nodes=2, gpusPerNode=8))
+    refused_whole_gang(sim, MUST_SPECIFY)
+    p = sim.reconcile()
+    assert not p.create_pods and not p.requeue_after
+    st = sim.status
+    assert st["phase"] == "Failed" and "nextAttemptTime" not in st
+    failed = cond(st, c.FAILED)
+    assert failed["reason"] == c.QUOTA_REQUIREMENTS_UNMET == st["failure"]["reason"]
+    assert "ResourceQuota compute-resources requires every container" in failed["message"]
+    assert "spec.resources.limits.cpu, spec.resources.limits.memory" in failed["message"]
+    assert [e.type for e in sim.events if e.reason == c.QUOTA_REQUIREMENTS_UNMET] == ["Warning"]
+
+
+def denied_job(window: int | None = 60) -> Sim:
+    run_policy = {} if window is None else {"admissionRetrySeconds": window}
+    sim = Sim(make_job(nodes=2, gpusPerNode=8, runPolicy=run_policy))
+    refused_whole_gang(sim, DENIED, retry_s=2)
+    return sim
+
+
+def test_a_webhooks_denial_is_retried_and_the_condition_says_until_when() -> None:
+    sim = denied_job(60)
+    p = sim.reconcile()
+    assert not p.create_pods and p.requeue_after == 2.0
+    st = sim.status
+    assert st["phase"] == "Pending" and c.FAILED not in {x["type"] for x in st["conditions"]}
+    message = cond(st, c.CREATED)["message"]
+    assert cond(st, c.CREATED)["reason"] == c.ADMISSION_WEBHOOK_DENIED
+    assert "GPU budget of team ml spent" in message
+    assert "retried until 2026-03-01T12:01:00Z (spec.runPolicy.admissionRetrySeconds: 60" in message
+    assert "retrying at 2026-03-01T12:00:02Z" in message
+    assert st["admissionDenial"] == {"since": "2026-03-01T12:00:00Z", "target": "pod bert-node-1"}
+    sim.now += timedelta(seconds=2)
+    assert len(sim.reconcile().create_pods) == 2  # the retry is due: the gang is tried again
+
+
+def test_a_webhooks_denial_fails_the_job_once_retried_for_its_window() -> None:
+    sim = denied_job(60)
+    sim.reconcile()
+    # Denied again and again; the retry after the window's end is due past it.
+    sim.refused = refused(DENIED, "pod bert-node-1", 0, 90, tries=6)
+    sim.now = T0 + timedelta(seconds=59)
+    p = sim.reconcile()
+    assert sim.status["phase"] == "Pending" and p.requeue_after == 1.0  # the window's end
+    sim.now = T0 + timedelta(seconds=60)
+    p = sim.reconcile()
+    st = sim.status
+    assert st["phase"] == "Failed" and not p.create_pods
+    failed = cond(st, c.FAILED)
+    assert failed["reason"] == c.ADMISSION_WEBHOOK_DENIED == st["failure"]["reason"]
+    assert "GPU budget of team ml spent" in failed["message"]
+    assert "denied since 2026-03-01T12:00:00Z and retried for 60s" in failed["message"]
+    assert "admissionRetrySeconds: 60): giving up" in failed["message"]
+    assert "admissionDenial" not in st
+
+
+def test_a_window_of_zero_fails_at_the_first_denial() -> None:
+    sim = denied_job(0)
+    sim.reconcile()
+    failed = cond(sim.status, c.FAILED)
+    assert failed["reason"] == c.ADMISSION_WEBHOOK_DENIED
+    assert "not retried (spec.runPolicy.admissionRetrySeconds: 0)" in failed["message"]
+
+
+def test_the_default_window_is_ten_minutes() -> None:
+    assert api.parse_spec(make_job()["spec"]).run_policy.admission_retry_seconds == 600
+    sim = denied_job(None)
+    sim.reconcile()
+    assert "retried until 2026-03-01T12:10:00Z" in cond(sim.status, c.CREATED)["message"]
+
+
+def test_an_operator_restart_does_not_restart_the_denials_window() -> None:
+    sim = denied_job(60)
+    sim.reconcile()
+    # The operator restarts: the shell remembers nothing, the status still does.
+    sim.refused = None
+    sim.now = T0 + timedelta(seconds=50)
+    sim.reconcile()
+    assert sim.status["admissionDenial"]["since"] == "2026-03-01T12:00:00Z"
+    # The new process's first retry is denied: its own run starts now, the status's earlier.
+    sim.pods.clear()
+    sim.refused = refused(DENIED, "pod bert-node-0", 50, 52)
+    sim.reconcile()
+    assert sim.status["phase"] == "Pending"
+    assert "denied since 2026-03-01T12:00:00Z" in cond(sim.status, c.CREATED)["message"]
+    sim.now = T0 + timedelta(seconds=61)
+    sim.reconcile()
+    assert sim.status["phase"] == "Failed"
+    assert "retried for 61s" in cond(sim.status, c.FAILED)["message"]
+
+
+def test_created_pods_or_another_refusal_end_the_run_of_denials() -> None:
+    sim = denied_job(60)
+    sim.reconcile()
+    sim.refused = refused(QUOTA, "pod bert-node-1", 1, 3)
+    sim.reconcile()
+    assert "admissionDenial" not in sim.status  # a full quota is no webhook's denial
+    sim.refused = refused(DENIED, "pod bert-node-1", 2, 4)
+    sim.reconcile()
+    assert sim.status["admissionDenial"]["since"] == "2026-03-01T12:00:02Z"
+    sim.now = T0 + timedelta(seconds=4)
+    sim.reconcile()
+    sim.refused = None  # every create went through
+    sim.reconcile()
+    assert cond(sim.status, c.CREATED)["reason"] == c.PODS_CREATED
+    assert "admissionDenial" not in sim.status

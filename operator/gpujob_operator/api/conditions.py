@@ -58,6 +58,8 @@ QUEUE_NAME_MISSING: Final = "QueueNameMissing"
 PRIORITY_CLASS_NOT_FOUND: Final = "PriorityClassNotFound"
 PREEMPTED: Final = "Preempted"
 EVICTED: Final = "Evicted"
+WORKLOAD_DELETED: Final = "WorkloadDeleted"
+"""The job's Kueue Workload vanished while its gang ran: counted like an eviction."""
 START_FORECAST: Final = "StartForecast"
 """Event: a waiting job's start forecast was first made or changed confidence, or it started
 (and how far that was from the forecast)."""
@@ -97,6 +99,9 @@ METRICS_REJECTED: Final = "MetricsRejected"
 # Refusals by the API server (lifecycle/refusals.py): the reason of Created/Running=False while a
 # transient one is retried, of Failed=True for a permanent one.
 QUOTA_EXCEEDED: Final = "QuotaExceeded"
+QUOTA_REQUIREMENTS_UNMET: Final = "QuotaRequirementsUnmet"
+"""A ResourceQuota requires what the pod does not set (``failed quota: q: must specify
+limits.cpu``): the pod as written can never be admitted, so the job fails."""
 POD_SECURITY_VIOLATION: Final = "PodSecurityViolation"
 INVALID_POD_TEMPLATE: Final = "InvalidPodTemplate"
 INVALID_SPEC: Final = "InvalidSpec"
@@ -120,9 +125,11 @@ PERMANENT_REFUSALS: Final = (
     INVALID_OBJECT,
     POD_SECURITY_VIOLATION,
     LIMIT_RANGE_VIOLATION,
-    ADMISSION_WEBHOOK_DENIED,
+    QUOTA_REQUIREMENTS_UNMET,
     ADMISSION_POLICY_DENIED,
 )
+BOUNDED_REFUSALS: Final = (ADMISSION_WEBHOOK_DENIED,)
+"""Retried for ``spec.runPolicy.admissionRetrySeconds``, then the job fails."""
 TRANSIENT_REFUSALS: Final = (
     QUOTA_EXCEEDED,
     ADMISSION_WEBHOOK_UNAVAILABLE,
@@ -135,7 +142,7 @@ TRANSIENT_REFUSALS: Final = (
     CREATE_REFUSED,
     API_ERROR,
 )
-REFUSAL_REASONS: Final = (*PERMANENT_REFUSALS, *TRANSIENT_REFUSALS)
+REFUSAL_REASONS: Final = (*PERMANENT_REFUSALS, *BOUNDED_REFUSALS, *TRANSIENT_REFUSALS)
 """PodCreateRefused is permanent for a 400 Bad Request, transient for an unknown 403."""
 GANG_RELEASED: Final = "GangReleased"
 """Event: the pods of a gang that could not be completed were deleted, so it holds nothing."""

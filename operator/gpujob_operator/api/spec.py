@@ -112,6 +112,15 @@ class RunPolicy(_Model):
         default=False,
         description="Restart the gang (counted against backoffLimit) when the job is Stalled.",
     )
+    admission_retry_seconds: int = Field(
+        default=600,
+        ge=0,
+        le=604800,
+        description="How long creates an admission webhook denies are retried (with the "
+        "refusal backoff) before the job fails (AdmissionWebhookDenied): budget and capacity "
+        'webhooks deny "for now". Counted from the first denial in a row (kept in '
+        "status.admissionDenial across operator restarts); 0 fails at the first denial.",
+    )
 
 
 class Scheduling(_Model):

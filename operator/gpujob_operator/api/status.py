@@ -253,9 +253,26 @@ class GangStatus(_StatusModel):
     preemptions: int | None = Field(
         default=None,
         description="Times the gang was preempted or evicted (by Kueue, by kube-scheduler "
-        "for a higher-priority pod, by an eviction such as kubectl drain): restarts that are "
-        "not failures and not counted against backoffLimit.",
+        "for a higher-priority pod, by an eviction such as kubectl drain, or its Kueue "
+        "Workload deleted while it ran): restarts that are not failures and not counted "
+        "against backoffLimit.",
     )
+    read_error: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="Why the gang's admission objects could not be read at the last pass; "
+        "while it lasts the gang's pods are kept with the last known admission and nothing "
+        "is created.",
+    )
+
+
+class AdmissionDenial(_StatusModel):
+    """The run of admission webhook denials being retried (spec.runPolicy.admissionRetrySeconds)."""
+
+    since: Time | None = Field(
+        default=None, description="The first denial of this run: the retries count from it."
+    )
+    target: str | None = Field(default=None, description="What was denied, e.g. pod j-node-0.")
 
 
 class QueueForecast(_StatusModel):
@@ -401,6 +418,12 @@ class GPUTrainingJobStatus(_StatusModel):
         description="When the pods of the next gang attempt will be created: set while a gang "
         "restart backs off (10 s, 20 s, 40 s ... capped, like batch/v1 Job) or a refused pod "
         "create is retried.",
+    )
+    admission_denial: AdmissionDenial | None = Field(
+        default=None,
+        description="Set while an admission webhook denies the job's creates: since when, so "
+        "that the bounded retry (spec.runPolicy.admissionRetrySeconds) survives an operator "
+        "restart.",
     )
     progress: Progress | None = Field(default=None, description="Training progress.")
     bottleneck: Bottleneck | None = Field(default=None, description="Current bottleneck verdict.")

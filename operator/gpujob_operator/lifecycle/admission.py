@@ -10,7 +10,11 @@ The mechanism in effect (``status.gang.mechanism``, see :func:`.gang.mechanism`)
   LocalQueue of the job's queue-name label, at its WorkloadPriorityClass). Admitted pods get
   the admitted flavors' node labels and tolerations; on eviction the pods are deleted and,
   once none is active, the quota is handed back so the Workload is requeued; the admitted
-  gang's readiness is reported on the Workload (PodsReady, for ``waitForPodsReady``).
+  gang's readiness is reported on the Workload (PodsReady, for ``waitForPodsReady``). A
+  Workload that vanishes while the gang has pods (deleted by hand) is counted like an
+  eviction: a Warning, a new attempt, the pods deleted, and a new Workload once they are gone.
+* a failed read of the gang's objects never deletes pods: while the job has pods, they are
+  kept with the last known admission, nothing is created, and the read is retried.
 * while the gang may not run, :func:`hold` deletes its pods and Running=False says why
   (GangSchedulingUnavailable, QueueNameMissing, PriorityClassNotFound, Queued, Preempted,
   Evicted).
@@ -21,13 +25,16 @@ The gang objects themselves are built and read in :mod:`.gang`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 from gpujob_operator import api
 from gpujob_operator.api import conditions as c
 from gpujob_operator.lifecycle import builders, gang, retries
-from gpujob_operator.lifecycle.observations import ObservedPod
+from gpujob_operator.lifecycle.observations import MESSAGE_MAX_CHARS, ObservedPod, truncate
 from gpujob_operator.lifecycle.planpass import PlanningPass
+
+READ_RETRY_SECONDS: Final = 10.0
+"""How soon a failed read of the gang's objects is tried again while the gang keeps its pods."""
 
 
 def hold(pp: PlanningPass, reason: str, message: str, warn: bool = False) -> None:
@@ -45,6 +52,9 @@ def gang_admitted(pp: PlanningPass) -> bool:
     pp.gang_status = {k: v for k, v in pp.gang_status.items() if k in ("preemptions", "mechanism")}
     pp.gang_status["mechanism"] = pp.mechanism
     if pp.gang_obs.error and pp.mechanism != api.GANG_NONE:
+        if any(p.active for p in pp.pods):
+            keep_admission(pp, pp.gang_obs.error)
+            return False
         hold(
             pp,
             c.GANG_SCHEDULING_UNAVAILABLE,
@@ -75,6 +85,57 @@ def gang_admitted(pp: PlanningPass) -> bool:
     return True
 
 
+def keep_admission(pp: PlanningPass, error: str) -> None:
+    """The gang's objects could not be read but it has pods: a read that failed says nothing
+    about the admission, so keep the pods and the last known admission, create nothing, warn
+    once, and read again soon."""
+    old = dict(pp.old_status.get("gang") or {})
+    pp.gang_status = {**old, "mechanism": pp.mechanism, "readError": truncate(error, 1024)}
+    if not old.get("readError"):
+        pods = sum(1 for p in pp.pods if p.active)
+        message = (
+            f"cannot read the job's {pp.mechanism} admission objects ({error}); its {pods} "
+            "pod(s) are kept with the last known admission and nothing is created until a "
+            f"read succeeds (retried every {READ_RETRY_SECONDS:g}s)"
+        )
+        pp.event(
+            "Warning", c.GANG_SCHEDULING_UNAVAILABLE, truncate(message, MESSAGE_MAX_CHARS) or ""
+        )
+    pp.requeue.append(READ_RETRY_SECONDS)
+
+
+def workload_lost(pp: PlanningPass, queue: str) -> bool:
+    """Kueue: the job's Workload is gone while its gang has pods, or was found gone and its
+    pods are still going; True while the new Workload must wait.
+
+    Gone while pods of the current attempt exist means someone deleted it (a 404 is the
+    server's word, not a failed read): like an eviction, the attempt ends (a new one, so the
+    monitor never mixes two gangs' windows), ``preemptions`` counts it, a Warning says so and
+    the pods are deleted; the new Workload is created once none is active, so the quota is
+    never asked for twice.
+    """
+    old = c.find(pp.old_conds, c.RUNNING) or {}
+    name = gang.kueue_workload_name(pp.body)
+    if pp.current:
+        ended = pp.attempt
+        pp.attempt += 1
+        pp.gang_status["preemptions"] = int(pp.gang_status.get("preemptions") or 0) + 1
+        message = (
+            f"the job's Kueue Workload {name} is gone (deleted) while attempt {ended} ran; "
+            f"its pods are deleted and, once they are gone, a new Workload queues the job in "
+            f"LocalQueue {queue} again (attempt {pp.attempt})"
+        )
+        hold(pp, c.WORKLOAD_DELETED, message, warn=True)
+        return True
+    if old.get("reason") != c.WORKLOAD_DELETED:
+        return False
+    if any(p.active for p in pp.pods):
+        pp.set(c.RUNNING, c.FALSE, c.WORKLOAD_DELETED, str(old.get("message") or ""))
+        pp.delete(pp.pods)
+        return True
+    return False
+
+
 def kueue_admitted(pp: PlanningPass) -> bool:
     """Kueue: whether the job's Workload is admitted; until then it is created and waited for."""
     queue = gang.queue_name(pp.body)
@@ -98,6 +159,10 @@ def kueue_admitted(pp: PlanningPass) -> bool:
             warn=True,
         )
         return False
+    if wl is None and workload_lost(pp, queue):
+        return False
+    if wl is not None and str((pp.denial or {}).get("target", "")).startswith("Workload "):
+        pp.denial = None  # the Workload's create went through
     if wl is None:
         pclass = gang.priority_class(pp.body)
         if pclass and pp.gang_obs.kueue_priority is None:
@@ -110,7 +175,7 @@ def kueue_admitted(pp: PlanningPass) -> bool:
             )
             return False
         refused = pp.refused
-        if refused is not None and refused.refusal.permanent:
+        if refused is not None and retries.gives_up(pp, refused):
             retries.fail_refused(pp, refused, pp.current)
             return False
         if refused is not None and refused.retry_at > pp.now:
@@ -123,7 +188,10 @@ def kueue_admitted(pp: PlanningPass) -> bool:
                 )
             )
         if refused is not None:
-            hold(pp, refused.refusal.reason, retries.refused_message(refused), warn=True)
+            hold(pp, refused.refusal.reason, retries.refused_message(pp, refused), warn=True)
+        elif (c.find(pp.old_conds, c.RUNNING) or {}).get("reason") == c.WORKLOAD_DELETED:
+            message = f"queued in LocalQueue {queue}: creating its Kueue Workload again"
+            pp.set(c.RUNNING, c.FALSE, c.WORKLOAD_DELETED, message)
         else:
             hold(pp, c.QUEUED, f"queued in LocalQueue {queue}: creating its Kueue Workload")
         return False
@@ -147,7 +215,7 @@ def kueue_admitted(pp: PlanningPass) -> bool:
         old = c.find(pp.old_conds, c.RUNNING) or {}
         detail = f": {st.pending_message}" if st.pending_message else ""
         message = f"queued in LocalQueue {queue}, waiting for Kueue to admit it{detail}"
-        if old.get("reason") in (c.PREEMPTED, c.EVICTED):
+        if old.get("reason") in (c.PREEMPTED, c.EVICTED, c.WORKLOAD_DELETED):
             pp.set(c.RUNNING, c.FALSE, str(old["reason"]), message)
             pp.delete(pp.pods)
             return False

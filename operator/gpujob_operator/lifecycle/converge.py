@@ -34,7 +34,7 @@ def converge(pp: PlanningPass) -> None:
     missing = [r for r in range(n) if r not in have]
     taken = names_taken(pp, missing)
     refused = pp.refused if missing else None
-    if refused is not None and refused.refusal.permanent:
+    if refused is not None and retries.gives_up(pp, refused):
         retries.fail_refused(pp, refused, current)
         return
     # Pods of this attempt being deleted (a released gang) go before any is created again.
@@ -56,9 +56,10 @@ def converge(pp: PlanningPass) -> None:
 
     if len(current) == n:
         pp.next_attempt = None
+        pp.denial = None  # every create went through: no denial is being retried any more
         pp.set(c.CREATED, c.TRUE, c.PODS_CREATED, f"all {n} pods of attempt {pp.attempt} exist")
     elif refused is not None:
-        message = retries.refused_message(refused)
+        message = retries.refused_message(pp, refused)
         old = c.find(pp.old_conds, c.CREATED) or {}
         pp.set(c.CREATED, c.FALSE, refused.refusal.reason, message)
         pp.set(c.RUNNING, c.FALSE, refused.refusal.reason, message)

@@ -28,7 +28,7 @@ from gpujob_operator.lifecycle.observations import (
     ObservedPod,
     int_or_none,
 )
-from gpujob_operator.lifecycle.refusals import Refused
+from gpujob_operator.lifecycle.refusals import Refused, denial_record
 
 _STATUS_KEYS: Final = frozenset(
     f.alias or name for name, f in api.GPUTrainingJobStatus.model_fields.items()
@@ -85,6 +85,8 @@ class PlanningPass:
         self.requeue: list[float] = []
         self.service: dict[str, Any] | None = None
         self.refused = refused
+        self.denial = denial_record(self.old_status.get("admissionDenial"), refused)
+        """``status.admissionDenial``: since when an admission webhook denies (None: none)."""
         self.restart_backoff = restart_backoff
         self.gang_grace_seconds = gang_grace_seconds
         self.next_attempt: str | None = self.old_status.get("nextAttemptTime")
@@ -170,6 +172,7 @@ class PlanningPass:
             "startTime": self.start_time,
             "completionTime": self.completion_time,
             "nextAttemptTime": self.next_attempt if not c.is_finished(self.conds) else None,
+            "admissionDenial": self.denial if not c.is_finished(self.conds) else None,
             "failure": self.failure,
             "gang": self.gang_block(),
         }

@@ -7,10 +7,17 @@ core/v1 rejects, throttling, an overloaded or restarting server. Each refusal be
 (``permanent``), the server's own message, and the server's hint of when to retry.
 
 Permanent means "this pod, as built, can never be admitted under the namespace's current
-policy": a field core/v1 rejects, PodSecurity, a LimitRange, an admission webhook's or
-policy's explicit denial. Everything else (quota, throttling, 5xx, a webhook that is down,
-RBAC that an admin may still fix, anything unknown) is retried with backoff: an unknown
-refusal must never fail a job for good.
+policy": a field core/v1 rejects, PodSecurity, a LimitRange, a ResourceQuota that requires
+what the pod does not set (``failed quota: q: must specify limits.cpu``), an admission
+policy's explicit denial. An admission webhook's denial is ``bounded``: budget or capacity
+webhooks deny "for now", so it is retried, but only for the job's
+``spec.runPolicy.admissionRetrySeconds``. Everything else (a full quota, throttling, 5xx, a
+webhook that is down, RBAC that an admin may still fix, anything unknown) is retried with
+backoff: an unknown refusal must never fail a job for good.
+
+Quota refusals are recognised by the ResourceQuota admission plugin's own phrases after the
+API server's ``is forbidden:`` (``exceeded quota:``, ``failed quota:``, ...), never by the
+word "quota" alone: a namespace or ServiceAccount may be named ``quota-team``.
 """
 
 from __future__ import annotations
@@ -30,6 +37,15 @@ _LIMIT_RANGE: Final = re.compile(
     r"(maximum|minimum) \S+ usage per (Container|Pod) is|limit to request ratio per", re.I
 )
 _RBAC: Final = re.compile(r"\bcannot \w+ resource\b")
+# kube-apiserver's ResourceQuota admission (plugin/resourcequota/controller.go), wrapped by
+# admission.NewForbidden as '<resource> "<name>" is forbidden: <error>' (or 'forbidden: ...').
+_FORBIDDEN: Final = r"(?:^|\bis )forbidden: "
+_QUOTA_FAILED: Final = re.compile(_FORBIDDEN + r"failed quota: (?P<quota>[^:\s]+): (?P<why>.*)$")
+_QUOTA_TRANSIENT: Final = re.compile(
+    _FORBIDDEN + r"(?:exceeded quota: |status unknown for quota: |insufficient quota to "
+    r"(?:consume|match these scopes): )"
+)
+_MUST_SPECIFY: Final = "must specify "
 _WEBHOOK_DOWN: Final = re.compile(r"failed calling webhook|failed to call webhook", re.I)
 _WEBHOOK_DENIED: Final = re.compile(r"admission webhook .* denied the request", re.I)
 _POLICY_DENIED: Final = re.compile(r"ValidatingAdmissionPolicy .* denied request", re.I)
@@ -49,6 +65,11 @@ class Refusal:
     """HTTP status code, None when no response came back."""
     retry_after: float | None = None
     """Seconds the server asked us to wait (Retry-After / details.retryAfterSeconds)."""
+    bounded: bool = False
+    """Retried, but only for the job's ``spec.runPolicy.admissionRetrySeconds`` (an admission
+    webhook's denial: budget and capacity webhooks deny "for now")."""
+    advice: str | None = None
+    """What the user can do about it, when the message alone does not say."""
 
     @property
     def expected(self) -> bool:
@@ -104,8 +125,8 @@ def classify(
     reason = str(status.get("reason") or "")
     hint = _retry_after(status, headers)
 
-    def out(r: str, permanent: bool) -> Refusal:
-        return Refusal(r, permanent, message, code, hint)
+    def out(r: str, permanent: bool, bounded: bool = False, advice: str | None = None) -> Refusal:
+        return Refusal(r, permanent, message, code, hint, bounded, advice)
 
     if code is None:
         return out(c.API_UNREACHABLE, False)
@@ -113,7 +134,7 @@ def classify(
     if _WEBHOOK_DOWN.search(message):
         return out(c.ADMISSION_WEBHOOK_UNAVAILABLE, False)
     if _WEBHOOK_DENIED.search(message):
-        return out(c.ADMISSION_WEBHOOK_DENIED, True)
+        return out(c.ADMISSION_WEBHOOK_DENIED, False, bounded=True)
     if _POLICY_DENIED.search(message):
         return out(c.ADMISSION_POLICY_DENIED, True)
     if code == 429 or reason == "TooManyRequests":
@@ -125,12 +146,19 @@ def classify(
     if code == 403:
         if "violates PodSecurity" in message:
             return out(c.POD_SECURITY_VIOLATION, True)
-        if "quota" in message.lower():
+        if _RBAC.search(message):
+            return out(c.OPERATOR_FORBIDDEN, False)
+        failed = _QUOTA_FAILED.search(message)
+        if failed:
+            return out(
+                c.QUOTA_REQUIREMENTS_UNMET,
+                True,
+                advice=quota_advice(failed["quota"], failed["why"]),
+            )
+        if _QUOTA_TRANSIENT.search(message):
             return out(c.QUOTA_EXCEEDED, False)
         if _LIMIT_RANGE.search(message):
             return out(c.LIMIT_RANGE_VIOLATION, True)
-        if _RBAC.search(message):
-            return out(c.OPERATOR_FORBIDDEN, False)
         return out(c.CREATE_REFUSED, False)
     if code == 409:
         return out(c.API_CONFLICT, False)
@@ -139,6 +167,35 @@ def classify(
     if code == 400:
         return out(c.CREATE_REFUSED, True)
     return out(c.API_ERROR, False)
+
+
+def quota_advice(quota: str, why: str) -> str:
+    """What to set for a quota's ``must specify`` (else its other complaint), in spec terms.
+
+    The plugin lists the missing resources as ``limits.cpu,requests.memory`` (newer servers:
+    ``limits.cpu for: trainer; requests.memory for: trainer``); a bare ``cpu`` is a request.
+    """
+    if not why.startswith(_MUST_SPECIFY):
+        return (
+            f"ResourceQuota {quota} refuses the pod's resources as written; fix "
+            "spec.resources and create the job again"
+        )
+    names: list[str] = []
+    for part in why[len(_MUST_SPECIFY) :].split("; "):
+        for name in part.split(" for: ")[0].split(","):
+            name = name.strip()
+            if name and name not in names:
+                names.append(name)
+    fields = ", ".join(
+        f"spec.resources.{n}"
+        if n.startswith(("limits.", "requests."))
+        else f"spec.resources.requests.{n}"
+        for n in names
+    )
+    return (
+        f"ResourceQuota {quota} requires every container to set {', '.join(names)}, which the "
+        f"job's pods do not: set {fields} and create the job again"
+    )
 
 
 def classify_exception(exc: BaseException, *, kind: str = "pod") -> Refusal:
@@ -177,3 +234,32 @@ class Refused:
     since: datetime
     retry_at: datetime
     tries: int = 1
+
+
+def _kind(target: object) -> str:
+    """The kind part of a Refused target (``pod``, ``service``, ``Workload``, ...)."""
+    return str(target or "").partition(" ")[0]
+
+
+def denial_record(old: Mapping[str, Any] | None, refused: Refused | None) -> dict[str, str] | None:
+    """``status.admissionDenial`` after this pass's refusal: since when a webhook denies.
+
+    The shell forgets its refusals on restart; this record does not, so the bounded retry of
+    a webhook's denial (``spec.runPolicy.admissionRetrySeconds``) counts from the first
+    denial, not from the restart. It is kept while no refusal is known (the shell restarted,
+    or a retry is in flight), continued by a denial of the same kind of object, and dropped
+    by any other refusal; the planner drops it too once the creates are seen to succeed.
+    """
+    if refused is None:
+        return dict(old) if old else None
+    if not refused.refusal.bounded:
+        return None
+    since = refused.since
+    prev = c.parse_time((old or {}).get("since"))
+    if (
+        prev is not None
+        and prev < since
+        and _kind((old or {}).get("target")) == _kind(refused.target)
+    ):
+        since = prev
+    return {"since": c.format_time(since), "target": refused.target}

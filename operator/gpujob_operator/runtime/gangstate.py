@@ -4,7 +4,9 @@ Native gangs: the served ``scheduling.k8s.io`` version (API discovery, cached fo
 process) and, while the gang is not running, its PodGroup (the scheduler's reason). Kueue:
 the job's Workload, the ResourceFlavors its admission names and, before Kueue made a
 Workload, the job's WorkloadPriorityClass. A 403 or 404 becomes the observation's error
-(the planner shows it) instead of failing the pass.
+(the planner shows it, and keeps any pods the gang has) instead of failing the pass; a
+Workload that is not there (``get_object`` answers None) is gone, which the planner counts
+like an eviction while the gang has pods.
 """
 
 from __future__ import annotations

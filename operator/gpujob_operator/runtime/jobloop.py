@@ -287,8 +287,9 @@ class JobLoop:
     async def _probe_gang(self, ns: str, pods: list[dict[str, Any]]) -> bool:
         """Dry-run the gang's summed resources as one pod; True when that was refused.
 
-        A permanent refusal of the probe (a LimitRange's per-pod maximum, say) says nothing
-        about the real pods, whose own dry runs follow: it is ignored.
+        A permanent refusal of the probe (a LimitRange's per-pod maximum, say) or a webhook's
+        denial (of a pod asking for the whole gang) says nothing about the real pods, whose
+        own dry runs follow: it is ignored.
         """
         probe = gangprobe.probe_pod(pods)
         if probe is None:
@@ -302,7 +303,7 @@ class JobLoop:
             refusal = refusals.classify_exception(e)
             if not refusal.expected:
                 raise
-            if refusal.permanent:
+            if refusal.permanent or refusal.bounded:
                 log.debug("gang probe of %s refused (%s), ignored", self.key, refusal.message)
                 return False
             self._refuse(f"the gang's {len(pods)} pods", refusal)
