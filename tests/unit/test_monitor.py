@@ -11,7 +11,7 @@ from gpujob_operator.monitoring.monitor import JobMonitor, exited_ranks, scrape_
 from gpujob_operator.monitoring.scrape_result import ErrorKind, ScrapeResult, ScrapeTarget
 from gpujob_operator.monitoring.update import MonitorUpdate
 from gpujob_operator.monitoring.verdict import HEALTHY, INPUT_BOUND, STALLED
-from tests.unit.test_analysis import T0, Job, RankSim
+from tests.unit.test_analysis import T0, Job, RankSim, slow_steps
 
 SPEC = {
     "image": "trainer:1",
@@ -200,6 +200,18 @@ def test_stall_sets_the_condition_at_once_and_confirms_it_on_the_next_scrape() -
     assert (
         c.STALL_DETECTED in got and got.index(c.STALL_CONFIRMED) == got.index(c.STALL_DETECTED) + 1
     )
+
+
+def test_an_operator_restart_beside_a_node_20_minutes_behind_stalls_nothing() -> None:
+    # 40 s steps, longer than a scrape; the new operator (a restart, a handover) first looks
+    # two scrapes after a step, at a node whose clock runs 20 minutes behind its own
+    job = slow_steps(-1200.0)
+    for i in range(5):
+        job.round(i)
+    mon = JobMonitor(SPEC)
+    updates = [mon.observe(results_of(job, i), job.now) for i in range(5, 17)]
+    assert {cond(u, c.STALLED)["reason"] for u in updates} == {c.PROGRESSING}
+    assert all(e.reason != c.STALL_DETECTED for u in updates for e in u.events)
 
 
 def test_no_step_yet_is_starting_up_not_stalled() -> None:

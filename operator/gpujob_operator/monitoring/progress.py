@@ -18,6 +18,7 @@ from typing import Any, Final
 from gpujob_operator.monitoring.analysis_settings import Settings
 from gpujob_operator.monitoring.formatting import iso
 from gpujob_operator.monitoring.rows import (
+    NAN,
     R_EPOCH,
     R_LAST_STEP,
     R_LOSS,
@@ -27,6 +28,7 @@ from gpujob_operator.monitoring.rows import (
     R_TARGET,
     R_TOKENS,
     latest,
+    own_clock_age,
     rate,
 )
 from gpujob_operator.monitoring.window import RankSeries
@@ -51,6 +53,15 @@ def _ewma_rate(rows: Sequence[array[float]]) -> float:
             est = r if math.isnan(est) else EWMA_ALPHA * r + (1 - EWMA_ALPHA) * est
         prev = row
     return est
+
+
+def _last_step_time(s: RankSeries) -> float:
+    """When the rank's last step ended, on the operator's clock when the rank exports its own
+    clock (its scrape time less the step's age), else as the rank exported it."""
+    at, age = own_clock_age(s.rows, R_LAST_STEP)
+    if math.isnan(at):
+        return NAN
+    return at - age if not math.isnan(age) else latest(s.rows, R_LAST_STEP)
 
 
 def smoothed_step_rate(
@@ -111,7 +122,7 @@ def progress_status(
             out["estimatedCompletionTime"] = iso(now + eta)
     elif total and step >= total:
         out["etaSeconds"] = 0.0
-    last = [v for s in series if not math.isnan(v := latest(s.rows, R_LAST_STEP)) and v > 0]
+    last = [v for s in series if not math.isnan(v := _last_step_time(s))]
     if last:
         out["lastStepTime"] = iso(max(last))
     losses = [v for s in series if math.isfinite(v := latest(s.rows, R_LOSS))]

@@ -4,8 +4,11 @@ Stalled means hung, not slow: no step for the threshold *and* no rank busy. The 
 is max(`STALL_STEP_FACTOR` x the run's median step time, stallTimeoutSeconds). Before the
 first step the threshold is the start-up timeout; after the last step there is no stall; a
 rank that changed phase within the threshold (its heartbeat moved) or sits in a checkpoint
-or an evaluation (up to the busy timeout) is busy. The heartbeat is timed by the operator's
-own clock (when it saw the value change), so clock skew between nodes does not matter.
+or an evaluation (up to the busy timeout) is busy. The heartbeat and the last step are
+timed by the operator's own clock (when it saw the value change); on first sight (an operator
+restart, a handover, a spec edit) by their age on the rank's own clock, which it exports with
+them, or from that sight when it does not. A node's clock is never compared with the
+operator's, so clock skew between nodes does not matter.
 """
 
 from __future__ import annotations
