@@ -470,6 +470,29 @@ def test_no_stall_after_the_last_step() -> None:
     assert verdict(run(job, rounds=40, settings=Settings(stall_timeout_seconds=60))) == STALLED
 
 
+def test_each_rank_is_finished_at_its_own_target_and_a_huge_one_is_ignored() -> None:
+    st = Settings(stall_timeout_seconds=60)
+    # a rank with a slightly larger target runs one more step than the other, then both end
+    job = live_ranks(hooks=[hang_at(10)])
+    job.ranks[0].target, job.ranks[1].target = 100, 101
+
+    def last_step_of_rank_1(j: Job, i: int) -> None:
+        if i == 10:
+            j.ranks[1].steps += 1
+
+    job.hooks.append(last_step_of_rank_1)
+    a = run(job, rounds=40, settings=st)
+    assert verdict(a) != STALLED and a.stall_reason == "RanksFinished"
+    assert a.stall_note == "every rank reached its own last step 100-101"
+    # a third rank exports an absurd target: the job's is the others', and it is finished
+    job = Job([RankSim(r, r, heartbeat=T0, target=100) for r in range(3)], hooks=[hang_at(10)])
+    job.ranks[2].target = 10**15
+    a = run(job, rounds=40, settings=st)
+    assert a.progress["totalSteps"] == 100 and a.progress["percent"] == 100.0
+    assert verdict(a) != STALLED and a.stall_reason == "RanksFinished"
+    assert "rank 2: 1e+15 (rejected)" in a.target_note
+
+
 @pytest.mark.parametrize("phase", ["checkpoint", "eval"])
 def test_a_rank_in_a_checkpoint_or_an_evaluation_is_busy_until_the_busy_timeout(
     phase: str,

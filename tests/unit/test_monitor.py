@@ -368,11 +368,33 @@ def test_a_huge_but_finite_target_gives_an_eta_without_a_date() -> None:
     job = Job([RankSim(0, 0), RankSim(1, 1)])
     mon = JobMonitor(SPEC)
     for i in range(4):
-        u = mon.observe(hostile(job, i, {1: {"gpujob_train_target_steps": "1e15"}}), job.now)
-    assert u.progress["totalSteps"] == 10**15 and u.progress["etaSeconds"] > 1e14
+        huge = {"gpujob_train_target_steps": "1e11"}  # every rank's: the job's target
+        u = mon.observe(hostile(job, i, {0: huge, 1: huge}), job.now)
+    assert u.progress["totalSteps"] == 10**11 and u.progress["etaSeconds"] > 1e10
     assert "estimatedCompletionTime" not in u.progress
     patch = u.status_patch({})
     assert patch is not None and patch["display"]["eta"]
+
+
+def test_ranks_that_disagree_on_the_target_are_named_and_the_end_is_no_stall() -> None:
+    # rank 1 exports an absurd target: the percent still moves, MetricsAvailable says so,
+    # and once both ranks ran the job's 100 steps the silence after is no stall
+    job = Job([RankSim(0, 0, heartbeat=T0, target=100), RankSim(1, 1, heartbeat=T0)])
+    mon = JobMonitor(SPEC)
+    huge = {1: {"gpujob_train_target_steps": "1e15"}}
+    updates = []
+    for i in range(20):
+        job.steps_per_scrape = 10 if i < 10 else 0
+        updates.append(mon.observe(hostile(job, i, huge), job.now))
+    assert updates[4].progress["totalSteps"] == 100 and updates[4].progress["percent"] == 50.0
+    m = cond(updates[-1], c.METRICS_AVAILABLE)
+    assert m["status"] == c.TRUE and m["reason"] == c.ALL_RANKS_SCRAPED
+    assert m["message"] == (
+        "scraped 2 rank(s); ranks disagree on the target steps (the job's is 100): "
+        "rank 1: 1e+15 (rejected)"
+    )
+    assert {cond(u, c.STALLED)["reason"] for u in updates[10:]} == {c.RANKS_FINISHED}
+    assert all(e.reason != c.STALL_DETECTED for u in updates for e in u.events)
 
 
 def test_compute_bound_is_published_but_detects_no_bottleneck_and_warns_nobody() -> None:

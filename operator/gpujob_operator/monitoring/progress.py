@@ -25,12 +25,12 @@ from gpujob_operator.monitoring.rows import (
     R_SAMPLES,
     R_STEPS,
     R_T,
-    R_TARGET,
     R_TOKENS,
     latest,
     own_clock_age,
     rate,
 )
+from gpujob_operator.monitoring.targets import Targets, job_targets
 from gpujob_operator.monitoring.window import RankSeries
 
 EWMA_ALPHA: Final = 0.3
@@ -83,16 +83,17 @@ def progress_status(
     settings: Settings,
     now: float,
     step_rate: float | None,
+    targets: Targets | None = None,
 ) -> dict[str, Any]:
-    """status.progress (camelCase, matching api.Progress) of the ranks that speak for now."""
+    """status.progress (camelCase, matching api.Progress) of the ranks that speak for now;
+    the total is the job's target steps (`targets.job_targets`, computed when not given)."""
     out: dict[str, Any] = {}
     steps = [v for s in series if not math.isnan(v := latest(s.rows, R_STEPS))]
     if not steps:
         return out
     step = int(min(steps))
     out["step"] = step
-    targets = [v for s in series if not math.isnan(v := latest(s.rows, R_TARGET)) and v > 0]
-    total = int(max(targets)) if targets else settings.total_steps
+    total = (targets or job_targets(series, settings.total_steps)).total
     if total:
         out["totalSteps"] = total
         out["percent"] = round(min(100.0, 100.0 * step / total), 2)
