@@ -15,6 +15,7 @@ from gpujob_operator import api
 from gpujob_operator.monitoring import expfmt
 from gpujob_operator.monitoring.analysis import Analysis, analyze
 from gpujob_operator.monitoring.analysis_settings import Settings
+from gpujob_operator.monitoring.formatting import iso
 from gpujob_operator.monitoring.frame import frame
 from gpujob_operator.monitoring.stall import median_step_seconds
 from gpujob_operator.monitoring.verdict import (
@@ -69,16 +70,22 @@ class RankSim:
     """Exported when set; moves with every step (the trainer's liveness series)."""
     current: str | None = None
     """The phase exported as current, when set."""
+    skew: float = 0.0
+    """How far the rank's node clock runs ahead of the operator's (negative: behind)."""
+    own_clock: bool = True
+    """Exports its clock with its timestamps (False: an older trainer)."""
+    clock: float = 0.0
 
     def advance(self, n: int, now: float) -> None:
+        self.clock = now + self.skew
         for _ in range(n):
             self.steps += 1
             for p, s in self.phases.items():
                 self.total[p] += s
         if n:
-            self.last_step = now
+            self.last_step = self.clock
             if self.heartbeat is not None:
-                self.heartbeat = now
+                self.heartbeat = self.clock
 
     def text(self) -> str:
         lab = f'local_rank="{self.local_rank}",node_rank="{self.node_rank}",rank="{self.rank}"'
@@ -109,6 +116,8 @@ class RankSim:
             lines.append(f"{contract.LAST_STEP_TIMESTAMP.name}{{{lab}}} {self.last_step}")
         if self.heartbeat is not None:
             lines.append(f"{contract.HEARTBEAT_TIMESTAMP.name}{{{lab}}} {self.heartbeat}")
+        if self.own_clock and self.clock:
+            lines.append(f"{contract.CLOCK_TIMESTAMP.name}{{{lab}}} {self.clock}")
         if self.current is not None:
             for p in contract.PHASES:
                 on = int(p == self.current)
@@ -461,6 +470,29 @@ def test_no_stall_after_the_last_step() -> None:
     assert verdict(run(job, rounds=40, settings=Settings(stall_timeout_seconds=60))) == STALLED
 
 
+def test_each_rank_is_finished_at_its_own_target_and_a_huge_one_is_ignored() -> None:
+    st = Settings(stall_timeout_seconds=60)
+    # a rank with a slightly larger target runs one more step than the other, then both end
+    job = live_ranks(hooks=[hang_at(10)])
+    job.ranks[0].target, job.ranks[1].target = 100, 101
+
+    def last_step_of_rank_1(j: Job, i: int) -> None:
+        if i == 10:
+            j.ranks[1].steps += 1
+
+    job.hooks.append(last_step_of_rank_1)
+    a = run(job, rounds=40, settings=st)
+    assert verdict(a) != STALLED and a.stall_reason == "RanksFinished"
+    assert a.stall_note == "every rank reached its own last step 100-101"
+    # a third rank exports an absurd target: the job's is the others', and it is finished
+    job = Job([RankSim(r, r, heartbeat=T0, target=100) for r in range(3)], hooks=[hang_at(10)])
+    job.ranks[2].target = 10**15
+    a = run(job, rounds=40, settings=st)
+    assert a.progress["totalSteps"] == 100 and a.progress["percent"] == 100.0
+    assert verdict(a) != STALLED and a.stall_reason == "RanksFinished"
+    assert "rank 2: 1e+15 (rejected)" in a.target_note
+
+
 @pytest.mark.parametrize("phase", ["checkpoint", "eval"])
 def test_a_rank_in_a_checkpoint_or_an_evaluation_is_busy_until_the_busy_timeout(
     phase: str,
@@ -508,6 +540,70 @@ def test_heartbeat_age_is_timed_by_the_operator_clock() -> None:
     assert verdict(a) != STALLED and a.stall_reason == "RanksBusy"
     a = run(live_ranks(hooks=[skewed]), rounds=14, settings=st)
     assert verdict(a) == STALLED
+
+
+def seen_fresh(job: Job, unseen: int, rounds: int, settings: Settings) -> list[Analysis]:
+    """The job runs `unseen` rounds before the operator looks (a restart, a handover, a spec
+    edit), then a fresh window watches it for `rounds`: the analysis after each."""
+    for i in range(unseen):
+        job.round(i)
+    window = Window(settings.max_points(), settings.window_seconds)
+    out = []
+    for i in range(unseen, unseen + rounds):
+        for pod, text in job.round(i):
+            window.add(job.now, pod, f"node-{pod}", frame(expfmt.parse(text), job.now))
+        window.end_round(job.now, [p for p, _ in job.payloads()])
+        out.append(analyze(window, settings, job.now))
+    return out
+
+
+def slow_steps(skew: float, own_clock: bool = True) -> Job:
+    """Two healthy ranks whose 40 s steps span three scrapes, on a node clock `skew` off."""
+    job = live_ranks()
+    for r in job.ranks:
+        r.phases["forward"] = 40.0
+        r.skew, r.own_clock, r.heartbeat = skew, own_clock, T0 + skew
+
+    def one_step_in_three(j: Job, i: int) -> None:
+        j.steps_per_scrape = 1 if i % 3 == 0 else 0
+
+    job.hooks.append(one_step_in_three)
+    return job
+
+
+@pytest.mark.parametrize("own_clock", [True, False], ids=["clock", "older-trainer"])
+@pytest.mark.parametrize("skew", [-1200.0, 1200.0], ids=["node-behind", "node-ahead"])
+def test_a_healthy_job_seen_fresh_on_a_skewed_node_is_not_stalled(
+    skew: float, own_clock: bool
+) -> None:
+    # The operator restarts mid-step (the last step ended two scrapes ago): the last step's
+    # age is taken on the node's own clock, or counted from first sight, never 20 minutes
+    # of skew read as 20 minutes without a step.
+    st = Settings(stall_timeout_seconds=60)
+    for a in seen_fresh(slow_steps(skew, own_clock), unseen=5, rounds=12, settings=st):
+        assert verdict(a) != STALLED and a.stall_reason == "Progressing", a.stall_note
+        assert a.stalled_for is not None and a.stalled_for < 60
+    # the status' last step time is on the operator's clock when the rank exports its own
+    a = seen_fresh(slow_steps(skew), unseen=5, rounds=1, settings=st)[0]
+    assert a.progress["lastStepTime"] == iso(T0 + 4 * 15)
+
+
+@pytest.mark.parametrize("skew", [-1200.0, 0.0, 1200.0])
+def test_a_hung_job_seen_fresh_is_stalled_at_once_by_its_own_clock(skew: float) -> None:
+    # two rounds of steps, then a hang 5 minutes before the operator first looks
+    job = live_ranks(hooks=[hang_at(2)])
+    for r in job.ranks:
+        r.skew, r.heartbeat = skew, T0 + skew
+    st = Settings(stall_timeout_seconds=60)
+    a = seen_fresh(job, unseen=22, rounds=1, settings=st)[0]
+    assert verdict(a) == STALLED and a.stall_reason == "StallDetected"
+    assert a.stalled_for == pytest.approx(23 * 15 - 2 * 15)
+    # an older trainer (no clock) is judged from first sight: stalled once the timeout passed
+    job = live_ranks(hooks=[hang_at(2)])
+    for r in job.ranks:
+        r.skew, r.heartbeat, r.own_clock = skew, T0 + skew, False
+    seen = seen_fresh(job, unseen=22, rounds=6, settings=st)
+    assert [verdict(a) == STALLED for a in seen] == [False] * 5 + [True]
 
 
 def test_stall_threshold_scales_with_step_time() -> None:

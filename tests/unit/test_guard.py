@@ -7,7 +7,7 @@ import math
 from gpujob_operator.api.patches import json_safe
 from gpujob_operator.monitoring import expfmt, guard
 from gpujob_operator.monitoring.frame import frame
-from gpujob_operator.monitoring.rows import G_MEM_USED, G_UTIL, R_LAST_STEP, R_STEPS
+from gpujob_operator.monitoring.rows import G_MEM_USED, G_UTIL, R_CLOCK, R_LAST_STEP, R_STEPS
 
 T = 1_800_000_000.0
 
@@ -20,22 +20,25 @@ def test_sane_values_pass_untouched() -> None:
     a = admitted(
         'gpujob_train_steps_total{rank="0"} 12\n'
         f'gpujob_train_last_step_timestamp_seconds{{rank="0"}} {T - 3}\n'
+        f'gpujob_train_clock_timestamp_seconds{{rank="0"}} {T - 1200}\n'  # a node behind
         'gpujob_gpu_utilization_ratio{gpu="0",UUID="G"} 1.0\n'
     )
     assert a.dropped_values == 0 and a.dropped_series == 0 and a.notes == ()
     assert a.frame.ranks[0][R_STEPS] == 12 and a.frame.ranks[0][R_LAST_STEP] == T - 3
+    assert a.frame.ranks[0][R_CLOCK] == T - 1200
 
 
 def test_implausible_values_become_absent_and_are_described() -> None:
     a = admitted(
         'gpujob_train_steps_total{rank="0"} -1\n'
         f'gpujob_train_last_step_timestamp_seconds{{rank="0"}} {T * 1000:.0f}\n'
+        f'gpujob_train_clock_timestamp_seconds{{rank="0"}} {T * 1000:.0f}\n'
         'gpujob_gpu_utilization_ratio{gpu="0",UUID="G"} 87\n'  # percent, not a ratio
         'gpujob_gpu_memory_used_bytes{gpu="0",UUID="G"} -Inf\n'
     )
-    assert a.dropped_values == 4
+    assert a.dropped_values == 5
     row = a.frame.ranks[0]
-    assert math.isnan(row[R_STEPS]) and math.isnan(row[R_LAST_STEP])
+    assert math.isnan(row[R_STEPS]) and math.isnan(row[R_LAST_STEP]) and math.isnan(row[R_CLOCK])
     gpu = a.frame.gpus[0][1]
     assert math.isnan(gpu[G_UTIL]) and math.isnan(gpu[G_MEM_USED])
     ((kind, text),) = a.notes

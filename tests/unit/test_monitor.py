@@ -11,7 +11,7 @@ from gpujob_operator.monitoring.monitor import JobMonitor, exited_ranks, scrape_
 from gpujob_operator.monitoring.scrape_result import ErrorKind, ScrapeResult, ScrapeTarget
 from gpujob_operator.monitoring.update import MonitorUpdate
 from gpujob_operator.monitoring.verdict import HEALTHY, INPUT_BOUND, STALLED
-from tests.unit.test_analysis import T0, Job, RankSim
+from tests.unit.test_analysis import T0, Job, RankSim, slow_steps
 
 SPEC = {
     "image": "trainer:1",
@@ -202,6 +202,18 @@ def test_stall_sets_the_condition_at_once_and_confirms_it_on_the_next_scrape() -
     )
 
 
+def test_an_operator_restart_beside_a_node_20_minutes_behind_stalls_nothing() -> None:
+    # 40 s steps, longer than a scrape; the new operator (a restart, a handover) first looks
+    # two scrapes after a step, at a node whose clock runs 20 minutes behind its own
+    job = slow_steps(-1200.0)
+    for i in range(5):
+        job.round(i)
+    mon = JobMonitor(SPEC)
+    updates = [mon.observe(results_of(job, i), job.now) for i in range(5, 17)]
+    assert {cond(u, c.STALLED)["reason"] for u in updates} == {c.PROGRESSING}
+    assert all(e.reason != c.STALL_DETECTED for u in updates for e in u.events)
+
+
 def test_no_step_yet_is_starting_up_not_stalled() -> None:
     job = Job([RankSim(0, 0, heartbeat=T0), RankSim(1, 1, heartbeat=T0)], steps_per_scrape=0)
     mon = JobMonitor(SPEC)  # stallTimeoutSeconds 60, startupTimeoutSeconds 1800 by default
@@ -356,11 +368,33 @@ def test_a_huge_but_finite_target_gives_an_eta_without_a_date() -> None:
     job = Job([RankSim(0, 0), RankSim(1, 1)])
     mon = JobMonitor(SPEC)
     for i in range(4):
-        u = mon.observe(hostile(job, i, {1: {"gpujob_train_target_steps": "1e15"}}), job.now)
-    assert u.progress["totalSteps"] == 10**15 and u.progress["etaSeconds"] > 1e14
+        huge = {"gpujob_train_target_steps": "1e11"}  # every rank's: the job's target
+        u = mon.observe(hostile(job, i, {0: huge, 1: huge}), job.now)
+    assert u.progress["totalSteps"] == 10**11 and u.progress["etaSeconds"] > 1e10
     assert "estimatedCompletionTime" not in u.progress
     patch = u.status_patch({})
     assert patch is not None and patch["display"]["eta"]
+
+
+def test_ranks_that_disagree_on_the_target_are_named_and_the_end_is_no_stall() -> None:
+    # rank 1 exports an absurd target: the percent still moves, MetricsAvailable says so,
+    # and once both ranks ran the job's 100 steps the silence after is no stall
+    job = Job([RankSim(0, 0, heartbeat=T0, target=100), RankSim(1, 1, heartbeat=T0)])
+    mon = JobMonitor(SPEC)
+    huge = {1: {"gpujob_train_target_steps": "1e15"}}
+    updates = []
+    for i in range(20):
+        job.steps_per_scrape = 10 if i < 10 else 0
+        updates.append(mon.observe(hostile(job, i, huge), job.now))
+    assert updates[4].progress["totalSteps"] == 100 and updates[4].progress["percent"] == 50.0
+    m = cond(updates[-1], c.METRICS_AVAILABLE)
+    assert m["status"] == c.TRUE and m["reason"] == c.ALL_RANKS_SCRAPED
+    assert m["message"] == (
+        "scraped 2 rank(s); ranks disagree on the target steps (the job's is 100): "
+        "rank 1: 1e+15 (rejected)"
+    )
+    assert {cond(u, c.STALLED)["reason"] for u in updates[10:]} == {c.RANKS_FINISHED}
+    assert all(e.reason != c.STALL_DETECTED for u in updates for e in u.events)
 
 
 def test_compute_bound_is_published_but_detects_no_bottleneck_and_warns_nobody() -> None:

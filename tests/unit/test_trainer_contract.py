@@ -36,6 +36,7 @@ def test_required_metric_set() -> None:
         "gpujob_train_compute_seconds_total": "counter",
         "gpujob_train_last_step_timestamp_seconds": "gauge",
         "gpujob_train_heartbeat_timestamp_seconds": "gauge",
+        "gpujob_train_clock_timestamp_seconds": "gauge",
         "gpujob_train_current_phase": "gauge",
         "gpujob_train_model_flops_total": "counter",
         "gpujob_train_peak_flops_per_second": "gauge",

@@ -405,6 +405,26 @@ def test_a_wall_clock_step_moves_the_mapping_once() -> None:
     assert tracker.snapshot().heartbeat_timestamp == beat
 
 
+def test_the_clock_timestamp_is_on_the_same_clock_as_the_heartbeat_and_the_last_step() -> None:
+    """The operator ages the rank's timestamps against its clock timestamp, never against
+    its own clock: all three come through one host-to-wall mapping, read at scrape time."""
+    wall, host = FakeTime(), FakeTime()
+    wall.now = WALL0
+    tracker = Tracker(rank=RankInfo(), wall_clock=wall, host_clock=host)
+    tracker._enter("forward")
+    host.advance(3.0)
+    wall.advance(3.0)
+    tracker.end_step()
+    host.advance(40.0)  # a long step: neither the last step nor the heartbeat moves
+    wall.advance(40.25)  # the wall clock never ticks exactly with the host clock
+    snap = tracker.snapshot()
+    assert snap.last_step_timestamp == WALL0 + 3.0
+    assert snap.clock_timestamp == WALL0 + 43.0  # the age of the last step is exact: 40 s
+    fams = {f.name: f for f in render_snapshot(snap)}
+    clock = fams[contract.CLOCK_TIMESTAMP.name]
+    assert [s.value for s in clock.samples] == [WALL0 + 43.0]
+
+
 def test_eval_and_checkpoint_are_busy_phases_that_own_their_time() -> None:
     tracker, t = make_tracker()
     run_step(tracker, t, STEP)

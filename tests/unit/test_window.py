@@ -104,11 +104,13 @@ def test_progress_clock_moves_only_on_step_changes() -> None:
 def test_heartbeat_and_current_phase_are_read_and_timed_by_the_operator_clock() -> None:
     w = Window()
 
-    def scrape(t: float, beat: float | None, phase: str) -> None:
+    def scrape(t: float, beat: float | None, phase: str, clock: float | None = None) -> None:
         lab = 'rank="0",local_rank="0",node_rank="0"'
         text = f"gpujob_train_steps_total{{{lab}}} 5\n"
         if beat is not None:
             text += f"gpujob_train_heartbeat_timestamp_seconds{{{lab}}} {beat}\n"
+        if clock is not None:
+            text += f"gpujob_train_clock_timestamp_seconds{{{lab}}} {clock}\n"
         for p in ("forward", "checkpoint", "eval"):
             text += f'gpujob_train_current_phase{{{lab},phase="{p}"}} {int(p == phase)}\n'
         fr = frame_payload(text, t)
@@ -116,11 +118,13 @@ def test_heartbeat_and_current_phase_are_read_and_timed_by_the_operator_clock() 
         w.add(t, "p", "n", fr)
         w.end_round(t)
 
-    scrape(100.0, 40.0, "forward")  # first sight: the trainer's older value is believed
+    # first sight: the heartbeat's age on the rank's own clock (here 4900 s ahead of the
+    # operator's) is believed, never its value against the operator's clock
+    scrape(100.0, 4940.0, "forward", clock=5000.0)
     s = w.ranks[("p", 0)]
-    assert (s.beat, s.beat_since) == (40.0, 40.0)
+    assert (s.beat, s.beat_since) == (4940.0, 40.0)
     assert s.rows[-1][R_CURRENT_PHASE] == contract.PHASES.index("forward")
-    scrape(110.0, 40.0, "checkpoint")  # unchanged: still since 40
+    scrape(110.0, 4940.0, "checkpoint", clock=5010.0)  # unchanged: still since 40
     assert s.beat_since == 40.0 and s.rows[-1][R_CURRENT_PHASE] == contract.PHASES.index(
         "checkpoint"
     )
@@ -133,15 +137,13 @@ def test_heartbeat_and_current_phase_are_read_and_timed_by_the_operator_clock() 
     ] == contract.PHASES.index("eval")
     scrape(140.0, 150.0, "forward")
     assert s.beat_since == 140.0
-    # a first value from a clock ahead counts from now
-    w2 = Window()
-    w2.add(
-        140.0,
-        "p",
-        "n",
-        frame_payload('gpujob_train_heartbeat_timestamp_seconds{rank="0"} 150\n', 140.0),
-    )
-    assert w2.ranks[("p", 0)].beat_since == 140.0
+    # without the rank's clock (an older trainer) a first value counts from now, whether
+    # it reads behind or ahead of the operator's clock
+    for beat in (40.0, 150.0):
+        w2 = Window()
+        text = f'gpujob_train_heartbeat_timestamp_seconds{{rank="0"}} {beat}\n'
+        w2.add(140.0, "p", "n", frame_payload(text, 140.0))
+        assert w2.ranks[("p", 0)].beat_since == 140.0
 
 
 def _fleet_payloads(rounds: int) -> list[list[str]]:

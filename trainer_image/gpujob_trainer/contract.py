@@ -256,6 +256,14 @@ HEARTBEAT_TIMESTAMP = _m(
     RANK_LABELS,
     "seconds",
 )
+CLOCK_TIMESTAMP = _m(
+    "gpujob_train_clock_timestamp_seconds",
+    "gauge",
+    "Unix time on the rank's own clock when this scrape was answered: the last-step and "
+    "heartbeat times are on the same clock, so their ages need no agreement between clocks.",
+    RANK_LABELS,
+    "seconds",
+)
 MODEL_FLOPS = _m(
     "gpujob_train_model_flops_total",
     "counter",
@@ -394,6 +402,7 @@ TRAIN_METRICS: Final = (
     COMPUTE_SECONDS,
     LAST_STEP_TIMESTAMP,
     HEARTBEAT_TIMESTAMP,
+    CLOCK_TIMESTAMP,
     CURRENT_PHASE,
     MODEL_FLOPS,
     PEAK_FLOPS,

@@ -76,6 +76,7 @@ def render_snapshot(snap: Snapshot) -> list[Metric]:
     single(contract.COMPUTE_SECONDS, snap.compute_seconds)
     single(contract.LAST_STEP_TIMESTAMP, snap.last_step_timestamp)
     single(contract.HEARTBEAT_TIMESTAMP, snap.heartbeat_timestamp)
+    single(contract.CLOCK_TIMESTAMP, snap.clock_timestamp)
     current = family(contract.CURRENT_PHASE)
     for name in contract.PHASES:
         current.add_metric(  # type: ignore[attr-defined]

@@ -34,6 +34,8 @@ class Snapshot:
     last_step_timestamp: float | None
     heartbeat_timestamp: float | None = None
     """Unix time the training thread last changed phase (or made the tracker)."""
+    clock_timestamp: float | None = None
+    """Unix time the snapshot was taken, on the same clock as the two times above."""
     current_phase: str = contract.PHASE_OTHER
     """The phase the rank is in now (the innermost one)."""
     model_flops: float | None = None

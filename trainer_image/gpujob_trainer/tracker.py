@@ -378,7 +378,8 @@ class Tracker:
 
         The heartbeat is the host time of the last event that drew a boundary (every phase
         change does), put on the wall clock; the current phase is the top of the replayed
-        stack. So liveness costs the training thread nothing beyond its events.
+        stack. So liveness costs the training thread nothing beyond its events. The clock
+        timestamp is now on that same mapping, so the operator takes ages on this rank's clock.
         """
         with self._lock:
             self._flush_locked()
@@ -402,6 +403,7 @@ class Tracker:
                 step_buckets=c.step_buckets(),
                 last_step_timestamp=self._on_wall_clock(timeline.last_step_host),
                 heartbeat_timestamp=self._anchor[0] if heartbeat is None else heartbeat,
+                clock_timestamp=self._on_wall_clock(self._now()),
                 current_phase=timeline.stack[-1],
                 model_flops=self.flops.total(timeline.steps, self._samples, self._tokens),
                 peak=self.flops.peak(),

@@ -35,6 +35,7 @@ from gpujob_operator.monitoring.ranktimes import post_warmup
 from gpujob_operator.monitoring.rows import R_T
 from gpujob_operator.monitoring.stall import stall_verdict
 from gpujob_operator.monitoring.steptime import StepTimeFindings, step_time_verdicts
+from gpujob_operator.monitoring.targets import job_targets
 from gpujob_operator.monitoring.transfer import transfer_bound
 from gpujob_operator.monitoring.verdict import HEALTHY, INFO, PRIORITY, Verdict, clean_evidence
 from gpujob_operator.monitoring.window import Window
@@ -69,6 +70,8 @@ class Analysis:
     missing_ranks: tuple[tuple[int, str], ...] = ()
     """(rank, pod) of the ranks whose newest row is older than the window: they do not
     speak for the present (progress and throughput come from the others)."""
+    target_note: str = ""
+    """Which ranks report other target steps than the job's, or rejected ones ("": none)."""
 
 
 def _latency(
@@ -121,7 +124,8 @@ def analyze(window: Window, settings: Settings, now: float) -> Analysis:
     warm_t = min((r[0][R_T] for r in ready.values()), default=None)
 
     step_rate = smoothed_step_rate(series, ready_rows)
-    progress = progress_status(series, ready_rows, settings, now, step_rate)
+    targets = job_targets(series, settings.total_steps)
+    progress = progress_status(series, ready_rows, settings, now, step_rate, targets)
     gpus = gpu_summary(window, settings, warm_t)
 
     candidates: list[Verdict] = []
@@ -206,4 +210,5 @@ def analyze(window: Window, settings: Settings, now: float) -> Analysis:
         throttled_gpus=throttled_count,
         step_rate=step_rate,
         missing_ranks=missing,
+        target_note=targets.note,
     )

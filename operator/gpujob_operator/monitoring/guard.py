@@ -43,7 +43,12 @@ _FLOPS: Final = 1e40
 _PEAK: Final = 1e18
 """Peak FLOP/s of one GPU (today's largest are near 1e16)."""
 _CLOCK_SKEW: Final = 86400.0
-"""A last-step time may run this far ahead of the operator's clock (skew), no more."""
+"""A trainer's timestamp may run this far ahead of the operator's clock (skew), no more."""
+_TIMESTAMPS: Final = (
+    (rows.R_LAST_STEP, contract.LAST_STEP_TIMESTAMP.name),
+    (rows.R_CLOCK, contract.CLOCK_TIMESTAMP.name),
+)
+"""Unix times on the trainer's clock: within a day of the operator's (seconds, not ms)."""
 
 # field index -> (name for messages, low, high); low/high inclusive.
 _RANK_LIMITS: Final[dict[int, tuple[str, float, float]]] = {
@@ -125,11 +130,12 @@ def admit(fr: Frame, rank: int | None, t: float) -> Admitted:
     dropped_values = 0
     for row in fr.ranks.values():
         dropped_values += _check(row, _RANK_LIMITS, bad)
-        last = row[rows.R_LAST_STEP]
-        if last == last and not (0.0 <= last <= t + _CLOCK_SKEW):
-            bad.append(f"{contract.LAST_STEP_TIMESTAMP.name}={_show(last)}")
-            row[rows.R_LAST_STEP] = math.nan
-            dropped_values += 1
+        for i, name in _TIMESTAMPS:
+            stamp = row[i]
+            if stamp == stamp and not (0.0 <= stamp <= t + _CLOCK_SKEW):
+                bad.append(f"{name}={_show(stamp)}")
+                row[i] = math.nan
+                dropped_values += 1
     for _uuid, grow in fr.gpus.values():
         dropped_values += _check(grow, _GPU_LIMITS, bad)
     if bad:

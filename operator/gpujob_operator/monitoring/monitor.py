@@ -198,6 +198,8 @@ class JobMonitor:
         # Done, or so close that ranks exiting between two scrapes is the likely story.
         self._finished = self._finished or (step is not None and bool(total) and step >= total)
         self._finished = self._finished or (eta is not None and float(eta) <= NEARLY_DONE_SECONDS)
+        # Every rank at its own target is done too, though the job's step is short of its total.
+        self._finished = self._finished or result.stall_reason == c.RANKS_FINISHED
         # A round without a new step carries no new evidence (ranks finishing, a pause): it
         # neither confirms nor clears a verdict, except the ones that are about not stepping.
         urgent = result.verdict is not None and result.verdict.verdict in (
@@ -215,11 +217,10 @@ class JobMonitor:
         metrics = self._metrics_condition(results, failures, now, events, exited)
         rejected = _rejected_text(dropped_series, dropped_values, notes)
         missing = _missing_text(result.missing_ranks, len(self.window.ranks), self.settings)
-        if rejected or missing:
-            metrics = {
-                **metrics,
-                "message": "; ".join(x for x in (metrics["message"], missing, rejected) if x),
-            }
+        targets = result.target_note
+        if rejected or missing or targets:
+            parts = (metrics["message"], missing, targets, rejected)
+            metrics = {**metrics, "message": "; ".join(x for x in parts if x)}
         new_kinds = sorted(set(notes) - self._rejected)
         if new_kinds:
             self._rejected |= set(new_kinds)

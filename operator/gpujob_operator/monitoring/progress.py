@@ -18,17 +18,19 @@ from typing import Any, Final
 from gpujob_operator.monitoring.analysis_settings import Settings
 from gpujob_operator.monitoring.formatting import iso
 from gpujob_operator.monitoring.rows import (
+    NAN,
     R_EPOCH,
     R_LAST_STEP,
     R_LOSS,
     R_SAMPLES,
     R_STEPS,
     R_T,
-    R_TARGET,
     R_TOKENS,
     latest,
+    own_clock_age,
     rate,
 )
+from gpujob_operator.monitoring.targets import Targets, job_targets
 from gpujob_operator.monitoring.window import RankSeries
 
 EWMA_ALPHA: Final = 0.3
@@ -53,6 +55,15 @@ def _ewma_rate(rows: Sequence[array[float]]) -> float:
     return est
 
 
+def _last_step_time(s: RankSeries) -> float:
+    """When the rank's last step ended, on the operator's clock when the rank exports its own
+    clock (its scrape time less the step's age), else as the rank exported it."""
+    at, age = own_clock_age(s.rows, R_LAST_STEP)
+    if math.isnan(at):
+        return NAN
+    return at - age if not math.isnan(age) else latest(s.rows, R_LAST_STEP)
+
+
 def smoothed_step_rate(
     series: Sequence[RankSeries], ready_rows: dict[Any, list[array[float]]]
 ) -> float | None:
@@ -72,16 +83,17 @@ def progress_status(
     settings: Settings,
     now: float,
     step_rate: float | None,
+    targets: Targets | None = None,
 ) -> dict[str, Any]:
-    """status.progress (camelCase, matching api.Progress) of the ranks that speak for now."""
+    """status.progress (camelCase, matching api.Progress) of the ranks that speak for now;
+    the total is the job's target steps (`targets.job_targets`, computed when not given)."""
     out: dict[str, Any] = {}
     steps = [v for s in series if not math.isnan(v := latest(s.rows, R_STEPS))]
     if not steps:
         return out
     step = int(min(steps))
     out["step"] = step
-    targets = [v for s in series if not math.isnan(v := latest(s.rows, R_TARGET)) and v > 0]
-    total = int(max(targets)) if targets else settings.total_steps
+    total = (targets or job_targets(series, settings.total_steps)).total
     if total:
         out["totalSteps"] = total
         out["percent"] = round(min(100.0, 100.0 * step / total), 2)
@@ -111,7 +123,7 @@ def progress_status(
             out["estimatedCompletionTime"] = iso(now + eta)
     elif total and step >= total:
         out["etaSeconds"] = 0.0
-    last = [v for s in series if not math.isnan(v := latest(s.rows, R_LAST_STEP)) and v > 0]
+    last = [v for s in series if not math.isnan(v := _last_step_time(s))]
     if last:
         out["lastStepTime"] = iso(max(last))
     losses = [v for s in series if math.isfinite(v := latest(s.rows, R_LOSS))]

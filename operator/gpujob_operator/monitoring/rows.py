@@ -39,7 +39,10 @@ R_PEAK_REASON: Final = R_PEAK + 1
 """Index in `contract.PEAK_REASONS` of why the peak is (not) known."""
 R_DTYPE: Final = R_PEAK_REASON + 1
 """Index in `contract.PEAK_DTYPES` of the rank's training precision."""
-R_BUCKET0: Final = R_DTYPE + 1
+R_CLOCK: Final = R_DTYPE + 1
+"""Unix time on the rank's own clock when it answered: R_LAST_STEP and R_HEARTBEAT are
+on that clock, so their ages are taken against it, never against the operator's clock."""
+R_BUCKET0: Final = R_CLOCK + 1
 """The step time histogram's cumulative counts, one field per contract bound, then +Inf:
 counters, so a window's quantiles come from their increases."""
 N_BUCKETS: Final = len(contract.STEP_DURATION_BUCKETS) + 1
@@ -114,3 +117,17 @@ def latest(rows: Sequence[array[float]], index: int) -> float:
         if not math.isnan(v):
             return v
     return NAN
+
+
+def own_clock_age(rows: Sequence[array[float]], index: int) -> tuple[float, float]:
+    """(scrape time, age) of a timestamp field (R_LAST_STEP, R_HEARTBEAT) in the newest row
+    that carries it, the age taken on the rank's own clock (R_CLOCK of that row), so a node
+    whose clock is off by minutes ages nothing wrongly. (NaN, NaN) without the field, and a
+    NaN age without the clock (an older trainer): its node's clock is not the operator's."""
+    for row in reversed(rows):
+        stamp = row[index]
+        if math.isnan(stamp) or stamp <= 0:
+            continue
+        clock = row[R_CLOCK]
+        return row[R_T], max(0.0, clock - stamp) if not math.isnan(clock) else NAN
+    return NAN, NAN

@@ -2,10 +2,13 @@
 
 Stalled means hung, not slow: no step for the threshold *and* no rank busy. The threshold
 is max(`STALL_STEP_FACTOR` x the run's median step time, stallTimeoutSeconds). Before the
-first step the threshold is the start-up timeout; after the last step there is no stall; a
-rank that changed phase within the threshold (its heartbeat moved) or sits in a checkpoint
-or an evaluation (up to the busy timeout) is busy. The heartbeat is timed by the operator's
-own clock (when it saw the value change), so clock skew between nodes does not matter.
+first step the threshold is the start-up timeout; once every rank reached its own last step
+(`targets`) there is no stall; a rank that changed phase within the threshold (its heartbeat
+moved) or sits in a checkpoint or an evaluation (up to the busy timeout) is busy. The heartbeat and the last step are
+timed by the operator's own clock (when it saw the value change); on first sight (an operator
+restart, a handover, a spec edit) by their age on the rank's own clock, which it exports with
+them, or from that sight when it does not. A node's clock is never compared with the
+operator's, so clock skew between nodes does not matter.
 """
 
 from __future__ import annotations
@@ -23,9 +26,9 @@ from gpujob_operator.monitoring.rows import (
     N_BUCKETS,
     R_CURRENT_PHASE,
     R_STEPS,
-    R_TARGET,
     latest,
 )
+from gpujob_operator.monitoring.targets import job_targets
 from gpujob_operator.monitoring.verdict import ADVICE, CRITICAL, STALLED, Evidence, Verdict
 from gpujob_operator.monitoring.window import RankSeries, Window
 from gpujob_trainer import contract
@@ -66,16 +69,12 @@ def stall_verdict(
     if starting:
         threshold = max(threshold, settings.startup_timeout_seconds)
     idle = max(0.0, now - window.progress_time)
-    targets = [v for s in series if not math.isnan(v := latest(s.rows, R_TARGET)) and v > 0]
-    total = max(targets) if targets else settings.total_steps
-    if total and known and min(known) >= total:
-        return (
-            None,
-            idle,
-            threshold,
-            c.RANKS_FINISHED,
-            f"every rank reached the last step {total:.0f}",
-        )
+    targets = job_targets(series, settings.total_steps)
+    if targets.finished(series):
+        ends = sorted({t for s in series if (t := targets.of(s))})
+        last = f"{ends[0]:.0f}" if len(ends) == 1 else f"{ends[0]:.0f}-{ends[-1]:.0f}"
+        note = f"every rank reached {'the' if len(ends) == 1 else 'its own'} last step {last}"
+        return None, idle, threshold, c.RANKS_FINISHED, note
     if idle <= threshold:
         if starting:
             note = (

@@ -4,7 +4,9 @@ The operator holds a window for every job it watches (a thousand jobs of eight r
 fit in well under 150 MB): each endpoint's scrape arrives as a `frame.Frame` of rows (see
 `rows`), appended to the series of its (pod, rank) and (pod, GPU), each bounded by count
 and by age; label strings live once per series, never per point. The window also keeps
-the stall clock: when the ranks' step counters last moved, as the operator saw it.
+the stall clock: when the ranks' step counters last moved, as the operator saw it (on first
+sight, the last step's age on the rank's own clock: a node's time is never compared with
+the operator's).
 """
 
 from __future__ import annotations
@@ -16,7 +18,14 @@ from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
 from gpujob_operator.monitoring.frame import Frame
-from gpujob_operator.monitoring.rows import NAN, R_HEARTBEAT, R_LAST_STEP, R_STEPS, latest
+from gpujob_operator.monitoring.rows import (
+    NAN,
+    R_HEARTBEAT,
+    R_LAST_STEP,
+    R_STEPS,
+    latest,
+    own_clock_age,
+)
 
 T = TypeVar("T")
 
@@ -42,7 +51,8 @@ class RankSeries:
     """The rank's latest heartbeat (R_HEARTBEAT) as exported."""
     beat_since: float = NAN
     """When that heartbeat was first seen, in operator time (a changed heartbeat is the rank
-    changing phase; the first one seen counts from its own value when that is older)."""
+    changing phase; the first one seen counts its age on the rank's own clock, or from now
+    when the rank exports no clock)."""
 
 
 @dataclass(slots=True)
@@ -107,7 +117,10 @@ class Window:
             _append(s.rows, row, self.max_points, t - self.max_age)
             beat = row[R_HEARTBEAT]
             if beat == beat and beat != s.beat:  # a phase change since the last scrape
-                s.beat_since = min(t, beat) if math.isnan(s.beat) else t
+                s.beat_since = t
+                if math.isnan(s.beat):  # first sight: its age on the rank's own clock
+                    _, age = own_clock_age((row,), R_HEARTBEAT)
+                    s.beat_since = t - age if age == age else t
                 s.beat = beat
         for gpu, (uuid, row) in fr.gpus.items():
             gkey = (pod, gpu)
@@ -143,16 +156,21 @@ class Window:
 
     def _note_progress(self, t: float) -> None:
         # Any rank finishing a step (or restarting: its counter drops) is progress. On the
-        # first sight, trust the trainers' own last-step time when it is older than now.
+        # first sight (a restart, a handover, a spec edit), the newest step's age on its
+        # rank's own clock counts; a rank without a clock (an older trainer) counts from now.
+        # Never a node's timestamp against the operator's clock: nodes are minutes off.
         steps = [latest(s.rows, R_STEPS) for s in self.ranks.values()]
         steps = [v for v in steps if not math.isnan(v)]
         if not steps:
             return
         total = float(sum(steps))
         if math.isnan(self.progress_time):
-            last = [latest(s.rows, R_LAST_STEP) for s in self.ranks.values()]
-            known = [v for v in last if not math.isnan(v) and v > 0]
-            self.progress_time = min(t, max(known)) if known else t
+            seen = []
+            for s in self.ranks.values():
+                at, age = own_clock_age(s.rows, R_LAST_STEP)
+                if not math.isnan(at):
+                    seen.append(at - age if not math.isnan(age) else t)
+            self.progress_time = min(t, max(seen)) if seen else t
             self.progress_steps = total
         elif total != self.progress_steps:
             self.progress_steps = total
