@@ -23,6 +23,8 @@ class ErrorKind(StrEnum):
     HTTP_STATUS = "http_status"
     PARSE = "parse"
     TOO_LARGE = "too_large"
+    TOO_MANY_CHUNKS = "too_many_chunks"
+    """A chunked body in more chunks than any honest server sends (`httpclient.MAX_CHUNKS`)."""
     MISSING_RANK = "missing_rank"
     CONNECTION = "connection"
     NO_SLOT = "no_slot"
