@@ -286,7 +286,7 @@ class Conn(asyncio.Protocol):
             elif self.chunks >= self.max_chunks:
                 raise Failure(
                     ErrorKind.TOO_MANY_CHUNKS,
-                    f"the chunked body has more than {self.max_chunks} chunks "
+                    f"the chunked body exceeds the cap of {self.max_chunks} chunks "
                     f"({len(body)} bytes in the first {self.chunks})",
                 )
             else:
