@@ -30,10 +30,11 @@ ACCEPT: Final = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 USER_AGENT: Final = "gpujob-operator"
 MAX_CHUNKS: Final = 4096
 """Chunks of one chunked body. Each costs ~1 us of Python on the event loop whatever its size,
-so this bounds a hostile body of 1-byte chunks to a few ms per scrape (uncapped, 4 MiB of them
-cost ~5 s). Honest servers send far fewer: Go's net/http flushes a chunk per 4 KiB buffer (a
-4 MiB body: 1024), Python's servers one per write (one per payload or metric family); 4096
-allows a 1 KiB average at the 4 MiB byte cap and one chunk per line of a ~300-line payload."""
+so this bounds a hostile body of 1-byte chunks to ~4 ms per scrape (uncapped, 4 MiB of them
+cost ~4-5 s). Honest servers send far fewer: Go's net/http writes small writes through a
+2 KiB buffer (`bufferBeforeChunkingSize`), ~2048 chunks for a body at the 4 MiB byte cap;
+Python's servers one per write (one per payload or metric family). 4096 is twice Go's worst
+case and allows one chunk per line of a payload of up to 4096 lines (a rank's has ~100-600)."""
 MAX_HEADERS: Final = 100
 """Header lines of one response (http.client's limit); a scrape's answer has a handful."""
 _MAX_HEAD: Final = 65536
