@@ -8,20 +8,30 @@ changing rank labels, NaN/Inf values, endpoints that accept and never answer. Ea
 scraped through the operator's `Scraper` and folded into a `JobMonitor`, as the operator
 does, while a ticker measures how late the event loop runs (its longest stall). Prints one
 line per case; asserts nothing (numbers belong in benchmarks).
+
+"One tenant's CPU" then serves from a child process (so the CPU measured is the operator's
+alone) a job whose endpoints send ~4 MiB of 1-byte chunks: the operator's CPU per hostile
+scrape with the chunk cap lifted (the client before the cap) and with it, and a healthy
+job's scrape latency with no neighbour, with the uncapped hostile neighbour and with the
+capped one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gzip
+import multiprocessing
 import random
 import resource
+import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 from gpujob_operator.monitoring.analysis_settings import Settings
+from gpujob_operator.monitoring.httpclient import MAX_CHUNKS
 from gpujob_operator.monitoring.monitor import JobMonitor
 from gpujob_operator.monitoring.scrape import Scraper
 from gpujob_operator.monitoring.scrape_result import ScrapeResult, ScrapeTarget
@@ -161,6 +171,95 @@ async def case(
     )
 
 
+# ---- one tenant's CPU: a job of 1-byte chunks beside a healthy job ---------------------------
+
+HOSTILE_BODY = 4 * 2**20 - 4096
+"""Bytes of the hostile body: just under the byte cap, so only the chunk cap stops it."""
+UNCAPPED = 2**40
+"""A chunk cap no body reaches: the client as it was before the cap."""
+
+
+def serve_in_child(conn: Connection) -> None:
+    """The endpoints of both jobs, in a process of their own; sends its base URL, then serves."""
+
+    async def run() -> None:
+        server = Server()
+        tiny = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        tiny += b"1\r\n#\r\n" * HOSTILE_BODY + b"0\r\n\r\n"
+        server.replies.update({b"/good": send(ok(PAYLOAD)), b"/tiny": send(tiny)})
+        conn.send(await server.start())
+        await asyncio.Event().wait()
+
+    asyncio.run(run())
+
+
+async def hostile_cpu(base: str, max_chunks: int, scrapes: int, what: str) -> None:
+    """Operator CPU (this process only) per scrape of one 1-byte-chunk endpoint."""
+    target = ScrapeTarget(f"{base}/tiny", "hostile", "node", 0, 1, 1)
+    async with Scraper(timeout=60, max_chunks=max_chunks) as s:
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        with Ticker() as tick:
+            for _ in range(scrapes):
+                (r,) = await s.scrape_all([target])
+        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    print(
+        f"hostile scrape, {what:<28} {cpu / scrapes * 1000:8.1f} ms CPU/scrape "
+        f"{wall / scrapes * 1000:8.1f} ms wall/scrape  loop stalled up to "
+        f"{tick.max_lag * 1000:6.1f} ms  -> {r.error or 'ok'} ({r.size} bytes read)"
+    )
+
+
+async def healthy_beside(base: str, max_chunks: int | None, seconds: float, what: str) -> None:
+    """A healthy 4-rank job scraped every 50 ms, beside a 4-rank hostile job scraped every
+    second (None: no neighbour), through one `Scraper` with the operator's defaults."""
+    healthy = [ScrapeTarget(f"{base}/good", f"good-{i}", "node", 0, 1, 1) for i in range(4)]
+    hostile = [ScrapeTarget(f"{base}/tiny", f"bad-{i}", "node", 0, 1, 1) for i in range(4)]
+    latencies: list[float] = []
+    hostile_kinds: set[str] = set()
+    async with Scraper(max_chunks=max_chunks or UNCAPPED) as s:
+        await s.scrape_all(healthy)  # connections made and kept alive, as in steady state
+
+        async def neighbour(stop: float) -> None:
+            while time.perf_counter() < stop:
+                t = time.perf_counter()
+                got = await s.scrape_all(hostile)
+                hostile_kinds.update(str(r.error or "ok") for r in got)
+                await asyncio.sleep(max(0.0, 1.0 - (time.perf_counter() - t)))
+
+        stop = time.perf_counter() + seconds
+        cpu0 = time.process_time()
+        task = asyncio.ensure_future(neighbour(stop)) if max_chunks is not None else None
+        with Ticker() as tick:
+            while time.perf_counter() < stop:
+                t = time.perf_counter()
+                got = await s.scrape_all(healthy)
+                latencies.append(time.perf_counter() - t)
+                assert all(r.ok for r in got), [r.message for r in got]
+                await asyncio.sleep(max(0.0, 0.05 - latencies[-1]))
+            if task is not None:
+                await task
+        cpu = time.process_time() - cpu0
+    ms = sorted(x * 1000 for x in latencies)
+    p99 = ms[min(len(ms) - 1, int(len(ms) * 0.99))]
+    print(
+        f"healthy job, {what:<31} scrape p50 {statistics.median(ms):6.1f} ms  p99 {p99:7.1f} ms"
+        f"  max {ms[-1]:7.1f} ms  loop stalled up to {tick.max_lag * 1000:7.1f} ms  "
+        f"operator CPU {cpu / seconds * 100:5.1f} %  ({len(ms)} rounds"
+        + (f"; hostile: {','.join(sorted(hostile_kinds))})" if task is not None else ")")
+    )
+
+
+async def one_tenants_cpu(base: str) -> None:
+    print(
+        f"\none tenant's CPU: {HOSTILE_BODY} bytes in 1-byte chunks (~{6 * HOSTILE_BODY >> 20} MiB)"
+    )
+    await hostile_cpu(base, UNCAPPED, 2, "chunk cap lifted (before)")
+    await hostile_cpu(base, MAX_CHUNKS, 20, f"capped at {MAX_CHUNKS} chunks")
+    await healthy_beside(base, None, 8.0, "no neighbour")
+    await healthy_beside(base, UNCAPPED, 8.0, "hostile neighbour, uncapped")
+    await healthy_beside(base, MAX_CHUNKS, 8.0, "hostile neighbour, capped")
+
+
 async def main() -> None:
     server = Server()
     base = await server.start()
@@ -223,4 +322,14 @@ async def main() -> None:
 
 if __name__ == "__main__":
     asyncio.run(main())
+    here, there = multiprocessing.get_context("spawn").Pipe()
+    child = multiprocessing.get_context("spawn").Process(
+        target=serve_in_child, args=(there,), daemon=True
+    )
+    child.start()
+    try:
+        asyncio.run(one_tenants_cpu(here.recv()))
+    finally:
+        child.terminate()
+        child.join()
     sys.exit(0)

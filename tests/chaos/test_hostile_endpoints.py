@@ -57,7 +57,7 @@ CPU_PER_REQUEST_BOUND = 1.0
 """Operator CPU seconds per request to the endpoint: parsing a capped body once costs ~0.1 s."""
 
 WHY: dict[str, str] = {
-    "trickle": r"too.?large|exceed|\bcap\b|limit|time.?out|timed out|slow",
+    "trickle": r"too.?large|too.?many.?chunks|exceed|\bcap\b|limit|time.?out|timed out|slow",
     "gzip-bomb": r"too.?large|exceed|\bcap\b|limit|bomb|compress|inflat|decod",
     "labels": r"series|label|cardinalit|drop|\bcap\b|limit|too many|reject",
     "nan": r"non-?finite|\bnan\b|\binf(inity)?\b|invalid|absurd|implausible|out of range|drop"

@@ -90,3 +90,17 @@ def test_false_conditions_do_not_count() -> None:
     conds = c.set_condition([], c.FAILED, "False", "R", "", T0)
     assert c.derive_phase(conds) == "Pending"
     assert not c.is_finished(conds)
+
+
+def test_a_message_is_clipped_to_the_crds_limit_with_an_ellipsis() -> None:
+    """The API server refuses a whole status patch over a message's maxLength: never send one."""
+    from gpujob_operator.api.status import Condition
+
+    long = c.make(c.METRICS_AVAILABLE, "False", c.SCRAPE_FAILED, "x" * 100_000, T0)
+    assert len(long["message"]) == c.MESSAGE_MAX_LENGTH and long["message"].endswith("...")
+    Condition.model_validate(long)  # within the CRD's maxLength
+    merged = c.merge_conditions([], [{**long, "message": "y" * 40_000}], T0)
+    assert len(merged[0]["message"]) == c.MESSAGE_MAX_LENGTH
+    assert c.make(c.RUNNING, "True", c.ALL_RANKS_RUNNING, "short", T0)["message"] == "short"
+    assert c.clip("abcdef", 6) == "abcdef" and c.clip("abcdefg", 6) == "abc..."
+    assert c.clip("abcdefg", 2) == ".."

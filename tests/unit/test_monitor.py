@@ -409,3 +409,37 @@ def test_compute_bound_is_published_but_detects_no_bottleneck_and_warns_nobody()
     assert all(e.type == "Normal" for up in updates for e in up.events), [
         e for up in updates for e in up.events
     ]
+
+
+def test_endpoint_words_cannot_push_metrics_available_past_the_crds_limit() -> None:
+    """Seven ranks fail with 100 KB of an endpoint's words each (a reason phrase, a label value
+    or list) and one payload's notes are as long: the message stays within the CRD's maxLength
+    and still names each listed rank's pod and why it failed."""
+    from gpujob_operator.api.status import Condition
+
+    job = Job([RankSim(0, 0), RankSim(1, 1)])
+    words = "w" * 100_000
+    results = []
+    for r in range(7):
+        target = ScrapeTarget(f"http://10.0.0.{r}:9400/metrics", f"pod-{r}", "node-a", rank=r)
+        kind = ErrorKind.HTTP_STATUS if r % 2 else ErrorKind.MISSING_RANK
+        results.append(ScrapeResult(target, job.now, error=kind, message=f"HTTP 503 {words}"))
+    target = ScrapeTarget("http://10.0.0.9:9400/metrics", "pod-9", "node-a", rank=9)
+    results.append(
+        ScrapeResult(
+            target, job.now, error=ErrorKind.PARSE, dropped_series=1, notes=(("rank", words),)
+        )
+    )
+    update = JobMonitor(SPEC).observe(results, job.now)
+    m = cond(update, c.METRICS_AVAILABLE)
+    assert m["reason"] == c.SCRAPE_FAILED
+    assert len(m["message"]) <= c.MESSAGE_MAX_LENGTH
+    Condition.model_validate(m)
+    for r in range(5):  # the listed ones (MAX_FAILURES_LISTED)
+        kind = "http_status" if r % 2 else "missing_rank"
+        assert f"pod-{r} http://10.0.0.{r}:9400/metrics: {kind}: HTTP 503 www" in m["message"]
+    assert "and 3 more" in m["message"] and "rejected 1 series" in m["message"]
+    patch = update.status_patch({})
+    assert patch is not None
+    for written in patch["conditions"]:
+        Condition.model_validate(written)

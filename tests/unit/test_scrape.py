@@ -15,7 +15,7 @@ from gpujob_operator.monitoring.expfmt import WANTED, parse
 from gpujob_operator.monitoring.frame import NEEDED, frame
 from gpujob_operator.monitoring.rows import R_STEPS
 from gpujob_operator.monitoring.scrape import Scraper
-from gpujob_operator.monitoring.scrape_result import ErrorKind, ScrapeTarget
+from gpujob_operator.monitoring.scrape_result import ErrorKind, ScrapeResult, ScrapeTarget
 
 PAYLOAD = (
     Path(__file__).resolve().parents[1] / "data" / "payloads" / "healthy-scrape2-rank1.prom"
@@ -407,3 +407,204 @@ def test_the_timeout_covers_the_wait_for_a_slot_and_one_call_cannot_take_them_al
             srv.close()
 
     run(main)
+
+
+# ---- one tenant's CPU: a body of tiny chunks, long framing, long heads -----------------------
+
+
+def one_byte_chunks(n: int) -> bytes:
+    """`n` chunks of one byte each, as a hostile endpoint sends them (6 wire bytes a byte)."""
+    return b"1\r\nx\r\n" * n
+
+
+def test_a_body_of_one_byte_chunks_is_refused_after_the_chunk_cap() -> None:
+    """A real server streams 200,000 one-byte chunks: the scrape fails `too_many_chunks` having
+    decoded exactly the cap, and what it read is the cap plus at most one socket read."""
+    from gpujob_operator.monitoring.httpclient import MAX_CHUNKS
+
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    stream = one_byte_chunks(200_000)
+    honest = b"".join(chunked(PAYLOAD, 1))  # 4127 chunks: more than this test's cap
+
+    async def hostile(writer: asyncio.StreamWriter) -> None:
+        writer.write(head)
+        for piece in split(stream, 65536):  # the client hangs up after the cap
+            writer.write(piece)
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    async def main() -> None:
+        srv, base = await raw_server(
+            {b"/tiny": hostile, b"/honest": send(head + honest + b"0\r\n\r\n")}
+        )
+        try:
+            async with Scraper(timeout=10.0) as scraper:
+                tiny, tiny2 = await scraper.scrape_all(
+                    [ScrapeTarget(f"{base}/tiny", "p"), ScrapeTarget(f"{base}/tiny", "q")]
+                )
+            async with Scraper(timeout=10.0, max_chunks=len(PAYLOAD)) as scraper:
+                (ok_r,) = await scraper.scrape_all([ScrapeTarget(f"{base}/honest", "p")])
+            async with Scraper(timeout=10.0, max_chunks=len(PAYLOAD) - 1) as scraper:
+                (over,) = await scraper.scrape_all([ScrapeTarget(f"{base}/honest", "p")])
+        finally:
+            srv.close()
+        for r in (tiny, tiny2):
+            assert r.error == ErrorKind.TOO_MANY_CHUNKS, (r.error, r.message)
+            assert f"exceeds the cap of {MAX_CHUNKS} chunks" in r.message
+            # Refused on the first chunk past the cap: the cap's bytes decoded, no more.
+            assert f"({MAX_CHUNKS} bytes in the first {MAX_CHUNKS})" in r.message
+            # Read: the head, the cap's chunks, and at most the rest of one socket read
+            # (asyncio reads 256 KiB at a time): a bound, not the 1.2 MB the server had.
+            assert 0 < r.size <= len(head) + 6 * (MAX_CHUNKS + 1) + 256 * 1024, r.size
+        # The cap counts chunks with data, not the last empty one: exactly at it decodes.
+        assert ok_r.ok and ok_r.size == len(PAYLOAD), (ok_r.error, ok_r.message)
+        assert over.error == ErrorKind.TOO_MANY_CHUNKS
+
+    run(main)
+
+
+def test_decoding_stops_at_the_chunk_cap_however_the_chunks_arrive() -> None:
+    """Fed one chunk per read, the decoder counts chunks up to the cap and refuses the next:
+    work per response is bounded by the cap, not by what the endpoint keeps sending."""
+    from gpujob_operator.monitoring.httpclient import Conn, Failure
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        conn = Conn(loop, ("127.0.0.1", 1))
+        conn.connection_made(_NullTransport())
+        fut = conn.request(b"GET / HTTP/1.1\r\n\r\n", 2**20, 100)
+        conn.data_received(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        fed = 0
+        while not fut.done():
+            conn.data_received(one_byte_chunks(1))
+            fed += 1
+            assert fed <= 101, "decoding went on past the cap"
+        assert conn.chunks == 100 and len(conn.body) == 100 and fed == 101
+        exc = fut.exception()
+        assert isinstance(exc, Failure) and exc.kind == ErrorKind.TOO_MANY_CHUNKS
+        assert conn.closed
+
+    run(main)
+
+
+def test_chunk_framing_counts_against_a_wire_byte_cap() -> None:
+    """Chunk extensions are framing, not body: a few chunks with 4 KB extensions are refused
+    on the wire bytes before they are decoded, long before the body or chunk cap."""
+    from gpujob_operator.monitoring.httpclient import Conn, Failure, wire_cap
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        conn = Conn(loop, ("127.0.0.1", 1))
+        conn.connection_made(_NullTransport())
+        fut = conn.request(b"GET / HTTP/1.1\r\n\r\n", 1024, 64)
+        cap = wire_cap(1024, 64)
+        conn.data_received(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        piece = b"1;" + b"e" * 4000 + b"\r\nx\r\n"
+        while not fut.done():
+            before = conn.received
+            conn.data_received(piece)
+        exc = fut.exception()
+        assert isinstance(exc, Failure) and exc.kind == ErrorKind.TOO_LARGE
+        assert "on the wire" in exc.message
+        assert before <= cap < before + len(piece)  # refused on the read that passed the cap
+        assert conn.chunks < 64 and len(conn.body) == conn.chunks
+
+    run(main)
+
+
+def test_heads_are_bounded_in_lines_and_the_reason_phrase_is_clipped() -> None:
+    from gpujob_operator.monitoring.httpclient import MAX_HEADERS
+    from gpujob_operator.monitoring.scrape_result import ENDPOINT_TEXT_MAX
+
+    many = b"HTTP/1.1 200 OK\r\n" + b"X: y\r\n" * (MAX_HEADERS + 1) + b"Content-Length: 0\r\n\r\n"
+    long_line = b"HTTP/1.1 200 OK\r\nX: " + b"y" * 9000 + b"\r\nContent-Length: 0\r\n\r\n"
+    reason = b"HTTP/1.1 503 " + b"r" * 60_000 + b"\r\nContent-Length: 0\r\n\r\n"
+    huge_head = b"HTTP/1.1 503 " + b"r" * 100_000 + b"\r\n\r\n"
+    replies = {
+        b"/many": send(many),
+        b"/long": send(long_line),
+        b"/reason": send(reason),
+        b"/huge": send(huge_head),
+    }
+
+    async def main() -> None:
+        srv, base = await raw_server(replies)
+        try:
+            async with Scraper(timeout=5.0) as scraper:
+                return await scraper.scrape_all(
+                    [ScrapeTarget(f"{base}/{n}", "p") for n in ("many", "long", "reason", "huge")]
+                )
+        finally:
+            srv.close()
+
+    many_r, long_r, reason_r, huge_r = asyncio.run(main())  # type: ignore[misc]
+    assert many_r.error == ErrorKind.CONNECTION and "header lines" in many_r.message
+    assert long_r.error == ErrorKind.CONNECTION and "header line exceeds" in long_r.message
+    assert reason_r.error == ErrorKind.HTTP_STATUS
+    assert reason_r.message.startswith("HTTP 503 rrr") and reason_r.message.endswith("...")
+    assert len(reason_r.message) <= len("HTTP 503 ") + ENDPOINT_TEXT_MAX
+    assert huge_r.error == ErrorKind.CONNECTION and "head exceeds" in huge_r.message
+
+
+def test_endpoint_words_reach_metrics_available_clipped_from_a_real_server() -> None:
+    """Real endpoints: 60 KB reason phrases, a 100 KB reason phrase (past the head cap) and a
+    100 KB local_rank label. Unclipped, five of them made MetricsAvailable's message ~300 KB and
+    the API server refused every status write of the job; now it fits and names each rank."""
+    from gpujob_operator.api import conditions as c
+    from gpujob_operator.api.status import Condition
+    from gpujob_operator.monitoring.monitor import JobMonitor
+    from tests.unit.test_monitor import SPEC
+
+    long_label = PAYLOAD.replace(b'local_rank="1"', b'local_rank="%s"' % (b"l" * 100_000))
+    replies = {
+        b"/reason": send(b"HTTP/1.1 503 " + b"r" * 60_000 + b"\r\nContent-Length: 0\r\n\r\n"),
+        b"/huge": send(b"HTTP/1.1 503 " + b"r" * 100_000 + b"\r\n\r\n"),
+        b"/label": send(ok(long_label)),
+    }
+    paths = ["reason", "label", "reason", "huge", "label", "reason"]
+
+    async def main() -> list[ScrapeResult]:
+        srv, base = await raw_server(replies)
+        try:
+            async with Scraper(timeout=5.0) as scraper:
+                return await scraper.scrape_all(
+                    [
+                        ScrapeTarget(f"{base}/{p}", f"pod-{i}", "n", 0, 1, 1)
+                        for i, p in enumerate(paths)
+                    ]
+                )
+        finally:
+            srv.close()
+
+    results = asyncio.run(main())
+    kinds = [str(r.error) for r in results]
+    assert kinds == [
+        "http_status", "missing_rank", "http_status", "connection", "missing_rank", "http_status"
+    ], kinds  # fmt: skip
+    assert all(len(r.message) < 300 for r in results), [len(r.message) for r in results]
+    m = c.find(JobMonitor(SPEC).observe(results, 1e9).conditions, c.METRICS_AVAILABLE)
+    assert m is not None and len(m["message"]) <= c.MESSAGE_MAX_LENGTH
+    Condition.model_validate(m)
+    for i in range(5):
+        assert f"pod-{i} " in m["message"]
+    assert "http_status: HTTP 503 rrr" in m["message"]
+    assert "missing_rank: expected local_rank 1, the endpoint exports lll" in m["message"]
+
+
+def test_a_frame_keeps_no_long_endpoint_label_value() -> None:
+    """GPU UUIDs, telemetry reasons and local_rank labels reach status fields and verdict
+    summaries: the frame keeps at most MAX_LABEL_TEXT characters of each."""
+    from gpujob_operator.monitoring.frame import MAX_LABEL_TEXT, frame_payload
+
+    v = "v" * 100_000
+    text = (
+        f'gpujob_train_steps_total{{local_rank="{v}",rank="1"}} 3\n'
+        f'gpujob_cuda_memory_reserved_bytes{{rank="1",UUID="{v}"}} 1\n'
+        f'gpujob_gpu_utilization_ratio{{gpu="0",UUID="{v}"}} 0.5\n'
+        f'gpujob_gpu_telemetry_available{{reason="{v}"}} 0\n'
+    )
+    for fr in (frame_payload(text, 1.0), frame(parse(text, NEEDED), 1.0)):
+        texts = [*fr.cuda_uuid.values(), *(u for u, _ in fr.gpus.values()), fr.telemetry or ""]
+        texts += list(fr.steps_local_ranks)
+        assert len(texts) == 4 and all(0 < len(t) <= MAX_LABEL_TEXT for t in texts), texts

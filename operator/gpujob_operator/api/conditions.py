@@ -36,6 +36,10 @@ BOTTLENECK_DETECTED: Final = "BottleneckDetected"
 LIFECYCLE_TYPES: Final = (CREATED, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED)
 ALL_TYPES: Final = (*LIFECYCLE_TYPES, STALLED, METRICS_AVAILABLE, BOTTLENECK_DETECTED)
 
+MESSAGE_MAX_LENGTH: Final = 32768
+"""The CRD's maxLength of a condition's message: the API server refuses a whole status patch
+with a longer one, so every message is clipped to it (`make`)."""
+
 # ---- reasons ---------------------------------------------------------------------------
 # CamelCase, matching metav1.Condition's reason pattern.
 PODS_CREATING: Final = "PodsCreating"
@@ -211,17 +215,25 @@ def make(
     now: datetime,
     observed_generation: int | None = None,
 ) -> Condition:
-    """A new condition dict in wire format."""
+    """A new condition dict in wire format, its message clipped to `MESSAGE_MAX_LENGTH`."""
     cond: Condition = {
         "type": type_,
         "status": status,
         "reason": reason,
-        "message": message,
+        "message": clip(message, MESSAGE_MAX_LENGTH),
         "lastTransitionTime": format_time(now),
     }
     if observed_generation is not None:
         cond["observedGeneration"] = observed_generation
     return cond
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` cut to at most `limit` characters, ending in "..." when cut: untrusted or
+    unbounded words then never make a status write fail."""
+    if len(text) <= limit:
+        return text
+    return text[: max(limit - 3, 0)] + "..."[: max(limit, 0)]
 
 
 def set_condition(

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, PlainSerializer, WithJsonSchema
 
 from gpujob_operator.api.base import Model as _Model
-from gpujob_operator.api.conditions import STALLED, TRUE, find, format_time
+from gpujob_operator.api.conditions import MESSAGE_MAX_LENGTH, STALLED, TRUE, find, format_time
 from gpujob_operator.api.names import GangMechanism
 
 Time = Annotated[
@@ -52,7 +52,9 @@ class Condition(_StatusModel):
         max_length=1024,
         description="CamelCase reason for the last transition, e.g. Unschedulable.",
     )
-    message: str = Field(default="", max_length=32768, description="Human-readable details.")
+    message: str = Field(
+        default="", max_length=MESSAGE_MAX_LENGTH, description="Human-readable details."
+    )
     last_transition_time: Time | None = Field(default=None, description="When status last changed.")
     observed_generation: int | None = Field(
         default=None, ge=0, description="metadata.generation the condition was computed for."

@@ -47,6 +47,8 @@ from gpujob_operator.monitoring.window import GPUSeries, RankSeries, Window
 from gpujob_trainer import contract
 
 MEMORY_CRITICAL_RATIO: Final = 0.98
+MAX_REASONS_SHOWN: Final = 5
+"""Distinct telemetry reasons status.gpus.telemetry names (each pod may send its own)."""
 
 
 def device_verdicts(
@@ -254,7 +256,10 @@ def gpu_summary(window: Window, settings: Settings, warm_t: float | None) -> dic
         out["telemetry"] = "Available"
     else:
         reasons = sorted({r for r in window.telemetry.values() if r != contract.TELEMETRY_OK})
-        why = ", ".join(reasons) if reasons else "no GPU series exported"
+        # Each reason is an endpoint's label (clipped by `frame`); a few of them say enough.
+        why = ", ".join(reasons[:MAX_REASONS_SHOWN]) if reasons else "no GPU series exported"
+        if len(reasons) > MAX_REASONS_SHOWN:
+            why += f" and {len(reasons) - MAX_REASONS_SHOWN} more"
         out["observed"] = 0
         out["telemetry"] = f"Unavailable: no GPU telemetry: {why}"
     return out

@@ -106,7 +106,8 @@ _PEAK_REASONS: Final = {name: i for i, name in enumerate(contract.PEAK_REASONS)}
 MAX_RANK_DEVICES: Final = 16
 """GPUs one rank may say it drives; an endpoint claiming more is cut there."""
 MAX_LABEL_TEXT: Final = 128
-"""Characters kept of an endpoint-supplied name (a GPU product name)."""
+"""Characters kept of every endpoint-supplied label value a frame keeps (a GPU product name or
+UUID, a telemetry reason, a local_rank label): they reach the job's status and its messages."""
 
 
 def _peak_code(labels: dict[str, str]) -> int:
@@ -188,7 +189,7 @@ def frame(samples: Iterable[Sample], t: float) -> Frame:
     names: dict[int, str] = {}
     for name, labels, value, _ in samples:
         if name == _STEPS:
-            steps.append(labels.get(contract.LABEL_LOCAL_RANK, "?"))
+            steps.append(labels.get(contract.LABEL_LOCAL_RANK, "?")[:MAX_LABEL_TEXT])
         gi = _GPU_FIELDS.get(name)
         if gi is not None or name == contract.GPU_CLOCK_EVENT.name:
             gpu = _int(labels.get(contract.LABEL_GPU))
@@ -196,7 +197,8 @@ def frame(samples: Iterable[Sample], t: float) -> Frame:
                 continue
             entry = gpus.get(gpu)
             if entry is None:
-                entry = gpus[gpu] = (labels.get(contract.LABEL_UUID, ""), _row(G_WIDTH, t))
+                uuid = labels.get(contract.LABEL_UUID, "")[:MAX_LABEL_TEXT]
+                entry = gpus[gpu] = (uuid, _row(G_WIDTH, t))
             row = entry[1]
             if gi is not None:
                 row[gi] = value
@@ -207,7 +209,7 @@ def frame(samples: Iterable[Sample], t: float) -> Frame:
                     row[G_THROTTLE] = float(cur | bit) if value > 0 else float(cur)
             continue
         if name == contract.GPU_TELEMETRY_AVAILABLE.name:
-            reason = labels.get(contract.LABEL_REASON, "")
+            reason = labels.get(contract.LABEL_REASON, "")[:MAX_LABEL_TEXT]
             if telemetry is None or value > 0:
                 telemetry = contract.TELEMETRY_OK if value > 0 else reason or "unknown"
             continue
@@ -227,7 +229,7 @@ def frame(samples: Iterable[Sample], t: float) -> Frame:
         if ri is not None:
             rrow[ri] = value
             if ri == R_CUDA_RESERVED and contract.LABEL_UUID in labels:
-                cuda_uuid[rank] = labels[contract.LABEL_UUID]
+                cuda_uuid[rank] = labels[contract.LABEL_UUID][:MAX_LABEL_TEXT]
         elif name == contract.PHASE_SECONDS.name:
             pi = R_PHASE.get(labels.get(contract.LABEL_PHASE, ""))
             if pi is not None:
@@ -372,14 +374,15 @@ def _action(series: str) -> _Action:
         gpu = _int(labels.get(contract.LABEL_GPU))
         if gpu is None:
             return _NO_ACTION
-        uuid = labels.get(contract.LABEL_UUID, "")
+        uuid = labels.get(contract.LABEL_UUID, "")[:MAX_LABEL_TEXT]
         if gi is None:
             bit = THROTTLE_BIT.get(labels.get(contract.LABEL_REASON, ""), 0)
             return (_GPU, gpu, None, None, bit, uuid, None)
         return (_GPU, gpu, gi, None, 0, uuid, None)
     if name == contract.GPU_TELEMETRY_AVAILABLE.name:
-        return (_TELEMETRY, -1, None, None, -1, labels.get(contract.LABEL_REASON, ""), None)
-    steps = labels.get(contract.LABEL_LOCAL_RANK, "?") if name == _STEPS else None
+        reason = labels.get(contract.LABEL_REASON, "")[:MAX_LABEL_TEXT]
+        return (_TELEMETRY, -1, None, None, -1, reason, None)
+    steps = labels.get(contract.LABEL_LOCAL_RANK, "?")[:MAX_LABEL_TEXT] if name == _STEPS else None
     rank = _int(labels.get(contract.LABEL_RANK))
     if rank is None:
         return (_STEPS_ONLY, -1, None, None, -1, None, steps) if steps is not None else _NO_ACTION
@@ -388,6 +391,7 @@ def _action(series: str) -> _Action:
     ri = _RANK_FIELDS.get(name)
     if ri is not None:
         cuda = labels.get(contract.LABEL_UUID) if ri == R_CUDA_RESERVED else None
+        cuda = cuda[:MAX_LABEL_TEXT] if cuda is not None else None
         return (_RANK_ROW, rank, local, node, ri, cuda, steps)
     if name == contract.PHASE_SECONDS.name:
         pi = R_PHASE.get(labels.get(contract.LABEL_PHASE, ""), -1)

@@ -5,9 +5,14 @@ thousands of endpoints every 15 s is the operator's main CPU cost, and a scrape 
 the same plain GET. A `Conn` carries one request at a time and stays alive between them (as
 Prometheus does); the request asks for an uncompressed body (`Accept-Encoding: identity`;
 gzip or deflate are still decoded if sent, `decode_body`), and the response is read with
-Content-Length, chunked or until-close framing, never past the byte cap. Every failure is a
-`Failure` carrying the `ErrorKind` the scrape result reports. The pool of kept-alive
-connections and the deadlines belong to the `scrape.Scraper`.
+Content-Length, chunked or until-close framing, never past the byte cap. The decoding runs on
+the event loop, so what one response may cost is bounded by what arrives, not by what it
+decodes to: at most `MAX_HEADERS` header lines, `MAX_CHUNKS` chunks and a wire-byte cap
+(framing, extensions and trailers included); a body of 1-byte chunks is refused after the
+chunk cap instead of costing seconds of the operator's CPU. Every failure is a `Failure`
+carrying the `ErrorKind` the scrape result reports; endpoint-supplied words in its message
+are clipped (`ENDPOINT_TEXT_MAX`). The pool of kept-alive connections and the deadlines
+belong to the `scrape.Scraper`.
 """
 
 from __future__ import annotations
@@ -18,12 +23,27 @@ from dataclasses import dataclass
 from typing import Final
 from urllib.parse import urlsplit
 
-from gpujob_operator.monitoring.scrape_result import ErrorKind
+from gpujob_operator.api.conditions import clip
+from gpujob_operator.monitoring.scrape_result import ENDPOINT_TEXT_MAX, ErrorKind
 
 ACCEPT: Final = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 USER_AGENT: Final = "gpujob-operator"
+MAX_CHUNKS: Final = 4096
+"""Chunks of one chunked body. Each costs ~1 us of Python on the event loop whatever its size,
+so this bounds a hostile body of 1-byte chunks to ~4 ms per scrape (uncapped, 4 MiB of them
+cost ~4-5 s). Honest servers send far fewer: Go's net/http writes small writes through a
+2 KiB buffer (`bufferBeforeChunkingSize`), ~2048 chunks for a body at the 4 MiB byte cap;
+Python's servers one per write (one per payload or metric family). 4096 is twice Go's worst
+case and allows one chunk per line of a payload of up to 4096 lines (a rank's has ~100-600)."""
+MAX_HEADERS: Final = 100
+"""Header lines of one response (http.client's limit); a scrape's answer has a handful."""
 _MAX_HEAD: Final = 65536
+_MAX_LINE: Final = 8192
+"""Bytes of one header line (what common servers accept; the status line has the head's cap,
+its reason phrase is clipped)."""
 _MAX_CHUNK_LINE: Final = 4096
+_CHUNK_FRAMING: Final = 32
+"""Wire bytes allowed per chunk beyond its data (size line, CRLFs, a short extension)."""
 # States of the chunked-body decoder.
 _SIZE, _DATA, _DATA_END, _TRAILER = 0, 1, 2, 3
 
@@ -60,7 +80,7 @@ class Conn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.waiter: asyncio.Future[Response] | None = None
-        self._begin(0)
+        self._begin(0, 0)
         self.status = 0
         self.reason = ""
         self.length: int | None = None
@@ -103,20 +123,27 @@ class Conn(asyncio.Protocol):
 
     # ---- requests -------------------------------------------------------------------------
 
-    def request(self, head: bytes, max_bytes: int) -> asyncio.Future[Response]:
+    def request(
+        self, head: bytes, max_bytes: int, max_chunks: int = MAX_CHUNKS
+    ) -> asyncio.Future[Response]:
         assert self.transport is not None
         self.waiter = fut = self.loop.create_future()
-        self._begin(max_bytes)
+        self._begin(max_bytes, max_chunks)
         self.uses += 1
         self.transport.write(head)
         return fut
 
-    def _begin(self, max_bytes: int) -> None:
+    def _begin(self, max_bytes: int, max_chunks: int) -> None:
         """The parser's state at the start of a response."""
         self.buf = bytearray()
         self.body = bytearray()
         """The decoded body of a chunked response so far."""
         self.max_bytes = max_bytes
+        self.max_chunks = max_chunks
+        self.max_wire = wire_cap(max_bytes, max_chunks)
+        """Bytes a chunked response may take on the wire, head and framing included."""
+        self.chunks = 0
+        """Chunks with data decoded so far (the last, empty chunk is not one)."""
         self.head_end = -1
         self.scanned = 0
         """Where to resume the search for the end of the head."""
@@ -152,8 +179,10 @@ class Conn(asyncio.Protocol):
         buf = self.buf
         if self.head_end < 0:
             end = buf.find(b"\r\n\r\n", self.scanned)
-            if end < 0:
-                if len(buf) > _MAX_HEAD or eof:
+            if end < 0 or end > _MAX_HEAD:
+                if len(buf) > _MAX_HEAD:
+                    raise Failure(ErrorKind.CONNECTION, f"the HTTP head exceeds {_MAX_HEAD} bytes")
+                if eof:
                     raise Failure(ErrorKind.CONNECTION, "malformed or incomplete HTTP response")
                 self.scanned = max(0, len(buf) - 3)
                 return
@@ -181,6 +210,12 @@ class Conn(asyncio.Protocol):
                 raise Failure(ErrorKind.CONNECTION, "connection closed before the body ended")
             return
         if self.chunked:
+            if self.received > self.max_wire:  # checked before decoding what just came
+                raise Failure(
+                    ErrorKind.TOO_LARGE,
+                    f"the chunked response exceeds the {self.max_wire}-byte cap on the wire "
+                    f"(a {self.max_bytes}-byte body and its framing)",
+                )
             if self._dechunk():
                 self._done(bytes(self.body))
             elif eof:
@@ -249,7 +284,14 @@ class Conn(asyncio.Protocol):
                 self.chunk_state = _TRAILER
             elif len(body) + size > self.max_bytes:
                 raise Failure(ErrorKind.TOO_LARGE, f"body exceeds the {self.max_bytes}-byte cap")
+            elif self.chunks >= self.max_chunks:
+                raise Failure(
+                    ErrorKind.TOO_MANY_CHUNKS,
+                    f"the chunked body exceeds the cap of {self.max_chunks} chunks "
+                    f"({len(body)} bytes in the first {self.chunks})",
+                )
             else:
+                self.chunks += 1
                 self.chunk_state = _DATA
                 self.chunk_left = size
         if done and pos < n:
@@ -258,12 +300,17 @@ class Conn(asyncio.Protocol):
         return done
 
     def _head(self, head: bytes) -> None:
-        lines = head.split(b"\r\n")
+        lines = head.split(b"\r\n", MAX_HEADERS + 1)
+        if len(lines) > MAX_HEADERS + 1:
+            raise Failure(ErrorKind.CONNECTION, f"more than {MAX_HEADERS} HTTP header lines")
+        if len(lines) > 1 and max(map(len, lines[1:])) > _MAX_LINE:
+            raise Failure(ErrorKind.CONNECTION, f"an HTTP header line exceeds {_MAX_LINE} bytes")
         parts = lines[0].split(None, 2)
         if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
             raise Failure(ErrorKind.CONNECTION, f"not an HTTP response: {lines[0][:80]!r}")
         self.status = int(parts[1])
-        self.reason = parts[2].decode("latin-1") if len(parts) > 2 else ""
+        # The reason phrase is the endpoint's words, quoted in the job's status: clipped.
+        self.reason = clip(parts[2].decode("latin-1"), ENDPOINT_TEXT_MAX) if len(parts) > 2 else ""
         keep = parts[0] == b"HTTP/1.1"
         self.length = None
         self.chunked = False
@@ -294,7 +341,7 @@ def decode_body(body: bytes, encoding: bytes, max_bytes: int) -> bytes:
     if not encoding or encoding == b"identity":
         return body
     if encoding not in (b"gzip", b"x-gzip", b"deflate"):
-        raise Failure(ErrorKind.CONNECTION, f"unsupported Content-Encoding {encoding!r}")
+        raise Failure(ErrorKind.CONNECTION, f"unsupported Content-Encoding {encoding[:40]!r}")
     # 47: gzip or zlib header, detected; a raw deflate stream is tried as well.
     for wbits in (47, -15):
         d = zlib.decompressobj(wbits)
@@ -310,6 +357,12 @@ def decode_body(body: bytes, encoding: bytes, max_bytes: int) -> bytes:
             )
         return out
     raise Failure(ErrorKind.CONNECTION, "the compressed body does not decode")
+
+
+def wire_cap(max_bytes: int, max_chunks: int) -> int:
+    """Bytes a chunked response may take on the wire: its head, a `max_bytes` body in at
+    most `max_chunks` chunks with their framing, and its trailers."""
+    return _MAX_HEAD + max_bytes + max_chunks * _CHUNK_FRAMING + _MAX_HEAD
 
 
 @dataclass(frozen=True, slots=True)

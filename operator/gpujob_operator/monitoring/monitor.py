@@ -30,7 +30,12 @@ from gpujob_operator.monitoring import guard, hysteresis
 from gpujob_operator.monitoring.analysis import Analysis, analyze
 from gpujob_operator.monitoring.analysis_settings import Settings
 from gpujob_operator.monitoring.frame import frame
-from gpujob_operator.monitoring.scrape_result import ErrorKind, ScrapeResult, ScrapeTarget
+from gpujob_operator.monitoring.scrape_result import (
+    ENDPOINT_TEXT_MAX,
+    ErrorKind,
+    ScrapeResult,
+    ScrapeTarget,
+)
 from gpujob_operator.monitoring.update import REFRESH_SECONDS, MonitorUpdate, PatchClock
 from gpujob_operator.monitoring.verdict import (
     CRITICAL,
@@ -45,6 +50,10 @@ from gpujob_trainer import contract
 
 MAX_FAILURES_LISTED: Final = 5
 MAX_NOTES_LISTED: Final = 3
+MAX_FAILURE_TEXT: Final = 2 * ENDPOINT_TEXT_MAX
+"""Characters of one failure's or note's words in MetricsAvailable: the scraper's sentence with
+an endpoint's clipped words in it, clipped once more here where every one of them passes, so
+no endpoint can push the message past the CRD's limit (`conditions.MESSAGE_MAX_LENGTH`)."""
 STARTUP_GRACE: Final = 180.0
 NEARLY_DONE_SECONDS: Final = 30.0
 """Seconds after the first scrape of an attempt during which refused endpoints mean "starting"."""
@@ -220,7 +229,8 @@ class JobMonitor:
         targets = result.target_note
         if rejected or missing or targets:
             parts = (metrics["message"], missing, targets, rejected)
-            metrics = {**metrics, "message": "; ".join(x for x in parts if x)}
+            message = "; ".join(x for x in parts if x)
+            metrics = {**metrics, "message": c.clip(message, c.MESSAGE_MAX_LENGTH)}
         new_kinds = sorted(set(notes) - self._rejected)
         if new_kinds:
             self._rejected |= set(new_kinds)
@@ -300,7 +310,7 @@ class JobMonitor:
             ok, reason, msg = True, c.ALL_RANKS_SCRAPED, f"scraped {len(results)} rank(s)"
         else:
             listed = "; ".join(
-                f"{f.target.pod} {f.target.url}: {f.error}: {f.message}"
+                f"{f.target.pod} {f.target.url}: {f.error}: {c.clip(f.message, MAX_FAILURE_TEXT)}"
                 for f in failures[:MAX_FAILURES_LISTED]
             )
             more = len(failures) - MAX_FAILURES_LISTED
@@ -373,7 +383,9 @@ def _rejected_text(series: int, values: int, notes: Mapping[str, Sequence[str]])
     counts = " and ".join(
         f"{n} {what}" for n, what in ((series, "series"), (values, "value(s)")) if n
     )
-    texts = list(dict.fromkeys(t for kind in sorted(notes) for t in notes[kind]))
+    texts = list(
+        dict.fromkeys(c.clip(t, MAX_FAILURE_TEXT) for kind in sorted(notes) for t in notes[kind])
+    )
     more = f"; and {len(texts) - MAX_NOTES_LISTED} more" if len(texts) > MAX_NOTES_LISTED else ""
     if not texts:
         return f"rejected {counts} from the payloads"

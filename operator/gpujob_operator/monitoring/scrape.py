@@ -20,10 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Final
 
+from gpujob_operator.api.conditions import clip
 from gpujob_operator.monitoring import expfmt, guard
 from gpujob_operator.monitoring.expfmt import common_prefix
 from gpujob_operator.monitoring.frame import NEEDED, Frame, frame, frame_payload
 from gpujob_operator.monitoring.httpclient import (
+    MAX_CHUNKS,
     Conn,
     Endpoint,
     Failure,
@@ -32,7 +34,12 @@ from gpujob_operator.monitoring.httpclient import (
     endpoint,
     expire,
 )
-from gpujob_operator.monitoring.scrape_result import ErrorKind, ScrapeResult, ScrapeTarget
+from gpujob_operator.monitoring.scrape_result import (
+    ENDPOINT_TEXT_MAX,
+    ErrorKind,
+    ScrapeResult,
+    ScrapeTarget,
+)
 from gpujob_trainer import contract
 
 DEFAULT_CONCURRENCY: Final = 256
@@ -66,6 +73,7 @@ class Scraper:
         max_bytes: int = DEFAULT_MAX_BYTES,
         max_lines: int = DEFAULT_MAX_LINES,
         max_samples: int = DEFAULT_MAX_SAMPLES,
+        max_chunks: int = MAX_CHUNKS,
         per_call: int | None = None,
         wanted: frozenset[str] | None = NEEDED,
         clock: Callable[[], float] = time.time,
@@ -76,6 +84,8 @@ class Scraper:
         self.max_bytes = max_bytes
         self.max_lines = max_lines
         self.max_samples = max_samples
+        self.max_chunks = max_chunks
+        """Chunks of one chunked body (the CPU a body of tiny chunks may cost)."""
         if per_call is None:
             per_call = max(1, min(concurrency // 2, max(4, concurrency // 4)))
         self.per_call = per_call
@@ -289,7 +299,7 @@ class Scraper:
             reused = conn is not None
             if conn is None:
                 conn = await self._connect(ep.key, deadline)
-            fut = conn.request(ep.head, max_bytes)
+            fut = conn.request(ep.head, max_bytes, self.max_chunks)
             timer = loop.call_at(loop.time() + (deadline - time.monotonic()), expire, conn, fut)
             try:
                 resp = await fut
@@ -404,7 +414,6 @@ def _missing_rank(target: ScrapeTarget, fr: Frame) -> str:
     if target.local_rank >= 0:
         want = str(target.local_rank)
         if want not in steps:
-            return (
-                f"expected local_rank {want}, the endpoint exports {','.join(sorted(set(steps)))}"
-            )
+            found = clip(",".join(sorted(set(steps))), ENDPOINT_TEXT_MAX)
+            return f"expected local_rank {want}, the endpoint exports {found}"
     return ""

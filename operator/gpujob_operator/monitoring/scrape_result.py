@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Final
 
 from gpujob_operator.monitoring import expfmt
 from gpujob_operator.monitoring.frame import Frame
@@ -22,10 +23,17 @@ class ErrorKind(StrEnum):
     HTTP_STATUS = "http_status"
     PARSE = "parse"
     TOO_LARGE = "too_large"
+    TOO_MANY_CHUNKS = "too_many_chunks"
+    """A chunked body in more chunks than any honest server sends (`httpclient.MAX_CHUNKS`)."""
     MISSING_RANK = "missing_rank"
     CONNECTION = "connection"
     NO_SLOT = "no_slot"
     """The operator's scrape slots stayed busy (with other slow endpoints) past the timeout."""
+
+
+ENDPOINT_TEXT_MAX: Final = 200
+"""Characters of one endpoint-supplied string (a reason phrase, a label value or list) quoted in
+a message: the endpoint is untrusted, and what it says ends up in its job's status."""
 
 
 @dataclass(frozen=True, slots=True)

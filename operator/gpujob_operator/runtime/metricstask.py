@@ -84,7 +84,8 @@ class MetricsTask:
         results = await loop.scraper.scrape_all(targets)
         for r in results:
             METRICS.observe_scrape(r.seconds, r.ok, None if r.error is None else str(r.error))
-            dropped_bytes = r.size if r.error == ErrorKind.TOO_LARGE else 0
+            refused = r.error in (ErrorKind.TOO_LARGE, ErrorKind.TOO_MANY_CHUNKS)
+            dropped_bytes = r.size if refused else 0
             METRICS.observe_dropped(r.dropped_series, r.dropped_values, dropped_bytes)
         async with loop.lock:
             job = loop.freshest(loop.body)
