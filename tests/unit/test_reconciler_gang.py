@@ -55,8 +55,8 @@ class RefusingKube:
     async def delete_object(self, ns: str, ref: ObjectRef) -> None:
         return None
 
-    async def delete_pod(self, ns: str, name: str) -> None:
-        return None
+    async def delete_pod(self, ns: str, name: str) -> bool:
+        return True
 
 
 def test_a_refused_workload_creates_no_pod_and_the_status_says_why() -> None:

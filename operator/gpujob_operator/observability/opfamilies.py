@@ -156,6 +156,13 @@ HANG_CAPTURES = Family(
     "ConfigMap written), partial (some rank silent or unusable), unrecorded (no ConfigMap).",
 )
 HANG_CAPTURE_RESULTS: Final = ("complete", "partial", "unrecorded")
+GHOST_PODS = Family(
+    "gpujob_operator_ghost_pods_total",
+    "Pods the operator's index still held after the API server proved them gone (a 404 on "
+    "their delete, or absent from a fresh listing: a DELETED lost in a watch re-list), by how "
+    "it was found; the job's planning goes on without them.",
+)
+GHOST_POD_PROOFS: Final = ("delete_404", "listing")
 JOBS = Family("gpujob_operator_jobs", "Jobs the operator currently exports series for.")
 BUILD_INFO = Family("gpujob_operator_build_info", "Always 1; the version label says which build.")
 
@@ -196,6 +203,7 @@ HEALTH_FAMILIES: Final = (
     FORECAST_ERROR,
     FORECAST_DURATION,
     HANG_CAPTURES,
+    GHOST_PODS,
     JOBS,
     BUILD_INFO,
 )

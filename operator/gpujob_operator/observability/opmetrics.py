@@ -39,6 +39,8 @@ from gpujob_operator.observability.opfamilies import (
     ERRORS,
     FORECAST_DURATION,
     FORECAST_ERROR,
+    GHOST_POD_PROOFS,
+    GHOST_PODS,
     HANG_CAPTURE_RESULTS,
     HANG_CAPTURES,
     JOB_ETA,
@@ -192,6 +194,7 @@ class _HealthCollector(Collector):
             reconciles = dict(o._reconciles)
             scrapes = dict(o._scrapes)
             hangs = dict(o._hang_captures)
+            ghosts = dict(o._ghost_pods)
             errors = dict(o._errors)
             dropped = dict(o._dropped)
             api_errors = dict(o._api_errors)
@@ -213,6 +216,10 @@ class _HealthCollector(Collector):
         fam = CounterMetricFamily(HANG_CAPTURES.name, HANG_CAPTURES.help, labels=["result"])
         for result in HANG_CAPTURE_RESULTS:
             fam.add_metric([result], hangs.get(result, 0.0))
+        yield fam
+        fam = CounterMetricFamily(GHOST_PODS.name, GHOST_PODS.help, labels=["proof"])
+        for proof in GHOST_POD_PROOFS:
+            fam.add_metric([proof], ghosts.get(proof, 0.0))
         yield fam
         for m, buckets, total in hists:
             hist = HistogramMetricFamily(m.name, m.help, unit=m.unit)
@@ -254,6 +261,7 @@ class JobMetrics:
         self._jobs: dict[tuple[str, str], JobSample] = {}
         self._reconciles: dict[str, float] = {}
         self._hang_captures: dict[str, float] = {}
+        self._ghost_pods: dict[str, float] = {}
         self._scrapes: dict[str, float] = {}
         self._errors: dict[tuple[str, str], float] = {}
         self._dropped: dict[str, float] = {}
@@ -329,6 +337,11 @@ class JobMetrics:
         """One stall's evidence taken: ``complete``, ``partial`` or ``unrecorded``."""
         with self._lock:
             self._hang_captures[result] = self._hang_captures.get(result, 0.0) + 1
+
+    def observe_ghost_pods(self, proof: str, count: int) -> None:
+        """Pods the index held that the API server proved gone: ``delete_404`` or ``listing``."""
+        with self._lock:
+            self._ghost_pods[proof] = self._ghost_pods.get(proof, 0.0) + count
 
     def observe_dropped(self, series: int, values: int, bytes_: int) -> None:
         """Count what a scrape refused from an endpoint (see guard.py and scrape.py)."""

@@ -35,6 +35,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from gpujob_operator import api
+from gpujob_operator.api import children
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import job_uid
 from gpujob_operator.api.patches import json_safe, minimal_patch
@@ -60,6 +61,12 @@ IDLE_RESYNC_SECONDS = 300.0
 SERVICE_RECHECK_SECONDS = 300.0
 """How long a seen Service is trusted without a GET (a thousand jobs, one GET each per pass)."""
 DEBOUNCE_SECONDS = 0.05
+AUDIT_BLOCKED_SECONDS = 60.0
+"""How long passes may be blocked (neither running nor finished) before the pod index is
+compared with a fresh listing of the job's pods."""
+AUDIT_SECONDS = 600.0
+"""How often the index of an active job is compared with a fresh listing anyway."""
+AUDIT_MIN_GAP_SECONDS = 30.0
 FENCED_RETRY_SECONDS = 1.0
 """How soon a pass held back by the peering fence tries again (the guard looks every 2 s)."""
 RECHECK_SECONDS = 120.0
@@ -116,6 +123,14 @@ class JobLoop:
     case they vanish before a pass sees them; pruned once their attempt is over."""
     resync_seconds: float = RESYNC_SECONDS
     recheck_seconds: float = RECHECK_SECONDS
+    vanished: set[str] = field(default_factory=set, repr=False)
+    """Uids of pods the API server proved gone (a 404 on their delete, or absent from a
+    fresh listing) that the index still holds: kopf drops nothing that vanished during a
+    watch re-list, and a planner that waits on such a ghost waits for ever."""
+    blocked_since: float | None = None
+    """Since when (monotonic) passes have neither run the gang nor finished it."""
+    audited_at: float = field(default_factory=time.monotonic)
+    """When the index was last compared with a fresh listing of the job's pods."""
     _pods: Callable[[], list[Mapping[str, Any]]] = field(default=lambda: [], repr=False)
     _task: asyncio.Task[None] | None = field(default=None, repr=False)
     _scrape_task: asyncio.Task[None] | None = field(default=None, repr=False)
@@ -167,6 +182,7 @@ class JobLoop:
         job = self.freshest(body)
         meta = job["metadata"]
         ns, name = meta["namespace"], meta["name"]
+        pods = list(pods)
         observed = [observations.observe_pod(p) for p in pods]
         attempt = int((job.get("status") or {}).get("attempt") or 0)
         for seen in observed:
@@ -206,7 +222,8 @@ class JobLoop:
         for i, pod in enumerate(plan.delete_pods):
             if i:
                 fault_point(self.fault_at, BETWEEN_POD_DELETES)
-            await self.kube.delete_pod(ns, pod)
+            if not await self.kube.delete_pod(ns, pod):
+                self._vanish({_uid(p) for p in pods if _name(p) == pod}, "delete_404")
         self.call = "delete_gang_object"
         for ref in plan.delete_objects:
             await self.kube.delete_object(ns, ref)
@@ -227,6 +244,7 @@ class JobLoop:
             await self.kube.delete_job(ns, name)
         METRICS.observe_reconcile(time.monotonic() - started)
         METRICS.update(ns, name, plan.status)
+        await self._audit(ns, name, plan, pods)
         if plan.create_pods or plan.delete_pods or plan.events:
             log.info(
                 "reconciled %s/%s: phase=%s created=%s deleted=%s events=%s",
@@ -238,6 +256,52 @@ class JobLoop:
                 [e.reason for e in plan.events],
             )
         return plan
+
+    def pods(self) -> list[Mapping[str, Any]]:
+        """The job's pods from the index, less those the API server proved gone."""
+        pods = self._pods()
+        if not self.vanished:
+            return pods
+        return [p for p in pods if _uid(p) not in self.vanished]
+
+    def _vanish(self, uids: set[str], proof: str) -> None:
+        uids -= self.vanished
+        if uids:
+            log.warning(
+                "%s: %d pod(s) in the index are gone from the API server (%s): planning without"
+                " them",
+                self.key,
+                len(uids),
+                proof,
+            )
+            METRICS.observe_ghost_pods(proof, len(uids))
+            self.vanished |= uids
+            self.wake.set()
+
+    async def _audit(
+        self, ns: str, name: str, plan: planner.Plan, pods: list[Mapping[str, Any]]
+    ) -> None:
+        """Compare the index with a fresh listing when a pass has been blocked for a while
+        (waiting for pods that may be ghosts) and, less often, while the job is active (a
+        ghost of the current attempt would hide a lost rank)."""
+        now = time.monotonic()
+        settled = plan.phase in (c.PHASE_RUNNING, c.PHASE_SUCCEEDED, c.PHASE_FAILED)
+        if settled or plan.phase == c.PHASE_SUSPENDED or plan.create_pods:
+            self.blocked_since = None
+        elif self.blocked_since is None:
+            self.blocked_since = now
+        finished = plan.phase in (c.PHASE_SUCCEEDED, c.PHASE_FAILED)
+        blocked = (
+            self.blocked_since is not None and now - self.blocked_since > AUDIT_BLOCKED_SECONDS
+        )
+        due = not finished and now - self.audited_at > AUDIT_SECONDS
+        if not pods or not (blocked or due) or now - self.audited_at < AUDIT_MIN_GAP_SECONDS:
+            return
+        self.audited_at = now
+        self.call = "list_pods"
+        listed = await self.kube.pod_uids(ns, f"{children.LABEL_JOB_NAME}={name}")
+        self._vanish({_uid(p) for p in pods} - listed, "listing")
+        self.vanished &= {_uid(p) for p in self._pods()}  # bounded by what the index holds
 
     async def _create(self, ns: str, name: str, plan: planner.Plan) -> bool:
         """Create the Service and the gang, all or nothing; True when the server refused.
@@ -409,7 +473,7 @@ class JobLoop:
     async def _run(self) -> None:
         while not self.ended:
             try:
-                plan = await self.reconcile(self.body, self._pods())
+                plan = await self.reconcile(self.body, self.pods())
                 idle = plan.phase in ("Succeeded", "Failed")
                 resync = max(self.resync_seconds, IDLE_RESYNC_SECONDS if idle else 0.0)
                 timeout = min(plan.requeue_after or resync, resync)
@@ -479,6 +543,14 @@ class JobLoop:
         self.wake.clear()
         await asyncio.sleep(DEBOUNCE_SECONDS)
         return woken
+
+
+def _uid(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("uid") or "")
+
+
+def _name(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("name") or "")
 
 
 def _in_loop() -> bool:

@@ -100,8 +100,9 @@ class Kube:
                 return False
             raise
 
-    async def delete_pod(self, namespace: str, name: str) -> None:
-        """Delete a pod (graceful, background); a missing pod is fine."""
+    async def delete_pod(self, namespace: str, name: str) -> bool:
+        """Delete a pod (graceful, background); False when no pod of that name exists (a
+        404 is proof that the pod is gone, whatever the operator's index still holds)."""
         self._fence("delete_pod")
         try:
             await asyncio.to_thread(
@@ -110,6 +111,15 @@ class Kube:
         except ApiException as e:
             if e.status != 404:
                 raise
+            return False
+        return True
+
+    async def pod_uids(self, namespace: str, selector: str) -> set[str]:
+        """The uids of the pods the API server holds under a label selector, now."""
+        listed: Any = await asyncio.to_thread(
+            self.core.list_namespaced_pod, namespace, label_selector=selector
+        )
+        return {p.metadata.uid for p in listed.items}
 
     async def create_service(self, namespace: str, body: dict[str, Any]) -> None:
         self._fence("create_service")

@@ -98,7 +98,7 @@ class MetricsTask:
                 return None
             monitor.hang = stall_evidence(status)
             # The pods as they are now: ranks may have exited during the scrape.
-            exited = exited_ranks(loop._pods() or pods, job_uid(job))
+            exited = exited_ranks(loop.pods() or pods, job_uid(job))
             update = monitor.observe(results, time.time(), exited=exited)
             capped = update.dropped_series - sum(r.dropped_series for r in results)
             if capped > 0:  # refused by the job's own series cap (not counted per result)
@@ -184,7 +184,7 @@ class MetricsTask:
         loop = self.loop
         while not loop.ended:
             try:
-                due = await self.observe(loop._pods())
+                due = await self.observe(loop.pods())
             except asyncio.CancelledError:
                 raise
             except JobGone as gone:
