@@ -46,9 +46,14 @@ STATUS_REASONS: dict[int, str] = {
 }
 
 
+RESET = -1
+"""A code that answers nothing: the connection is cut (a failover's reset, not a refusal)."""
+
+
 @dataclass
 class Fault:
-    """Answer the first ``len(codes)`` requests that match with these status codes."""
+    """Answer the first ``len(codes)`` requests that match with these status codes
+    (:data:`RESET`: cut the connection instead of answering)."""
 
     method: str
     path: re.Pattern[str]
@@ -125,6 +130,10 @@ class FaultProxy:
             if fault.matches(request.method, request.path):
                 code = fault.next_code()
                 fault.seen.append((time.time(), code))
+                if code == RESET:
+                    if request.transport is not None:
+                        request.transport.abort()
+                    raise ConnectionResetError("cut by the test's fault proxy")
                 if code:
                     return self._status(code)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
