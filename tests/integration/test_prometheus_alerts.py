@@ -42,7 +42,7 @@ RUNNING = series("gpujob_job_phase", {**JOB, "phase": "Running"}, "1x60")
 
 CASES: list[dict[str, Any]] = [
     {
-        "input_series": [series("gpujob_job_stalled", JOB, "0 0 1x10")],
+        "input_series": [RUNNING, series("gpujob_job_stalled", JOB, "0 0 1x10")],
         "alert_rule_test": [
             {"eval_time": "1m", "alertname": "GPUJobStalled", "exp_alerts": []},
             {
@@ -52,6 +52,21 @@ CASES: list[dict[str, Any]] = [
             },
         ],
     },
+    # A stale stalled series (an older operator's, or one scraped before the restart) never
+    # pages for a job that is restarting or ended: the alert is gated on the running phase.
+    *(
+        {
+            "input_series": [
+                series("gpujob_job_phase", {**JOB, "phase": phase}, "1x60"),
+                series("gpujob_job_phase", {**JOB, "phase": "Running"}, "0x60"),
+                series("gpujob_job_stalled", JOB, "1x60"),
+            ],
+            "alert_rule_test": [
+                {"eval_time": "30m", "alertname": "GPUJobStalled", "exp_alerts": []}
+            ],
+        }
+        for phase in ("Restarting", "Suspended", "Succeeded", "Failed")
+    ),
     {
         "input_series": [series("gpujob_job_phase", {**JOB, "phase": "Failed"}, "0 1x5")],
         "alert_rule_test": [

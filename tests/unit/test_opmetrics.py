@@ -107,12 +107,13 @@ def test_progress_from_steps_when_no_percent_and_clamped() -> None:
 
 def test_unknown_verdict_and_phase_stay_bounded() -> None:
     m = fresh()
-    m.update("ns", "j", {"phase": "Exploding", "bottleneck": {"verdict": "SomethingNew"}})
+    m.update("ns", "j", {"phase": "Running", "bottleneck": {"verdict": "SomethingNew"}})
+    m.update("ns", "k", {"phase": "Exploding"})
     s = samples(m)
     assert (
         get(s, "gpujob_job_bottleneck_verdict", namespace="ns", job_name="j", verdict="Other") == 1
     )
-    assert not [k for k in s if k[0] == "gpujob_job_phase"]
+    assert not [k for k in s if k[0] == "gpujob_job_phase" and ("job_name", "k") in k[1]]
 
 
 def test_forget_removes_every_series_of_the_job() -> None:

@@ -54,7 +54,7 @@ from gpujob_operator.lifecycle import (
     terminal,
 )
 from gpujob_operator.lifecycle.observations import GangObservation, ObservedPod, int_or_none
-from gpujob_operator.lifecycle.planpass import PlanningPass
+from gpujob_operator.lifecycle.planpass import PlanningPass, retired
 from gpujob_operator.lifecycle.refusals import Refused
 
 GANG_GRACE_SECONDS: Final = 10.0
@@ -67,8 +67,10 @@ class Plan:
 
     ``status`` is the complete new status (camelCase, JSON-ready); fields owned by others
     (progress, bottleneck, gpus, Stalled/MetricsAvailable/BottleneckDetected conditions)
-    are carried over from the input. Use :func:`~gpujob_operator.api.patches.minimal_patch`
-    to patch only what changed.
+    are carried over from the input while the attempt they describe goes on; once it ends
+    (restart, eviction, suspension, the job's end) Stalled and BottleneckDetected turn False
+    and ``bottleneck`` is dropped (:meth:`.PlanningPass.retire_verdicts`). Use
+    :func:`~gpujob_operator.api.patches.minimal_patch` to patch only what changed.
     ``requeue_after`` is the number of seconds until a time-based transition (deadline,
     TTL) is due, or None.
     """
@@ -131,7 +133,11 @@ def invalid_spec(body: Mapping[str, Any], now: datetime, problems: str) -> Plan:
         f"refusal) or delete the job"
     )
     conds = c.set_condition(old, c.FAILED, c.TRUE, c.INVALID_SPEC, message, now, gen)
+    conds = retired(
+        conds, c.JOB_FAILED, "the job failed; the verdict was about its last attempt", now, gen
+    )
     status["conditions"] = conds
+    status.pop("bottleneck", None)
     status["phase"] = c.derive_phase(conds)
     if gen is not None:
         status["observedGeneration"] = gen

@@ -35,6 +35,27 @@ _STATUS_KEYS: Final = frozenset(
 )
 
 
+VERDICT_CONDITIONS: Final = (c.STALLED, c.BOTTLENECK_DETECTED)
+"""The analyzer's conditions about one attempt (MetricsAvailable is about the scrapes)."""
+
+
+def retired(
+    conds: Sequence[Mapping[str, Any]],
+    reason: str,
+    message: str,
+    now: datetime,
+    generation: int | None,
+) -> list[dict[str, Any]]:
+    """`conds` with every verdict condition False for `reason`; one already so is left as
+    it is, so its message and time do not churn on every pass."""
+    out = [dict(x) for x in conds]
+    for type_ in VERDICT_CONDITIONS:
+        cond = c.find(out, type_)
+        if cond is not None and (cond.get("status"), cond.get("reason")) != (c.FALSE, reason):
+            out = c.set_condition(out, type_, c.FALSE, reason, message, now, generation)
+    return out
+
+
 class PlanningPass:
     """Mutable scratchpad for one planning pass; ``planner.plan`` is its pure wrapper."""
 
@@ -137,6 +158,42 @@ class PlanningPass:
         current = {p.name for p in self.current}
         return [p for p in self.pods if p.name not in current or p.attempt != self.attempt]
 
+    # -- the present attempt's verdicts
+    def verdicts_end(self) -> str | None:
+        """Why the analyzer's verdicts (Stalled, BottleneckDetected, ``status.bottleneck``) no
+        longer describe a running attempt, or None while they do.
+
+        They are judged on one attempt's scrapes; once it ended (restart, eviction, a deleted
+        Workload, suspension, the end of the job) nothing judges them again, so left as they
+        are they would page on-call for a gang that no longer runs.
+        """
+        if c.is_true(self.conds, c.SUCCEEDED):
+            return c.JOB_SUCCEEDED
+        if c.is_true(self.conds, c.FAILED):
+            return c.JOB_FAILED
+        if c.is_true(self.conds, c.SUSPENDED):
+            return c.SUSPENDED_REASON
+        if self.attempt != self.prev_attempt or c.is_true(self.conds, c.RESTARTING):
+            return c.GANG_RESTART
+        return None
+
+    def retire_verdicts(self) -> bool:
+        """Set Stalled and BottleneckDetected False when their attempt is over; True if it is.
+
+        One place for every way an attempt ends, so no path can leave a stale verdict.
+        """
+        reason = self.verdicts_end()
+        if reason is None:
+            return False
+        what = {
+            c.JOB_SUCCEEDED: "the job succeeded",
+            c.JOB_FAILED: "the job failed",
+            c.SUSPENDED_REASON: "the job is suspended",
+        }.get(reason, f"gang restarted as attempt {self.attempt}")
+        message = f"{what}; the verdict was about attempt {self.prev_attempt}"
+        self.conds = retired(self.conds, reason, message, self.now, self.generation)
+        return True
+
     # -- output
     def gang_block(self) -> dict[str, Any] | None:
         """``status.gang``: the mechanism in effect and what admission reported."""
@@ -152,6 +209,10 @@ class PlanningPass:
         current = self.current
         # Only schema fields: anything else (e.g. kopf's status.kopf) is pruned by the server.
         status = {k: v for k, v in copy.deepcopy(self.old_status).items() if k in _STATUS_KEYS}
+        if self.retire_verdicts():
+            # The verdict described an attempt that is over; the record of what ended it is
+            # status.failure and status.hangEvidence, both tagged with their attempt.
+            status.pop("bottleneck", None)
         phase = c.derive_phase(self.conds)
         replicas = {
             "desired": self.spec.nodes,

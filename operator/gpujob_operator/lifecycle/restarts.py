@@ -6,7 +6,8 @@ torchrun's static rendezvous needs every rank, so one rank's end is the gang's:
   ``restartOnStall``) restarts the whole gang: attempt+1, restarts+1, all pods deleted.
   ``restarts`` lives in status and is never kept in memory, so it survives an operator
   restart. A stall restarts only once confirmed by two scrapes (reason ``StallConfirmed``),
-  and every gang restart and suspension clears ``Stalled``. Beyond ``backoffLimit`` the job
+  and every gang restart and suspension clears ``Stalled`` (the pass's status does, for
+  every way an attempt ends: one incident, one restart). Beyond ``backoffLimit`` the job
   fails (BackoffLimitExceeded); a root-cause exit code outside ``retryableExitCodes`` (when
   set) fails it at once (NonRetryableExitCode).
 * a gang restart backs off: the next attempt's pods are created no earlier than
@@ -51,7 +52,6 @@ def suspend(pp: PlanningPass) -> None:
     pp.set(c.RUNNING, c.FALSE, c.SUSPENDED_REASON, message)
     pp.set_if_present(c.CREATED, c.FALSE, c.SUSPENDED_REASON, message)
     pp.set_if_present(c.RESTARTING, c.FALSE, c.SUSPENDED_REASON, message)
-    pp.set_if_present(c.STALLED, c.FALSE, c.SUSPENDED_REASON, message)
     pp.delete(pp.pods)
     if pp.mechanism == api.GANG_KUEUE and pp.gang_obs.kueue_workload is not None:
         # A suspended job gives its quota back; on resume it queues again at the back.
@@ -137,10 +137,7 @@ def restart_needed(pp: PlanningPass) -> bool:
         )
         return True
     pp.restarts += 1
-    pp.attempt += 1
-    # Whatever the cause, the new gang starts unstalled: a Stalled left over from this
-    # incident must not restart the next attempt too (one incident, one restart).
-    pp.set_if_present(c.STALLED, c.FALSE, c.GANG_RESTART, f"gang restarted as attempt {pp.attempt}")
+    pp.attempt += 1  # the pass's status then sets Stalled False: one incident, one restart
     delay = pp.restart_backoff.delay(pp.restarts)
     pp.next_attempt = c.format_time(pp.now + timedelta(seconds=delay))
     message = (
@@ -171,7 +168,6 @@ def disruption_restart(pp: PlanningPass, pod: ObservedPod) -> None:
     )
     pp.attempt += 1
     pp.gang_status["preemptions"] = int(pp.gang_status.get("preemptions") or 0) + 1
-    pp.set_if_present(c.STALLED, c.FALSE, c.GANG_RESTART, f"gang restarted as attempt {pp.attempt}")
     limit = pp.spec.run_policy.backoff_limit
     message = (
         f"{what}; a disruption, not a failure: restarting all {pp.spec.nodes} pods as "

@@ -21,7 +21,11 @@ from gpujob_trainer import contract
 
 RULES_FILE: Final = Path("charts") / "gpujob" / "files" / "gpujob.rules.yaml"
 JOB_KEY: Final = "namespace, job_name"
-RUNNING: Final = f'on ({JOB_KEY}) ({opfamilies.JOB_PHASE.name}{{phase="Running"}} == 1)'
+RUNNING: Final = (
+    f'on ({JOB_KEY}) ({opfamilies.JOB_PHASE.name}{{phase="{opfamilies.PHASE_RUNNING}"}} == 1)'
+)
+"""Every verdict alert's gate: a verdict describes the running attempt, never a restarting,
+suspended or finished job's (whatever series an older operator or a stale status left)."""
 INSPECT = (
     "Inspect: kubectl -n {{ $labels.namespace }} describe gputrainingjob {{ $labels.job_name }}"
 )
@@ -51,7 +55,7 @@ class Alert:
 JOB_ALERTS: Final = (
     Alert(
         "GPUJobStalled",
-        f"max by ({JOB_KEY}) ({opfamilies.JOB_STALLED.name}) == 1",
+        f"(max by ({JOB_KEY}) ({opfamilies.JOB_STALLED.name}) == 1) and {RUNNING}",
         "2m",
         "warning",
         "GPUTrainingJob {{ $labels.namespace }}/{{ $labels.job_name }} stopped making progress.",

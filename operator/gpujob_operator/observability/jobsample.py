@@ -16,6 +16,7 @@ from typing import Any
 
 from gpujob_operator.observability.opfamilies import (
     CONFIDENCES,
+    PHASE_RUNNING,
     PHASES,
     REPLICA_STATES,
     VERDICT_OTHER,
@@ -90,7 +91,10 @@ class JobSample:
             if step is not None and total:
                 ratio = min(max(step / total, 0.0), 1.0)
         phase = status.get("phase")
-        verdict = bottleneck.get("verdict") if isinstance(bottleneck, Mapping) else None
+        # A verdict is about the attempt that runs now: a restarting, suspended or finished
+        # job has none, whatever an older status still carries (no page for a dead gang).
+        running = phase == PHASE_RUNNING
+        verdict = bottleneck.get("verdict") if isinstance(bottleneck, Mapping) and running else None
         if isinstance(verdict, str) and verdict and verdict not in VERDICTS:
             verdict = VERDICT_OTHER
         queue = status.get("queue") or {}
@@ -102,7 +106,7 @@ class JobSample:
             else None
         )
         available = _condition(status, "MetricsAvailable")
-        stalled = _condition(status, "Stalled") == "True" or verdict == "Stalled"
+        stalled = running and (_condition(status, "Stalled") == "True" or verdict == "Stalled")
         return cls(
             progress_ratio=ratio,
             step=_num(progress.get("step")),

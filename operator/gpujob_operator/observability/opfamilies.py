@@ -25,6 +25,8 @@ JOB_LABELS: Final = (LABEL_NAMESPACE, LABEL_JOB)
 
 PHASES: Final = ("Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
 """Display phases (``status.phase``); one 0/1 series each, so a phase change is one flip."""
+PHASE_RUNNING: Final = "Running"
+"""The only phase whose verdicts (stalled, bottleneck) are about a live attempt."""
 VERDICTS: Final = (
     "Healthy",
     "InputBound",
@@ -85,7 +87,8 @@ JOB_LAST_STEP = Family(
 )
 JOB_START = Family("gpujob_job_start_time_seconds", "Unix time the pods were created.", "seconds")
 JOB_VERDICT = Family(
-    "gpujob_job_bottleneck_verdict", "1 for the job's current bottleneck verdict, else 0."
+    "gpujob_job_bottleneck_verdict",
+    "1 for the running attempt's bottleneck verdict, else 0; absent unless the job runs.",
 )
 JOB_PHASE = Family("gpujob_job_phase", "1 for the job's current display phase, else 0.")
 JOB_RESTARTS = Family("gpujob_job_restarts_total", "Gang restarts so far (status.restarts).")
@@ -93,7 +96,10 @@ JOB_METRICS_AVAILABLE = Family(
     "gpujob_job_metrics_available",
     "1 while the operator can scrape the job's ranks (MetricsAvailable condition), else 0.",
 )
-JOB_STALLED = Family("gpujob_job_stalled", "1 while the job is Stalled (no step for too long).")
+JOB_STALLED = Family(
+    "gpujob_job_stalled",
+    "1 while the job runs and its present attempt is Stalled (no step for too long), else 0.",
+)
 JOB_GPUS = Family("gpujob_job_gpus", "GPUs requested by the gang (nodes x gpusPerNode).")
 JOB_GPU_UTILIZATION = Family(
     "gpujob_job_gpu_utilization_ratio", "Mean GPU utilization of the gang over the window.", "ratio"
