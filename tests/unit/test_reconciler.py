@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, cast
 
 import pytest
 
+from gpujob_operator.lifecycle import backoff
+from gpujob_operator.runtime import jobloop
 from gpujob_operator.runtime.jobloop import JobLoop
 from gpujob_operator.runtime.metricstask import next_tick
 
@@ -29,10 +32,47 @@ def test_an_api_outage_on_the_metrics_path_is_one_line_and_a_backoff(
     down = ConnectionRefusedError(111, "Connection refused")
     with caplog.at_level(logging.WARNING, logger="gpujob.reconciler"):
         delays = [loop._side_failure("metrics", down, n) for n in (1, 2, 3, 4)]
-    assert delays[-1] > delays[0]  # backs off instead of a fixed retry
+    assert delays[-1] > delays[0]  # backs off instead of a fixed retry (doubling: below)
     assert all(r.exc_info is None for r in caplog.records), "an expected error got a traceback"
     assert any("call=metrics" in r.getMessage() for r in caplog.records)
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="gpujob.reconciler"):
         loop._side_failure("metrics", KeyError("bug"), 1)
     assert any(r.exc_info is not None for r in caplog.records), "a bug must keep its traceback"
+
+
+@pytest.mark.parametrize("rnd", [0.0, 0.5, 1.0])
+def test_the_metrics_path_doubles_its_delay_up_to_the_cap(
+    monkeypatch: pytest.MonkeyPatch, rnd: float
+) -> None:
+    """The metrics task's own loop counts failures in a row; each delay doubles the last
+    (the same jitter throughout) until the cap, and a success starts again from the base."""
+    monkeypatch.setattr(jobloop.random, "random", lambda: rnd)
+    loop = JobLoop(kube=cast(Any, object()), post_event=lambda *a: None)
+    loop.body = {"metadata": {"namespace": "ml", "name": "bert", "uid": "u1"}}
+    loop.retry = backoff.Policy(1.0, 16.0, 0.5)
+    task = loop.metrics
+    delays: list[float] = []
+    real = loop._side_failure
+
+    def side_failure(call: str, e: Exception, failures: int) -> float:
+        delays.append(real(call, e, failures))
+        return 0.0  # the delay is what is asserted; the test does not wait for it
+
+    outcomes = ["fail"] * 8 + ["ok"] + ["fail"] * 2
+
+    async def observe(pods: Any) -> float | None:
+        task.wake.set()  # wake the task at once instead of sleeping through its delay
+        outcome = outcomes.pop(0)
+        if not outcomes:
+            loop.ended = True
+        if outcome == "fail":
+            raise ConnectionRefusedError(111, "Connection refused")
+        return 0.0
+
+    monkeypatch.setattr(loop, "_side_failure", side_failure)
+    monkeypatch.setattr(task, "observe", observe)
+    asyncio.run(asyncio.wait_for(task.run(), 30))
+    stretch = 1.0 + 0.5 * rnd
+    doubling = [min(2.0**n, 16.0) * stretch for n in range(8)]  # 1, 2, 4, 8, 16, 16, 16, 16
+    assert delays == pytest.approx(doubling + doubling[:2])
