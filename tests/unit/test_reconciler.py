@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import pytest
@@ -76,3 +77,41 @@ def test_the_metrics_path_doubles_its_delay_up_to_the_cap(
     stretch = 1.0 + 0.5 * rnd
     doubling = [min(2.0**n, 16.0) * stretch for n in range(8)]  # 1, 2, 4, 8, 16, 16, 16, 16
     assert delays == pytest.approx(doubling + doubling[:2])
+
+
+class _QuotaFull:
+    """A Kube whose pod creates (dry runs included) a full quota refuses."""
+
+    async def create_service(self, ns: str, body: Any) -> None:
+        return None
+
+    async def create_pod(self, ns: str, pod: Any, dry_run: bool = False) -> None:
+        err = Exception("Forbidden")
+        err.status = 403  # type: ignore[attr-defined]
+        err.body = '{"message": "pods \\"x\\" is forbidden: exceeded quota: gpu"}'  # type: ignore[attr-defined]
+        raise err
+
+
+def test_a_fresh_loop_continues_the_tries_of_the_status(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After an operator restart the shell's next refusal is try 5, not try 1: its delay
+    goes on doubling from where the status left it, and the run's start is kept."""
+    from datetime import timedelta
+
+    from gpujob_operator.lifecycle import refusals
+    from tests.unit.test_planner import T0, Sim, make_job
+
+    monkeypatch.setattr(jobloop.random, "random", lambda: 0.0)
+    sim = Sim(make_job(nodes=2, gpusPerNode=8))
+    quota = refusals.Refusal("QuotaExceeded", False, "exceeded quota: gpu", 403)
+    sim.refused = refusals.Refused(quota, "pod bert-node-1", T0, T0 + timedelta(seconds=8), 4)
+    sim.reconcile()
+    sim.refused = None  # the restart
+    sim.now = T0 + timedelta(seconds=8)
+    plan = sim.plan()
+    assert len(plan.create_pods) == 2
+    loop = JobLoop(kube=cast(Any, _QuotaFull()), post_event=lambda *a: None)
+    loop.body = {"metadata": {"namespace": "ml", "name": "bert", "uid": "u1"}}
+    assert asyncio.run(loop._create("ml", "bert", plan, plan.status["createBackoff"]))
+    assert loop.refused is not None and loop.refused.tries == 5 and loop.refused.since == T0
+    delay = (loop.refused.retry_at - datetime.now(UTC)).total_seconds()
+    assert delay > backoff.RETRY.delay(4)  # 16 s, not the first try's 1 s
