@@ -12,6 +12,7 @@ import json
 import re
 import urllib.request
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -109,23 +110,98 @@ def test_quota_too_small_for_the_gang_holds_nothing_and_runs_once_raised(
     no_tracebacks(fast_operator)
 
 
-def test_a_partial_gang_is_deleted_after_the_grace(
-    kube: Kube, fast_operator: OperatorProcess
-) -> None:
+CYCLE_RETRIES = {**FAST_RETRIES, "GPUJOB_RETRY_MAX_SECONDS": "8"}
+"""Room for the delays to double a few times (0.5, 1, 2, 4, 8 s) before the cap."""
+
+
+def event_time(event: dict[str, Any]) -> datetime:
+    """When an Event was posted: never before the decision that posted it."""
+    when = c.parse_time(
+        event.get("eventTime")
+        or event.get("firstTimestamp")
+        or event["metadata"]["creationTimestamp"]
+    )
+    assert when is not None, event
+    return when
+
+
+def test_a_partial_gang_is_deleted_after_the_grace(kube: Kube, crd: Path, tmp_path: Path) -> None:
     """The quota admits the gang's first pod only once the gang check has passed: another
     job took the quota between the dry runs and the creates (simulated by a quota on the
-    pod count, which the one-pod probe cannot see)."""
-    apply_quota(kube, "pods", {"pods": "1"})
-    kube.apply(job("half", "import time; time.sleep(60)", nodes=2, gpus=1))
-    wait_reason(kube, "half", c.CREATED, c.QUOTA_EXCEEDED)
-    released = wait_until(
-        lambda: [e for e in warnings(kube, "half") if e["reason"] == c.GANG_RELEASED],
-        30,
-        "a GangReleased Event",
-    )
-    assert "half-node-0" in released[0]["message"]
-    wait_until(lambda: not job_pods(kube, "half"), 30, "the partial gang deleted")
-    no_tracebacks(fast_operator)
+    pod count, which the one-pod probe cannot see). The partial gang is released no sooner
+    than the grace, the retries back off (each try's delay doubles), and the gang runs once
+    the quota frees."""
+    op = OperatorProcess(
+        kube.kubeconfig, [kube.namespace], tmp_path / "operator.log", extra_env=CYCLE_RETRIES
+    ).start()
+    try:
+        apply_quota(kube, "pods", {"pods": "1"})
+        kube.apply(job("half", "import time; time.sleep(60)", nodes=2, gpus=1))
+        wait_reason(kube, "half", c.CREATED, c.QUOTA_EXCEEDED)
+        # Every try's record, by its number: watched until the delay reached the cap.
+        records: dict[int, dict[str, Any]] = {}
+
+        def releases() -> list[dict[str, Any]]:
+            events = [e for e in warnings(kube, "half") if e["reason"] == c.GANG_RELEASED]
+            return sorted(events, key=event_time)
+
+        def cycled() -> bool:
+            record = job_status(kube, "half").get("createBackoff")
+            if record:
+                records.setdefault(record["tries"], record)
+            # Created and released again, not only once; and tries up to the cap.
+            return max(records, default=0) >= 5 and len(releases()) >= 2
+
+        wait_until(cycled, 120, "five refused tries and two GangReleased Events")
+        released = releases()
+        assert all("half-node-0" in e["message"] for e in released)
+        # The grace counts from the run's first refusal (status, whole seconds, rounded down).
+        since = {r["since"] for r in records.values()}
+        assert len(since) == 1, records  # one run of QuotaExceeded: its start never moves
+        first = c.parse_time(since.pop())
+        assert first is not None
+        grace = float(CYCLE_RETRIES["GPUJOB_GANG_GRACE_SECONDS"])
+        assert event_time(released[0]) >= first + timedelta(seconds=grace), (released, first)
+        # A try is never made before the previous one's retryAt, and its own delay doubles:
+        # try t+1's retryAt comes at least base * 2**t (capped) after try t's. Whole seconds,
+        # rounded down: 1 s less.
+        base = float(CYCLE_RETRIES["GPUJOB_RETRY_BASE_SECONDS"])
+        cap = float(CYCLE_RETRIES["GPUJOB_RETRY_MAX_SECONDS"])
+        pairs = [(t, t + 1) for t in sorted(records) if t + 1 in records]
+        assert any(t >= 4 for t, _ in pairs), sorted(records)  # the doubling to the cap seen
+        for t, u in pairs:
+            a, b = (c.parse_time(records[x]["retryAt"]) for x in (t, u))
+            assert a is not None and b is not None
+            least = min(base * 2.0**t, cap) - 1.0
+            assert (b - a).total_seconds() >= least, (t, records[t], records[u])
+        # The quota frees: the whole gang is created and runs, and the record ends.
+        apply_quota(kube, "pods", {"pods": "2"})
+        wait_until(
+            lambda: (
+                (kube.get("resourcequota", "pods") or {})
+                .get("status", {})
+                .get("hard", {})
+                .get("pods")
+                == "2"
+            ),
+            30,
+            "the quota raised to 2 pods",
+        )
+        status = wait_job_phase(kube, "half", ("Running",), timeout=90)
+        assert status["replicas"]["running"] == 2, status
+        wait_until(
+            lambda: "createBackoff" not in job_status(kube, "half"),
+            30,
+            "status.createBackoff cleared",
+        )
+        assert cond_reason(kube, "half", c.CREATED) == c.PODS_CREATED
+        no_tracebacks(op)
+    finally:
+        op.stop()
+
+
+def cond_reason(kube: Kube, name: str, type_: str) -> str:
+    return str(condition(kube, name, type_).get("reason"))
 
 
 def test_pod_security_violation_fails_the_job_naming_the_field(

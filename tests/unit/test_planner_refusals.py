@@ -7,6 +7,7 @@ hands it to the pure planner; these tests play that shell with the planner tests
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from gpujob_operator import api
 from gpujob_operator.api import conditions as c
@@ -309,3 +310,94 @@ def test_created_pods_or_another_refusal_end_the_run_of_denials() -> None:
     sim.reconcile()
     assert cond(sim.status, c.CREATED)["reason"] == c.PODS_CREATED
     assert "admissionDenial" not in sim.status
+
+
+def restarted(sim: Sim) -> None:
+    """The operator restarts: the shell remembers no refusal, only the status does."""
+    sim.refused = None
+
+
+def test_a_restart_resumes_the_backoff_from_the_status_instead_of_trying_at_once() -> None:
+    sim = Sim(make_job(nodes=2, gpusPerNode=8))
+    refused_whole_gang(sim, QUOTA)
+    sim.refused = refused(QUOTA, "pod bert-node-1", 0, 30, tries=4)
+    sim.reconcile()
+    record = sim.status["createBackoff"]
+    assert record["tries"] == 4 and record["retryAt"] == "2026-03-01T12:00:30Z"
+    assert record["since"] == "2026-03-01T12:00:00Z" and record["reason"] == c.QUOTA_EXCEEDED
+    api.parse_status(sim.status)
+    restarted(sim)
+    events = len(sim.events)
+    sim.now = T0 + timedelta(seconds=10)
+    p = sim.reconcile()
+    assert not p.create_pods and p.requeue_after == 20.0
+    assert sim.status["createBackoff"] == record
+    assert cond(sim.status, c.CREATED)["reason"] == c.QUOTA_EXCEEDED
+    assert len(sim.events) == events  # the same refusal, not a new Warning
+    sim.now = T0 + timedelta(seconds=29)
+    assert not sim.reconcile().create_pods
+    sim.now = T0 + timedelta(seconds=30)
+    assert len(sim.reconcile().create_pods) == 2
+    # The shell's next refusal continues the run: the 5th try, twice the 4th's delay.
+    prev = refusals.resume(sim.status["createBackoff"])
+    assert prev is not None and prev.tries == 4
+    nxt = refusals.next_refused(prev, "pod bert-node-1", QUOTA, sim.now, backoff.RETRY.delay(5))
+    assert nxt.tries == 5 and nxt.since == T0
+    assert backoff.RETRY.delay(5) == 2 * backoff.RETRY.delay(4)
+
+
+def test_a_shell_that_tried_does_not_resume_a_stale_record() -> None:
+    sim = Sim(make_job(nodes=2, gpusPerNode=8))
+    refused_whole_gang(sim, QUOTA)
+    sim.refused = refused(QUOTA, "pod bert-node-1", 0, 30, tries=4)
+    sim.reconcile()
+    p = planner_plan(sim, resume_backoff=False)
+    assert "createBackoff" not in p.status
+
+
+def planner_plan(sim: Sim, *, resume_backoff: bool) -> Any:
+    from gpujob_operator.lifecycle import planner
+
+    return planner.plan(
+        sim.job, sim.observed(), sim.now, service_exists=sim.service, refused=None,
+        resume_backoff=resume_backoff,
+    )  # fmt: skip
+
+
+def test_the_gangs_grace_start_is_kept_across_a_restart() -> None:
+    sim = Sim(make_job(nodes=2, gpusPerNode=8))
+    sim.reconcile()
+    del sim.pods["bert-node-1"]  # pod 0 was created, pod 1 refused by the quota
+    grace = planner_grace()
+    sim.refused = refused(QUOTA, "pod bert-node-1", 0, grace + 30, tries=6)
+    sim.reconcile()
+    restarted(sim)
+    sim.now = T0 + timedelta(seconds=grace - 1)
+    p = sim.reconcile()
+    assert not p.delete_pods and not p.create_pods and p.requeue_after == 1.0
+    assert sim.status["createBackoff"]["since"] == "2026-03-01T12:00:00Z"
+    sim.now = T0 + timedelta(seconds=grace)
+    p = sim.reconcile()
+    assert p.delete_pods == ["bert-node-0"] and c.GANG_RELEASED in sim.reasons()
+
+
+def test_the_record_ends_once_every_pod_exists_or_the_job_finishes() -> None:
+    sim = Sim(make_job(nodes=2, gpusPerNode=8))
+    refused_whole_gang(sim, QUOTA)
+    sim.reconcile()
+    assert "createBackoff" in sim.status
+    sim.now += timedelta(seconds=2)
+    sim.reconcile()  # the retry creates both pods
+    restarted(sim)
+    sim.reconcile()
+    assert "createBackoff" not in sim.status
+    assert cond(sim.status, c.CREATED)["reason"] == c.PODS_CREATED
+
+
+def test_a_record_round_trips_and_a_damaged_one_is_ignored() -> None:
+    r = refused(QUOTA, "pod bert-node-1", 0, 30, tries=4)
+    assert refusals.resume(refusals.backoff_record(r)) == r
+    denied = refusals.resume(refusals.backoff_record(refused(DENIED, "pod bert-node-0", 0, 1)))
+    assert denied is not None and denied.refusal.bounded
+    for bad in ({}, {"tries": 0}, {**refusals.backoff_record(r), "since": "soon"}):
+        assert refusals.resume(bad) is None

@@ -277,6 +277,30 @@ class AdmissionDenial(_StatusModel):
     target: str | None = Field(default=None, description="What was denied, e.g. pod j-node-0.")
 
 
+class CreateBackoff(_StatusModel):
+    """A refused create being retried with backoff: kept in the status so that an operator
+    restart resumes the backoff (and the gang's grace) instead of retrying every job at once."""
+
+    tries: int | None = Field(
+        default=None, ge=1, description="Refused creates in a row: the backoff's exponent."
+    )
+    since: Time | None = Field(
+        default=None,
+        description="The first refusal of this run: an incomplete gang's grace counts from it.",
+    )
+    retry_at: Time | None = Field(default=None, description="When the next create may be tried.")
+    reason: str | None = Field(
+        default=None, max_length=128, description="The refusal's reason, e.g. QuotaExceeded."
+    )
+    code: int | None = Field(default=None, description="The refusal's HTTP status code.")
+    message: str | None = Field(
+        default=None, max_length=1024, description="The API server's message, truncated."
+    )
+    target: str | None = Field(
+        default=None, max_length=512, description="What was refused, e.g. pod j-node-0."
+    )
+
+
 class QueueForecast(_StatusModel):
     """When a waiting job is forecast to start, and, once it started, how far off that was."""
 
@@ -426,6 +450,12 @@ class GPUTrainingJobStatus(_StatusModel):
         description="Set while an admission webhook denies the job's creates: since when, so "
         "that the bounded retry (spec.runPolicy.admissionRetrySeconds) survives an operator "
         "restart.",
+    )
+    create_backoff: CreateBackoff | None = Field(
+        default=None,
+        description="Set while a refused create of the gang or its Service is retried with "
+        "backoff: tries, the first refusal and the next try, so that an operator restart "
+        "neither resets the backoff nor retries every refused job at once.",
     )
     progress: Progress | None = Field(default=None, description="Training progress.")
     bottleneck: Bottleneck | None = Field(default=None, description="Current bottleneck verdict.")

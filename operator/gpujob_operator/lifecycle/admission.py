@@ -163,6 +163,8 @@ def kueue_admitted(pp: PlanningPass) -> bool:
         return False
     if wl is not None and str((pp.denial or {}).get("target", "")).startswith("Workload "):
         pp.denial = None  # the Workload's create went through
+    if wl is not None and pp.refused is not None and pp.refused.target.startswith("Workload "):
+        pp.refused = None  # the Workload exists: its refusal (resumed after a restart) is over
     if wl is None:
         pclass = gang.priority_class(pp.body)
         if pclass and pp.gang_obs.kueue_priority is None:

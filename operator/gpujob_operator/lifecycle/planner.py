@@ -159,6 +159,7 @@ def plan(
     gang_grace_seconds: float = GANG_GRACE_SECONDS,
     gang_obs: GangObservation | None = None,
     gone: Sequence[ObservedPod] = (),
+    resume_backoff: bool = True,
 ) -> Plan:
     """Decide what to do for ``job`` given its pods (all attempts) at ``now``.
 
@@ -173,6 +174,8 @@ def plan(
     pods that Kubernetes marked for disruption (``DisruptionTarget``) and that vanished before
     a pass saw them terminating: the shell remembers them from the pod watch, so a rank that
     exits at once on SIGTERM still reads as preempted or evicted, not lost.
+    ``resume_backoff``: with no ``refused``, resume the one in ``status.createBackoff`` (a
+    shell that has not tried a create since it started); False once the shell has tried.
     """
     body: Mapping[str, Any]
     if isinstance(job, api.GPUTrainingJob):
@@ -185,7 +188,7 @@ def plan(
         return invalid_spec(body, now, api.spec_problems(e))
     pp = PlanningPass(
         body, pods, now, service_exists, log_tails or {}, refused, restart_backoff,
-        gang_grace_seconds, gang_obs, gone,
+        gang_grace_seconds, gang_obs, gone, resume_backoff,
     )  # fmt: skip
     run(pp)
     admission.sync_pods_ready(pp)

@@ -28,7 +28,7 @@ from gpujob_operator.lifecycle.observations import (
     ObservedPod,
     int_or_none,
 )
-from gpujob_operator.lifecycle.refusals import Refused, denial_record
+from gpujob_operator.lifecycle.refusals import Refused, backoff_record, denial_record, resume
 
 _STATUS_KEYS: Final = frozenset(
     f.alias or name for name, f in api.GPUTrainingJobStatus.model_fields.items()
@@ -71,6 +71,7 @@ class PlanningPass:
         gang_grace_seconds: float,
         gang_obs: GangObservation | None,
         gone: Sequence[ObservedPod],
+        resume_backoff: bool = True,
     ) -> None:
         self.body = body
         self.now = now
@@ -105,7 +106,12 @@ class PlanningPass:
         self.delete_job = False
         self.requeue: list[float] = []
         self.service: dict[str, Any] | None = None
+        if refused is None and resume_backoff:
+            # A shell that has not tried a create yet (an operator restart) goes on with the
+            # backoff and the grace of the refusal in the status, not with an immediate try.
+            refused = resume(self.old_status.get("createBackoff"))
         self.refused = refused
+        """The refusal being retried; set to None once what it refused exists."""
         self.denial = denial_record(self.old_status.get("admissionDenial"), refused)
         """``status.admissionDenial``: since when an admission webhook denies (None: none)."""
         self.restart_backoff = restart_backoff
@@ -204,6 +210,17 @@ class PlanningPass:
             out["podGroup"] = gang.pod_group_name(self.name, self.attempt)
         return {k: v for k, v in out.items() if v is not None}
 
+    def backoff_record(self, phase: str) -> dict[str, Any] | None:
+        """``status.createBackoff``: the refusal being retried, while anything is created."""
+        r = self.refused
+        if (
+            r is None
+            or r.refusal.permanent
+            or phase in (c.PHASE_SUCCEEDED, c.PHASE_FAILED, c.PHASE_SUSPENDED)
+        ):
+            return None
+        return backoff_record(r)
+
     def status(self) -> dict[str, Any]:
         """The complete new status; fields owned by others are carried over."""
         current = self.current
@@ -234,6 +251,7 @@ class PlanningPass:
             "completionTime": self.completion_time,
             "nextAttemptTime": self.next_attempt if not c.is_finished(self.conds) else None,
             "admissionDenial": self.denial if not c.is_finished(self.conds) else None,
+            "createBackoff": self.backoff_record(phase),
             "failure": self.failure,
             "gang": self.gang_block(),
         }

@@ -26,7 +26,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Final
 
 from gpujob_operator.api import conditions as c
@@ -263,3 +263,61 @@ def denial_record(old: Mapping[str, Any] | None, refused: Refused | None) -> dic
     ):
         since = prev
     return {"since": c.format_time(since), "target": refused.target}
+
+
+def backoff_record(refused: Refused) -> dict[str, Any]:
+    """``status.createBackoff`` for a refusal being retried: what :func:`resume` needs."""
+    r = refused.refusal
+    record: dict[str, Any] = {
+        "tries": max(refused.tries, 1),
+        "since": c.format_time(refused.since),
+        "retryAt": c.format_time(refused.retry_at),
+        "reason": r.reason[:128],
+        "message": r.message[:MESSAGE_MAX_CHARS],
+        "target": refused.target[:512],
+    }
+    if r.code is not None:
+        record["code"] = r.code
+    return record
+
+
+def resume(record: Mapping[str, Any] | None) -> Refused | None:
+    """The refusal a ``status.createBackoff`` record describes, for a shell that forgot it
+    (an operator restart): the same tries, grace start and next try. None if unreadable."""
+    if not record:
+        return None
+    try:
+        since = c.parse_time(record.get("since"))
+        retry_at = c.parse_time(record.get("retryAt"))
+    except (TypeError, ValueError, AttributeError):
+        return None  # a damaged record: retry as a fresh loop always did
+    reason = record.get("reason")
+    tries = record.get("tries")
+    if since is None or retry_at is None or not isinstance(reason, str) or not reason:
+        return None
+    if not isinstance(tries, int) or isinstance(tries, bool) or tries < 1:
+        return None
+    code = record.get("code")
+    refusal = Refusal(
+        reason,
+        False,  # a permanent refusal fails the job: it is never retried, so never recorded
+        str(record.get("message") or ""),
+        code if isinstance(code, int) and not isinstance(code, bool) else None,
+        bounded=reason == c.ADMISSION_WEBHOOK_DENIED,
+    )
+    return Refused(refusal, str(record.get("target") or ""), since, retry_at, tries)
+
+
+def next_refused(
+    prev: Refused | None, target: str, refusal: Refusal, now: datetime, delay: float
+) -> Refused:
+    """The refusal after ``prev`` (None: the first in a row): one more try, retried after
+    ``delay``; the run (and the gang's grace) goes on while the reason stays the same."""
+    same = prev is not None and prev.refusal.reason == refusal.reason
+    return Refused(
+        refusal,
+        target,
+        since=prev.since if same and prev is not None else now,
+        retry_at=now + timedelta(seconds=delay),
+        tries=(prev.tries if prev is not None else 0) + 1,
+    )

@@ -6,6 +6,8 @@ refusal does to the gang.
   its ``retry_at``; a permanent refusal fails the job, and so does an admission webhook's
   denial once it was retried for ``spec.runPolicy.admissionRetrySeconds`` (counted from the
   first denial in a row, ``status.admissionDenial``, so an operator restart does not reset it).
+  The tries, the run's start and the next try are kept in ``status.createBackoff``: a shell
+  that forgot its refusal (an operator restart) goes on with it (:func:`.refusals.resume`).
 * a gang is all or nothing: pods of an incomplete gang that is still refused after
   ``gang_grace_seconds`` are deleted, so a job waiting holds nothing.
 * no pod is created before a transient refusal's retry, else before the restart backoff's

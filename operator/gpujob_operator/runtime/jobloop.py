@@ -31,7 +31,7 @@ import random
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from gpujob_operator import api
@@ -100,6 +100,9 @@ class JobLoop:
     reconciles: int = 0
     refused: refusals.Refused | None = None
     """The latest refused create of this job's gang or Service (None after a success)."""
+    tried: bool = False
+    """Whether this loop has tried a create: until then the planner resumes the backoff in
+    ``status.createBackoff`` (an operator restart), after it ``refused`` is the whole truth."""
     failures: int = 0
     """Passes in a row that failed with an API error (the loop's own backoff)."""
     call: str = ""
@@ -207,6 +210,7 @@ class JobLoop:
             gang_grace_seconds=self.gang_grace_seconds,
             gang_obs=gang_obs,
             gone=list(self.gone.values()),
+            resume_backoff=not self.tried,
         )
         self.reconciles += 1
         if plan.phase in (c.PHASE_SUCCEEDED, c.PHASE_FAILED, c.PHASE_SUSPENDED):
@@ -232,7 +236,7 @@ class JobLoop:
             if not await self.kube.patch_object_status(ns, ref, obj_patch):
                 log.info("%s %s changed meanwhile; re-reading it", ref.plural, ref.name)
                 self.wake.set()
-        refused = await self._create(ns, name, plan)
+        refused = await self._create(ns, name, plan, plan.status.get("createBackoff"))
         if refused:
             self.wake.set()  # plan again at once, so that the status shows the refusal
         for ev in plan.events:
@@ -303,7 +307,9 @@ class JobLoop:
         self._vanish({_uid(p) for p in pods} - listed, "listing")
         self.vanished &= {_uid(p) for p in self._pods()}  # bounded by what the index holds
 
-    async def _create(self, ns: str, name: str, plan: planner.Plan) -> bool:
+    async def _create(
+        self, ns: str, name: str, plan: planner.Plan, record: Mapping[str, Any] | None = None
+    ) -> bool:
         """Create the Service and the gang, all or nothing; True when the server refused.
 
         Every pod is first created with ``dryRun=All``: admission (quota, PodSecurity,
@@ -311,8 +317,13 @@ class JobLoop:
         cannot be admitted creates no pod at all. Dry runs do not add up against a quota, so
         the gang's total is dry-run too, as one probe pod (:mod:`gangprobe`). Should a later
         pod still be refused (the quota was taken meanwhile), the planner deletes the ones
-        already created after its grace.
+        already created after its grace. ``record`` is the status's backoff, which a refusal
+        continues when this loop has not tried yet (an operator restart).
         """
+        if not self.tried and self.refused is None:
+            self.refused = refusals.resume(record)
+        if plan.create_service is not None or plan.ensure_objects or plan.create_pods:
+            self.tried = True
         target = f"service {name}"
         kind = "service"
         try:
@@ -379,15 +390,8 @@ class JobLoop:
         now = datetime.now(UTC)
         prev = self.refused
         tries = (prev.tries if prev is not None else 0) + 1
-        same = prev is not None and prev.refusal.reason == refusal.reason
         delay = self.retry.delay(tries, random.random(), refusal.retry_after)
-        self.refused = refusals.Refused(
-            refusal,
-            target,
-            since=prev.since if same and prev is not None else now,
-            retry_at=now + timedelta(seconds=delay),
-            tries=tries,
-        )
+        self.refused = refusals.next_refused(prev, target, refusal, now, delay)
         self._log_refusal(self.call, refusal, delay, target)
 
     def _log_refusal(
