@@ -15,6 +15,7 @@ import re
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,6 +65,10 @@ class Fault:
     forever: bool = False
     """Keep answering the last code once ``codes`` are used up (a server that stays down)."""
 
+    before: Callable[[], None] | None = None
+    """Run in the proxy's loop when a matching request arrives, before it is answered or
+    passed on: a test's fault that must start exactly then (a watch going dark)."""
+
     def next_code(self) -> int:
         """The status to answer the next matching request with; 0 passes it on."""
         used = sum(1 for _, code in self.seen if code)
@@ -85,6 +90,8 @@ class FaultProxy:
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
     _runner: web.AppRunner | None = None
+    _streams: dict[int, tuple[str, asyncio.BaseTransport]] = field(default_factory=dict)
+    """The responses being streamed now (watches), by request id: path and transport."""
 
     def start(self) -> FaultProxy:
         cfg = yaml.safe_load(self.upstream_kubeconfig.read_text())
@@ -128,6 +135,8 @@ class FaultProxy:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         for fault in self.faults:
             if fault.matches(request.method, request.path):
+                if fault.before is not None:
+                    fault.before()
                 code = fault.next_code()
                 fault.seen.append((time.time(), code))
                 if code == RESET:
@@ -155,8 +164,13 @@ class FaultProxy:
                     headers={k: v for k, v in up.headers.items() if k.lower() not in _HOP},
                 )
                 await resp.prepare(request)
-                async for chunk in up.content.iter_any():
-                    await resp.write(chunk)
+                if request.transport is not None:
+                    self._streams[id(request)] = (request.path, request.transport)
+                try:
+                    async for chunk in up.content.iter_any():
+                        await resp.write(chunk)
+                finally:
+                    self._streams.pop(id(request), None)
         except (ConnectionResetError, aiohttp.ClientError, RuntimeError):
             # Either side went away (the client stopped, or stop() closed upstream), or the
             # API server could not be reached: a gateway error if nothing was sent yet.
@@ -177,6 +191,15 @@ class FaultProxy:
             "code": code,
         }
         return web.Response(status=code, text=json.dumps(body), content_type="application/json")
+
+    def cut_now(self, path: re.Pattern[str]) -> int:
+        """Cut every response being streamed now (a watch) whose path matches: the client
+        sees its connection reset, as in a failover. Call it in the proxy's loop (a
+        :attr:`Fault.before`); returns how many were cut."""
+        hit = [tr for p, tr in list(self._streams.values()) if path.fullmatch(p)]
+        for tr in hit:
+            tr.abort()  # type: ignore[attr-defined]
+        return len(hit)
 
     def kubeconfig(self, path: Path) -> Path:
         """A kubeconfig that sends a client through the proxy (no credentials of its own)."""

@@ -17,10 +17,17 @@ import urllib3
 from kubernetes import client
 
 from gpujob_operator.runtime.kube import Fenced, Kube, TimedApiClient
+from tests.support.waiting import wait_until
+
+
+class Silent(str):
+    """The silent server's URL, and the connections it accepted."""
+
+    held: list[socket.socket]
 
 
 @pytest.fixture
-def silent_server() -> Iterator[str]:
+def silent_server() -> Iterator[Silent]:
     """An HTTP "server" on 127.0.0.1 that accepts connections and never says a word."""
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
@@ -39,7 +46,9 @@ def silent_server() -> Iterator[str]:
 
     t = threading.Thread(target=accept, daemon=True)
     t.start()
-    yield f"http://127.0.0.1:{srv.getsockname()[1]}"
+    url = Silent(f"http://127.0.0.1:{srv.getsockname()[1]}")
+    url.held = held
+    yield url
     stop.set()
     t.join()
     for conn in held:
@@ -50,15 +59,32 @@ def silent_server() -> Iterator[str]:
 def kube_at(host: str, timeout: float, may_write: bool = True) -> Kube:
     cfg = client.Configuration()
     cfg.host = host
-    cfg.retries = False
     return Kube(TimedApiClient(cfg, timeout=timeout), may_write=lambda: may_write)
 
 
-def test_a_call_without_its_own_timeout_gets_the_clients(silent_server: str) -> None:
+def test_a_call_without_its_own_timeout_gets_the_clients_and_one_retry(
+    silent_server: Silent,
+) -> None:
+    """Bounded: two tries (urllib3 alone would try four times), each within the timeout."""
     kube = kube_at(silent_server, timeout=0.3)
     with pytest.raises(urllib3.exceptions.HTTPError) as err:
         asyncio.run(asyncio.wait_for(kube.get_job("ns", "job"), 30))
     assert "timed out" in str(err.value).lower()
+    # The accept thread may lag on a loaded machine: wait for it, then count.
+    wait_until(lambda: len(silent_server.held) >= 2, 10, "two connections accepted")
+    assert len(silent_server.held) == 2, "one try and one retry, on a fresh connection each"
+
+
+def test_the_fence_is_checked_again_right_before_a_write_is_sent(silent_server: Silent) -> None:
+    """A write queued while the fence was open is not sent once it has shut; reads pass."""
+    cfg = client.Configuration()
+    cfg.host = silent_server
+    shut = TimedApiClient(cfg, timeout=0.3, may_write=lambda: False)
+    with pytest.raises(Fenced):
+        shut.call_api("PATCH", f"{silent_server}/apis/x", _request_timeout=0.3)
+    assert not silent_server.held, "nothing was sent"
+    with pytest.raises(urllib3.exceptions.HTTPError):
+        shut.call_api("GET", f"{silent_server}/apis/x")
 
 
 def test_a_call_that_gives_its_own_timeout_keeps_it(silent_server: str) -> None:

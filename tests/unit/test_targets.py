@@ -73,3 +73,21 @@ def test_the_note_is_bounded_whatever_the_ranks_report() -> None:
     t = job_targets(ranks(*(1000 + r for r in range(500))), fallback=None)
     assert t.note.count("rank ") == MAX_LISTED and "and 495 more" in t.note
     assert len(t.note) < 200, t.note
+
+
+def test_a_target_below_its_own_ranks_steps_is_refused_and_cannot_sink_the_real_one() -> None:
+    """A rank exporting its loader's length (10) while training 1000 steps: once it has
+    passed 10 its figure is impossible; before, it pulled the median down, the real 1000
+    was rejected as an outlier and the job judged finished at step 10."""
+    series = ranks(10, 1000, steps=50)
+    t = job_targets(series, fallback=None)
+    assert t.total == 1000 and t.of(series[0]) == 1000
+    assert not t.finished(series)
+    assert "rank 0: 10 (rejected)" in t.note
+    low = ranks(1000, 1000, 50, 50, steps=60)
+    assert job_targets(low, fallback=None).total == 1000
+
+
+def test_the_specs_figure_breaks_a_tie_between_ranks() -> None:
+    assert job_targets(ranks(100, 120), fallback=120).total == 120
+    assert job_targets(ranks(100, 120), fallback=None).total == 120  # else the larger

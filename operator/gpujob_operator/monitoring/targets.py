@@ -6,9 +6,12 @@ different one (uneven shards) must neither hold the percent at 0 nor keep the jo
 ever counting as finished (then a stall is confirmed after training ended). So:
 
 - a target above `MAX_TARGET_STEPS`, or above `OUTLIER_FACTOR` x the ranks' low median, is
-  rejected: no single rank can move the job's total far;
-- the job's target is the one most of the other ranks report (on a tie the larger, so the
-  percent never reaches 100 before a real target is done), or the spec's when none does;
+  rejected: no single rank can move the job's total far; so is a target below the steps
+  its own rank has already taken (impossible: a loader's length, say), which would
+  otherwise pull the median down and have the real targets rejected;
+- the job's target is the one most of the other ranks report (on a tie the spec's when a
+  rank reports it, else the larger, so the percent never reaches 100 before a real target
+  is done), or the spec's when none does;
 - a rank is finished against its own target; a rank with none, or a rejected one, against
   the job's;
 - when the ranks disagree, `note` says which report what (bounded, for MetricsAvailable).
@@ -71,13 +74,29 @@ def job_targets(series: Sequence[RankSeries], fallback: int | None) -> Targets:
         for s in series
         if not math.isnan(v := latest(s.rows, R_TARGET)) and v > 0
     }
-    plausible = [v for v in reported.values() if v <= MAX_TARGET_STEPS]
+    # A target below the steps its own rank has already taken is impossible (a rank that
+    # exports its loader's length, say): it is refused before it can pull the median down
+    # and have the real targets rejected, the job judged finished early, never stalled.
+    passed = {
+        (s.pod, s.rank)
+        for s in series
+        if (k := (s.pod, s.rank)) in reported and latest(s.rows, R_STEPS) > reported[k]
+    }
+    plausible = [v for k, v in reported.items() if v <= MAX_TARGET_STEPS and k not in passed]
     bound = OUTLIER_FACTOR * statistics.median_low(plausible) if plausible else 0.0
-    own = {k: v for k, v in reported.items() if v <= min(bound, MAX_TARGET_STEPS)}
+    own = {
+        k: v
+        for k, v in reported.items()
+        if v <= min(bound, MAX_TARGET_STEPS) and k not in passed
+    }
     total = fallback
     if own:
         counts = Counter(own.values())
-        total = int(max(counts, key=lambda v: (counts[v], v)))
+        best = max(counts.values())
+        tied = [v for v, n in counts.items() if n == best]
+        # The spec's figure breaks a tie when a rank reports it; else the larger, so the
+        # percent never reaches 100 before a real target is done.
+        total = int(fallback if fallback in tied else max(tied))
     return Targets(total, own, _note(series, reported, own, total))
 
 

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Final, cast
 
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
@@ -30,33 +31,54 @@ API_TIMEOUT: Final = 30.0
 after a failover must not hold a job's lock, or a worker thread, for the kernel's minutes."""
 
 
+class Fenced(Exception):
+    """This replica may not write now: the standby guard has not confirmed it is the active
+    one recently enough (peering). The write was not sent; the caller tries again later."""
+
+
 class TimedApiClient(client.ApiClient):
-    """An API client whose every call has a timeout unless the call gives its own.
+    """An API client whose every call is bounded in time, and whose writes pass a fence.
 
     The official client sends no timeout unless each call passes ``_request_timeout``; one
     forgotten call is enough to hang a job loop on a dead connection. Setting it here, the
-    one place every call goes through, solves the class. A timeout raises urllib3's
-    ``TimeoutError`` subclasses, which the job loop retries with backoff like any other
-    transport error.
+    one place every call goes through, solves the class. urllib3 would also try a call up
+    to four times (three retries): here at most twice (one retry, for the stale pooled
+    connection a server closed), so a call gives up after two timeouts at most. A timeout
+    raises urllib3's errors, which the job loop retries with backoff like any transport error.
+
+    ``may_write`` (the standby fence) is checked in the worker thread right before a write
+    is sent: a write queued while the fence was open is not sent after it shut.
     """
 
-    def __init__(self, *args: Any, timeout: float = API_TIMEOUT, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        configuration: client.Configuration | None = None,
+        timeout: float = API_TIMEOUT,
+        may_write: Callable[[], bool] | None = None,
+    ) -> None:
+        if configuration is None:
+            configuration = client.Configuration.get_default_copy()
+        configuration.retries = urllib3.Retry(
+            total=1, connect=1, read=1, status=0, redirect=0, other=0
+        )
+        super().__init__(configuration)
         self.timeout = timeout
+        self.may_write = may_write
 
     def call_api(self, *args: Any, **kwargs: Any) -> Any:
+        method = str(args[0] if args else kwargs.get("method", "")).upper()
+        if method in WRITES and self.may_write is not None and not self.may_write():
+            raise Fenced(f"{method}: this replica is not confirmed active (peering)")
         if not kwargs.get("_request_timeout") and len(args) < 6:
             kwargs["_request_timeout"] = (self.timeout, self.timeout)
         return super().call_api(*args, **kwargs)
 
 
+WRITES: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
 class JobGone(Exception):
     """The job no longer exists (404), or another object now has its name."""
-
-
-class Fenced(Exception):
-    """This replica may not write now: the standby guard has not confirmed it is the active
-    one recently enough (peering). The write was not sent; the caller tries again later."""
 
 
 class Kube:
@@ -70,6 +92,8 @@ class Kube:
     ) -> None:
         if api_client is None:
             api_client = load_client(timeout)
+        if isinstance(api_client, TimedApiClient):
+            api_client.may_write = may_write
         self.may_write = may_write
         """The fence every write passes (None: always open): a replica frozen or cut off
         beyond its keep-alive must not write a single object before its guard has looked."""

@@ -35,16 +35,32 @@ def _lastseen(value: str) -> dt.datetime:
     return seen if seen.tzinfo else seen.replace(tzinfo=dt.UTC)
 
 
-def live(info: Mapping[str, Any], now: dt.datetime) -> bool:
-    """Whether a peer's keep-alive (``lastseen + lifetime``) has not yet passed; an entry
-    that cannot be read counts as live (kopf's own entries always can)."""
+def lastseen(info: Mapping[str, Any]) -> dt.datetime | None:
+    """A peer's last keep-alive, or None when its entry cannot be read."""
     try:
-        deadline = _lastseen(str(info["lastseen"])) + dt.timedelta(
-            seconds=int(info.get("lifetime", DEFAULT_LIFETIME))
-        )
+        return _lastseen(str(info["lastseen"]))
     except (KeyError, ValueError, TypeError):
-        return True
-    return deadline > now
+        return None
+
+
+def deadline(info: Mapping[str, Any]) -> dt.datetime | None:
+    """When a peer's keep-alive lapses (``lastseen + lifetime``), or None if unreadable."""
+    seen = lastseen(info)
+    try:
+        return (
+            None
+            if seen is None
+            else seen + dt.timedelta(seconds=int(info.get("lifetime", DEFAULT_LIFETIME)))
+        )
+    except (ValueError, TypeError):
+        return None
+
+
+def live(info: Mapping[str, Any], now: dt.datetime) -> bool:
+    """Whether a peer's keep-alive has not yet lapsed; an entry that cannot be read counts
+    as live (kopf's own entries always can)."""
+    until = deadline(info)
+    return until is None or until > now
 
 
 def is_active(

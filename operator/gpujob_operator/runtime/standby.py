@@ -11,9 +11,10 @@ indexes across a pause and never learns of the pods deleted meanwhile, so a resu
 would plan with ghosts of deleted pods. A fresh process starts paused with empty indexes
 and fills them from a full listing when it becomes active.
 
-The guard fails closed: a replica that cannot read the peering state for longer than a
-keep-alive's lifetime, or whose own keep-alive has lapsed, may already have been replaced,
-so it stops its loops and restarts rather than come back working beside its successor.
+The guard fails closed: a replica whose keep-alive lapsed (now, or since its last look:
+frozen, or cut off for longer than a lifetime) while another replica is live may already
+have been replaced, so it stops its loops and restarts rather than come back working beside
+its successor; every write passes a fence that only the guard's reads keep open.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client
@@ -58,10 +61,12 @@ def read_statuses(
 class Fence:
     """Until when this replica's writes are allowed (monotonic seconds; None: no peering).
 
-    The guard opens it after each read that finds this replica active, for half a
-    keep-alive's lifetime: no successor can start before this replica's keep-alive lapses,
-    a full lifetime after its last touch. A process frozen (SIGSTOP, a stalled VM) or cut off
-    finds it shut when it comes back, so no job loop writes before the guard has looked.
+    The guard opens it after each read that finds this replica active, for at most half a
+    keep-alive's lifetime and never past this replica's own keep-alive deadline (less a
+    guard interval): no successor can start before that deadline. A process frozen or cut
+    off finds it shut when it comes back, so no job loop writes before the guard has
+    looked. The API client checks it again in the worker thread, right before the request
+    is sent, so a write queued while the fence was open is not sent after it shut.
     """
 
     def __init__(self) -> None:
@@ -74,6 +79,18 @@ class Fence:
 FENCE = Fence()
 
 
+@dataclass(frozen=True)
+class Judgement:
+    """One look at the peering state: may this replica work, why, for how long."""
+
+    active: bool
+    why: str
+    fence_seconds: float = 0.0
+    """How long after the read the write fence may stay open."""
+    deadline: dt.datetime | None = None
+    """This replica's keep-alive deadline as read (``lastseen + lifetime``), for the next look."""
+
+
 def judge(
     statuses: Sequence[Mapping[str, Any]] | None,
     me: str,
@@ -81,31 +98,66 @@ def judge(
     now: dt.datetime,
     away_for: float,
     lifetime: float,
-    active: bool,
-) -> tuple[bool, str]:
+    last_deadline: dt.datetime | None = None,
+    margin: float = INTERVAL_SECONDS,
+) -> Judgement | None:
     """Whether this replica may work now, and why (pure: the guard's whole decision).
 
-    ``statuses`` is None when the peering objects could not be read; ``away_for`` is how
-    long since the last read that could (or since the guard started). Fail closed: a
-    replica that could not look for longer than a keep-alive's lifetime (the API
-    unreadable, or the process frozen) may have been replaced, so it stops, even if this
-    read now succeeds. A replica whose own keep-alive has lapsed (kopf could not write it)
-    while another peer is live stops too: that peer already counts it as gone and works.
+    None when the peering objects could not be read (``statuses`` None): nothing changes,
+    and the fence, not refreshed, shuts by itself. ``away_for`` is how long since the last
+    read that could (or since the guard started); ``last_deadline`` is this replica's
+    keep-alive deadline seen then.
+
+    Fail closed where a successor may have taken over, that is where another peer is live
+    and this replica's keep-alive lapsed: its entry is lapsed now; or the deadline seen at
+    the last look passed before kopf touched again (a thaw: kopf's keep-alive may write a
+    fresh ``lastseen`` before the guard looks, hiding the lapse from a snapshot); or this
+    replica could not look for longer than a lifetime. Alone, a replica that was away goes
+    on (nobody took over; the ghost-pod audit handles what its index missed).
     """
-    if away_for > lifetime:
-        return False, f"this replica could not see its peers for {away_for:.0f}s"
     if statuses is None:
-        return active, "the peering state could not be read; keeping the last judgement"
-    for s in statuses:
-        mine = s.get(me)
-        others = [
-            v for k, v in s.items() if k != me and isinstance(v, Mapping) and peers.live(v, now)
-        ]
-        if isinstance(mine, Mapping) and not peers.live(mine, now) and others:
-            return False, "this replica's keep-alive has lapsed and a live peer may have taken over"
-    if all(peers.is_active(s, me, priority, now) for s in statuses):
-        return True, "no live peer outranks this replica"
-    return False, "another replica is active"
+        return None
+    deadlines = [
+        d for s in statuses if isinstance(s.get(me), Mapping) and (d := peers.deadline(s[me]))
+    ]
+    mine = min(deadlines) if deadlines else None
+    seen = [peers.lastseen(s[me]) for s in statuses if isinstance(s.get(me), Mapping)]
+    others = any(
+        k != me and isinstance(v, Mapping) and peers.live(v, now)
+        for s in statuses
+        for k, v in s.items()
+    )
+    if others:
+        if mine is not None and mine <= now:
+            return Judgement(
+                False,
+                "this replica's keep-alive has lapsed and a live peer may have taken over",
+                deadline=mine,
+            )
+        if last_deadline is not None and any(t is not None and t >= last_deadline for t in seen):
+            return Judgement(
+                False,
+                "this replica's keep-alive lapsed since its last look (frozen or cut off) and a "
+                "live peer may have taken over",
+                deadline=mine,
+            )
+        if away_for > lifetime:
+            return Judgement(
+                False,
+                f"this replica could not see its peers for {away_for:.0f}s and a live peer may "
+                "have taken over",
+                deadline=mine,
+            )
+    if not all(peers.is_active(s, me, priority, now) for s in statuses):
+        return Judgement(False, "another replica is active", deadline=mine)
+    fence = lifetime / 2
+    if mine is not None:
+        fence = min(fence, (mine - now).total_seconds() - margin)
+    return Judgement(True, "no live peer outranks this replica", max(fence, 0.0), mine)
+
+
+_READER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="standby-guard")
+"""The guard's own thread: its reads never queue behind the job loops' API calls."""
 
 
 async def guard(
@@ -120,9 +172,11 @@ async def guard(
     interval: float = INTERVAL_SECONDS,
     fence: Fence = FENCE,
 ) -> None:
-    """Forever: while another replica is the active one (or this one could not look for
-    longer than a keep-alive lives), shut the write fence and stop this replica's job
-    loops; call ``demote`` when this replica, once seen active, is no longer.
+    """Forever: while another replica is (or may be) the active one, shut the write fence
+    and stop this replica's job loops; call ``demote`` when this replica, once seen active,
+    is no longer. While the peering state cannot be read, the fence is not refreshed and
+    shuts by itself: the loops go on but write nothing until a read finds this replica
+    active again.
 
     Survives every error of a read (a refused connection, a reset, a timeout, not only an
     ``ApiException``); the task that runs it is supervised by the caller, which ends the
@@ -130,39 +184,43 @@ async def guard(
     """
     active, confirmed = True, False
     last_read = time.monotonic()
+    deadline: dt.datetime | None = None
+    loop = asyncio.get_running_loop()
     while True:
         started = time.monotonic()
         statuses: list[dict[str, Any]] | None
         try:
-            statuses = await asyncio.to_thread(read_statuses, api, name, namespaces)
+            statuses = await loop.run_in_executor(_READER, read_statuses, api, name, namespaces)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # any failure of a read is "unread", never the end of the guard
             log.warning("standby guard could not read the peering object: %s", _why(e))
             statuses = None
         now = dt.datetime.now(dt.UTC)
-        is_active, why = judge(statuses, me, priority, now, started - last_read, lifetime, active)
-        if statuses is not None:
-            last_read = started  # a fail-closed judgement is taken once, then judged afresh
-        if is_active != active:
+        verdict = judge(statuses, me, priority, now, started - last_read, lifetime, deadline)
+        if verdict is None:
+            await asyncio.sleep(interval)
+            continue
+        last_read, deadline = started, verdict.deadline
+        if verdict.active != active:
             log.warning(
                 "peering: this replica (%s) is now %s: %s",
                 me,
-                "active" if is_active else "standby",
-                why,
+                "active" if verdict.active else "standby",
+                verdict.why,
             )
-        if not is_active:
+        if not verdict.active:
             fence.until = 0.0
             stopped = stop_loops()
             if stopped:
-                log.info("standby: stopped %d job loops (%s)", stopped, why)
+                log.info("standby: stopped %d job loops (%s)", stopped, verdict.why)
             if confirmed:
                 demote()
                 confirmed = False  # once: the process is on its way out
-        elif statuses is not None:
-            fence.until = started + lifetime / 2
+        else:
+            fence.until = started + verdict.fence_seconds
             confirmed = True
-        active = is_active
+        active = verdict.active
         await asyncio.sleep(interval)
 
 

@@ -1,0 +1,107 @@
+"""A watch re-list that loses a DELETED: the operator's pod index keeps a ghost.
+
+The operator talks to the API server through the fault proxy. Right after it deletes the
+failed gang's pods for a restart, its pod watch is cut and every pod read refused (429, so
+kopf keeps trying) until those pods are gone from the API server; then reads pass again and
+kopf re-lists. kopf drops nothing that vanished in the gap, so the index still holds the
+old attempt's pods. Before, the planner waited for them for ever (WaitingForOldPods, the
+GPUs idle); now a 404 on their delete or a fresh listing proves them gone and the restart
+goes on.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+from pathlib import Path
+
+from tests.chaos.harness import ChaosOperator
+from tests.chaos.ledger import Ledger
+from tests.integration.conftest import wait_job_phase
+from tests.support.faultproxy import Fault, FaultProxy
+from tests.support.jobs import python_job
+from tests.support.kube import Kube
+from tests.support.waiting import wait_until
+
+SCRIPT = """
+import os, sys, time
+attempt, rank = os.environ["ATTEMPT"], os.environ.get("RANK", "0")
+if attempt == "0":
+    if rank == "1":
+        time.sleep(2)
+        sys.exit(1)
+    time.sleep(600)
+time.sleep(2)
+"""
+
+
+def ghosts(op: ChaosOperator) -> float:
+    assert op.proc is not None
+    url = f"http://127.0.0.1:{op.proc.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("gpujob_operator_ghost_pods_total{")
+    )
+
+
+def test_a_relist_that_lost_the_old_gangs_deletes_does_not_stall_the_restart(
+    kube: Kube, crd: Path, tmp_path: Path, ledger: Ledger
+) -> None:
+    ns = kube.namespace
+    pods_path = re.compile(rf"/api/v1/namespaces/{ns}/pods")
+    reads = Fault("GET", pods_path, [])
+    deletes = Fault("DELETE", re.compile(rf"/api/v1/namespaces/{ns}/pods/.+"), [])
+    proxy = FaultProxy(kube.kubeconfig, [reads, deletes]).start()
+
+    dark: list[float] = []
+
+    def go_dark() -> None:
+        """At the operator's first delete of the failed gang, before it reaches the API
+        server: the pod watch is cut and every pod read refused (429: kopf keeps trying)."""
+        if not dark:
+            dark.append(time.time())
+            reads.codes, reads.forever = [429], True
+            proxy.cut_now(pods_path)
+
+    deletes.before = go_dark
+    op = ChaosOperator(ledger, proxy.kubeconfig(tmp_path / "proxy.kubeconfig"), [ns], tmp_path)
+    try:
+        op.start(GPUJOB_RESTART_BACKOFF_BASE_SECONDS="1", GPUJOB_RESTART_BACKOFF_MAX_SECONDS="2")
+        env = [
+            {
+                "name": "ATTEMPT",
+                "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['gpujob.dev/attempt']"}},
+            }
+        ]
+        body = python_job("relist", SCRIPT, nodes=2, env=env, runPolicy={"backoffLimit": 2})
+        body["spec"]["template"] = {"terminationGracePeriodSeconds": 1}
+        kube.apply(body)
+        wait_until(lambda: deletes.seen, 120, "the operator deleting the failed gang's pods")
+        # The pod watch went dark as the old pods go: their DELETED never reaches kopf.
+        ledger.inject("pod watch re-listed after losing the old gang's DELETED events")
+        wait_until(
+            lambda: (
+                not [
+                    p
+                    for p in kube.list("pods", "gpujob.dev/job-name=relist")
+                    if p["metadata"]["labels"].get("gpujob.dev/attempt") == "0"
+                ]
+            ),
+            120,
+            "the old gang's pods gone from the API server",
+        )
+        reads.codes, reads.forever = [], False  # reads pass again: kopf re-lists
+
+        status = wait_job_phase(kube, "relist", ("Succeeded", "Failed"), timeout=300)
+        ledger.job_ended("relist", "Succeeded", status.get("phase"))
+        assert status["phase"] == "Succeeded", (status, op.proc.log_tail(60) if op.proc else "")
+        assert status["restarts"] == 1, status
+        assert ghosts(op) >= 1, "the scenario left no ghost in the index: it proved nothing"
+        assert not op.tracebacks(), op.tracebacks()[0]
+    finally:
+        op.stop()
+        proxy.stop()
