@@ -15,8 +15,9 @@ from collections.abc import Iterator
 import pytest
 import urllib3
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
-from gpujob_operator.runtime.kube import Fenced, Kube, TimedApiClient
+from gpujob_operator.runtime.kube import Fenced, Kube, TimedApiClient, object_not_found
 from tests.support.waiting import wait_until
 
 
@@ -116,3 +117,18 @@ def test_a_shut_fence_stops_a_write_before_it_is_sent(silent_server: str, write:
     kube = kube_at(silent_server, timeout=0.3, may_write=False)
     with pytest.raises(Fenced):
         asyncio.run(write(kube))  # type: ignore[operator]
+
+
+def test_only_the_servers_notfound_of_an_object_means_it_does_not_exist() -> None:
+    """A Workload read answers 404 also when Kueue's API is not served any more (its CRD
+    removed, its version dropped): that must not read as "the Workload was deleted"."""
+    missing = ApiException(status=404, reason="Not Found")
+    missing.body = (
+        '{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404,'
+        '"message":"workloads.kueue.x-k8s.io \\"job-bert\\" not found",'
+        '"details":{"name":"job-bert","group":"kueue.x-k8s.io","kind":"workloads"}}'
+    )
+    unserved = ApiException(status=404, reason="Not Found")
+    unserved.body = "404 page not found\n"
+    assert object_not_found(missing)
+    assert not object_not_found(unserved)

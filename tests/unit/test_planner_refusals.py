@@ -401,3 +401,23 @@ def test_a_record_round_trips_and_a_damaged_one_is_ignored() -> None:
     assert denied is not None and denied.refusal.bounded
     for bad in ({}, {"tries": 0}, {**refusals.backoff_record(r), "since": "soon"}):
         assert refusals.resume(bad) is None
+
+
+def test_a_suspension_ends_the_run_of_denials_so_a_resume_gets_a_whole_window() -> None:
+    """Before, the record outlived the suspension: the first denial after a resume days
+    later merged with the old start and failed the job at once."""
+    sim = denied_job(60)
+    sim.reconcile()
+    assert "admissionDenial" in sim.status
+    sim.job["spec"]["runPolicy"]["suspend"] = True
+    sim.refused = None
+    sim.reconcile()
+    assert "admissionDenial" not in sim.status and "createBackoff" not in sim.status
+    sim.job["spec"]["runPolicy"]["suspend"] = False
+    sim.now = T0 + timedelta(days=2)
+    assert len(sim.reconcile().create_pods) == 2
+    sim.pods.clear()  # the dry run was denied: nothing exists
+    sim.refused = refused(DENIED, "pod bert-node-0", 2 * 86400, 2 * 86400 + 2)
+    sim.reconcile()
+    assert sim.status["phase"] not in ("Failed", "Suspended"), sim.status
+    assert sim.status["admissionDenial"]["since"] == "2026-03-03T12:00:00Z"

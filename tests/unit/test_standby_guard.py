@@ -31,36 +31,64 @@ def entry(priority: int, seen_ago: float, lifetime: int = 20) -> dict[str, objec
     }
 
 
-def judge(statuses: list[dict[str, Any]] | None, away: float = 2.0, active: bool = True) -> bool:
-    return standby.judge(statuses, ME, -20, NOW, away, 20, active)[0]
+def judge(
+    statuses: list[dict[str, Any]] | None,
+    away: float = 2.0,
+    last_deadline: dt.datetime | None = None,
+) -> standby.Judgement | None:
+    return standby.judge(statuses, ME, -20, NOW, away, 20, last_deadline)
+
+
+def active(statuses: list[dict[str, Any]], **kw: Any) -> bool:
+    verdict = judge(statuses, **kw)
+    assert verdict is not None
+    return verdict.active
 
 
 def test_the_oldest_live_replica_works_and_others_stand_by() -> None:
-    assert judge([{ME: entry(-20, 0), NEW: entry(-30, 1)}])
-    assert not judge([{ME: entry(-20, 0), OLD: entry(-10, 1)}])
-    assert judge([{ME: entry(-20, 0), OLD: entry(-10, 25)}])  # the older one's keep-alive lapsed
+    assert active([{ME: entry(-20, 0), NEW: entry(-30, 1)}])
+    assert not active([{ME: entry(-20, 0), OLD: entry(-10, 1)}])
+    assert active([{ME: entry(-20, 0), OLD: entry(-10, 25)}])  # the older one's keep-alive lapsed
 
 
-def test_an_unreadable_peering_state_keeps_the_judgement_for_a_lifetime_then_fails_closed() -> None:
-    assert judge(None, away=5, active=True)
-    assert not judge(None, away=5, active=False)
-    assert not judge(None, away=21, active=True)
+def test_an_unreadable_peering_state_changes_nothing_and_the_fence_shuts_by_itself() -> None:
+    """No judgement: the loops go on, the fence is not refreshed (no exit on an outage)."""
+    assert judge(None, away=500) is None
 
 
-def test_a_replica_away_longer_than_a_lifetime_stops_even_when_it_can_read_again() -> None:
-    """A frozen process (SIGSTOP, a paused VM) wakes with a fresh read that may even find
-    itself the oldest: it was away long enough to have been replaced, so it stops."""
+def test_the_fence_never_outlives_this_replicas_keep_alive() -> None:
+    verdict = judge([{ME: entry(-20, 15)}])  # touched 15 s ago, lifetime 20: 5 s left
+    assert verdict is not None and verdict.active
+    assert verdict.fence_seconds == pytest.approx(5 - standby.INTERVAL_SECONDS)
+    fresh = judge([{ME: entry(-20, 0)}])
+    assert fresh is not None and fresh.fence_seconds == pytest.approx(10)  # half a lifetime
+
+
+def test_a_replica_away_longer_than_a_lifetime_beside_a_live_peer_stops() -> None:
+    """A frozen process (SIGSTOP) wakes with a fresh read that may even find itself the
+    oldest: it was away long enough to have been replaced, so it stops. Alone, it goes on."""
     fresh = [{ME: entry(-20, 0), NEW: entry(-30, 1)}]
-    assert judge(fresh, away=2)
-    ok, why = standby.judge(fresh, ME, -20, NOW, 45, 20, True)
-    assert not ok and "45s" in why
+    assert active(fresh, away=2)
+    verdict = judge(fresh, away=45)
+    assert verdict is not None and not verdict.active and "45s" in verdict.why
+    assert active([{ME: entry(-20, 0)}], away=45)
+
+
+def test_a_lapse_since_the_last_look_stops_it_even_after_kopf_touched_again() -> None:
+    """Thawed, kopf's keep-alive may write a fresh lastseen before the guard looks: the
+    snapshot shows a live replica, but the deadline seen at the last look has passed."""
+    touched = [{ME: entry(-20, 0), NEW: entry(-30, 1)}]
+    before = NOW - dt.timedelta(seconds=3)
+    verdict = judge(touched, away=15, last_deadline=before)
+    assert verdict is not None and not verdict.active and "since its last look" in verdict.why
+    assert active(touched, away=2, last_deadline=NOW + dt.timedelta(seconds=10))
 
 
 def test_a_lapsed_own_keep_alive_with_a_live_successor_stops_this_replica() -> None:
     """Its successor already counts it as gone and works; alone, it keeps working."""
-    assert not judge([{ME: entry(-20, 30), NEW: entry(-30, 1)}])
-    assert judge([{ME: entry(-20, 30)}])
-    assert judge([{ME: entry(-20, 30), NEW: entry(-30, 40)}])  # nobody live took over
+    assert not active([{ME: entry(-20, 30), NEW: entry(-30, 1)}])
+    assert active([{ME: entry(-20, 30)}])
+    assert active([{ME: entry(-20, 30), NEW: entry(-30, 40)}])  # nobody live took over
 
 
 class ScriptedPeering:
@@ -180,10 +208,17 @@ def test_an_active_replica_that_loses_its_place_demotes_once_and_shuts_the_fence
     assert seen.stops
 
 
-def test_a_guard_that_cannot_read_for_a_lifetime_fails_closed() -> None:
+def test_a_guard_that_cannot_read_keeps_the_loops_and_lets_the_fence_shut() -> None:
     alone = status_of(**{ME: live(-20)})
     reset = urllib3.exceptions.ProtocolError("Connection aborted.")
     api = ScriptedPeering([alone, reset])
     fence, seen = standby.Fence(), Seen()
-    asyncio.run(run_guard(api, lambda: bool(seen.demotes), fence, seen, lifetime=0.2))
-    assert not fence.open() and seen.stops and seen.demotes == [1]
+    opened: list[bool] = []
+
+    def done() -> bool:
+        opened.append(fence.open())
+        return api.calls >= 6 and not fence.open()
+
+    asyncio.run(run_guard(api, done, fence, seen, lifetime=0.4))
+    assert True in opened, "open after the first read"
+    assert not seen.stops and not seen.demotes, "an outage alone neither stops nor exits"

@@ -56,6 +56,11 @@ def retired(
     return out
 
 
+_NO_RETRIES = (c.PHASE_SUCCEEDED, c.PHASE_FAILED, c.PHASE_SUSPENDED)
+"""Phases that drop the refusal records (createBackoff, admissionDenial): a job that
+resumes, or is created again, starts its retries and its webhook window afresh."""
+
+
 class PlanningPass:
     """Mutable scratchpad for one planning pass; ``planner.plan`` is its pure wrapper."""
 
@@ -213,11 +218,7 @@ class PlanningPass:
     def backoff_record(self, phase: str) -> dict[str, Any] | None:
         """``status.createBackoff``: the refusal being retried, while anything is created."""
         r = self.refused
-        if (
-            r is None
-            or r.refusal.permanent
-            or phase in (c.PHASE_SUCCEEDED, c.PHASE_FAILED, c.PHASE_SUSPENDED)
-        ):
+        if r is None or r.refusal.permanent or phase in _NO_RETRIES:
             return None
         return backoff_record(r)
 
@@ -250,7 +251,7 @@ class PlanningPass:
             "startTime": self.start_time,
             "completionTime": self.completion_time,
             "nextAttemptTime": self.next_attempt if not c.is_finished(self.conds) else None,
-            "admissionDenial": self.denial if not c.is_finished(self.conds) else None,
+            "admissionDenial": self.denial if phase not in _NO_RETRIES else None,
             "createBackoff": self.backoff_record(phase),
             "failure": self.failure,
             "gang": self.gang_block(),

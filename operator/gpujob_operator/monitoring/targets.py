@@ -85,9 +85,7 @@ def job_targets(series: Sequence[RankSeries], fallback: int | None) -> Targets:
     plausible = [v for k, v in reported.items() if v <= MAX_TARGET_STEPS and k not in passed]
     bound = OUTLIER_FACTOR * statistics.median_low(plausible) if plausible else 0.0
     own = {
-        k: v
-        for k, v in reported.items()
-        if v <= min(bound, MAX_TARGET_STEPS) and k not in passed
+        k: v for k, v in reported.items() if v <= min(bound, MAX_TARGET_STEPS) and k not in passed
     }
     total = fallback
     if own:

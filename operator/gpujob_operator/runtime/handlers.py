@@ -164,7 +164,7 @@ async def job_event(
         del LOOPS[key]
         loop = None
     if loop is None:
-        await _index_caught_up(namespace, name, lambda: list(job_pods.get(key, [])))
+        ghosts = await _index_caught_up(namespace, name, lambda: list(job_pods.get(key, [])))
         loop = LOOPS[key] = JobLoop(
             kube(),
             _post_event,
@@ -177,6 +177,8 @@ async def job_event(
             on_exit=_forget,
         )
         loop.start(dict(body), lambda: list(job_pods.get(key, [])))
+        if ghosts:  # before the loop's first pass: its tasks have not run yet
+            loop.vanish(ghosts, "listing")
         _start_forecaster()
         if _FORECASTER is not None:
             _FORECASTER.wake.set()  # a new job may be waiting: forecast it soon
@@ -204,32 +206,39 @@ INDEX_SYNC_SECONDS = 15.0
 
 async def _index_caught_up(
     namespace: str, name: str, indexed: Callable[[], list[Mapping[str, Any]]]
-) -> None:
-    """Wait until the pod index holds what the API server holds for this job.
+) -> set[str]:
+    """Wait until the pod index holds what the API server holds for this job; returns the
+    uids of indexed pods the API server does not hold (ghosts: a DELETED lost in a re-list).
 
     A loop that starts when kopf resumes this replica (peering handed it the work) can see
     the job's fresh status before the pods' re-list has reached the index; the planner would
     then take the gang's pods for lost and restart it a second time. Compared by pod uid; a
-    new job (no pods) passes at once. After the deadline the loop starts anyway (logged).
+    new job (no pods) passes at once. Pods only the index holds do not hold the start up:
+    the listing proves them gone, and the new loop plans without them. After the deadline,
+    or when the API cannot be listed, the loop starts anyway (logged): its own audit of the
+    index covers what this could not.
     """
     selector = f"{children.LABEL_JOB_NAME}={name}"
     deadline = asyncio.get_running_loop().time() + INDEX_SYNC_SECONDS
     while True:
-        listed: Any = await asyncio.to_thread(
-            kube().core.list_namespaced_pod, namespace, label_selector=selector
-        )
-        want = {p.metadata.uid for p in listed.items}
         have = {p.get("metadata", {}).get("uid") for p in indexed()}
-        if want == have:
-            return
+        try:
+            want = await kube().pod_uids(namespace, selector)
+        except Exception as e:  # a timeout or a refusal: start, the loop's audit follows
+            log.warning(
+                "job %s/%s: the pods could not be listed (%s); starting", namespace, name, e
+            )
+            return set()
+        if want <= have:
+            return {uid for uid in have - want if uid}
         if asyncio.get_running_loop().time() > deadline:
             log.warning(
-                "job %s/%s: the pod index still differs from the API after %.0fs; starting anyway",
+                "job %s/%s: the pod index still lacks pods of the API after %.0fs; starting anyway",
                 namespace,
                 name,
                 INDEX_SYNC_SECONDS,
             )
-            return
+            return {uid for uid in have - want if uid}
         await asyncio.sleep(0.2)
 
 
@@ -266,6 +275,7 @@ def _guard_ended(task: asyncio.Task[None]) -> None:
     restarts it as a fresh standby)."""
     if task.cancelled():
         return
+    standby.FENCE.until = 0.0
     log.critical(
         "the standby guard ended (%r); exiting so that this replica restarts fresh",
         task.exception(),

@@ -30,6 +30,7 @@ from gpujob_operator.api.display import EVIDENCE_MARK, format_hang
 from gpujob_operator.api.status import stall_evidence, stalled_since
 from gpujob_operator.monitoring import hang, hangdump, hangtext
 from gpujob_operator.monitoring.scrape_result import ScrapeTarget
+from gpujob_operator.runtime.kube import Fenced
 
 if TYPE_CHECKING:
     from gpujob_operator.monitoring.scrape import Scraper
@@ -77,6 +78,8 @@ async def capture(
         await loop.kube.put_configmap(namespace, hang_configmap(job, attempt, data))
     except ApiException as e:
         why, cm = f"the ConfigMap was not written: {e.status} {e.reason}", None
+    except Fenced:
+        raise  # this replica may not write now: the stall's evidence is taken again later
     except Exception as e:  # the API server unreachable: the record still lets a restart go
         why, cm = f"the ConfigMap was not written: {type(e).__name__}: {str(e)[:200]}", None
     kept = len(data) - 1

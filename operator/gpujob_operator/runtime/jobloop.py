@@ -62,11 +62,14 @@ SERVICE_RECHECK_SECONDS = 300.0
 """How long a seen Service is trusted without a GET (a thousand jobs, one GET each per pass)."""
 DEBOUNCE_SECONDS = 0.05
 AUDIT_BLOCKED_SECONDS = 60.0
-"""How long passes may be blocked (neither running nor finished) before the pod index is
-compared with a fresh listing of the job's pods."""
+"""How long passes may wait on pods going away (old ones terminating, a name still taken)
+before the pod index is compared with a fresh listing of the job's pods."""
+WAITS_ON_PODS: Final = frozenset({c.WAITING_FOR_OLD_PODS, c.POD_NAME_TAKEN})
+"""Running=False reasons that wait for indexed pods to vanish: what a ghost blocks. A gang
+waiting for the scheduler waits on pods that exist; listing it would only load etcd."""
 AUDIT_SECONDS = 600.0
 """How often the index of an active job is compared with a fresh listing anyway."""
-AUDIT_MIN_GAP_SECONDS = 30.0
+AUDIT_MIN_GAP_SECONDS = 60.0
 FENCED_RETRY_SECONDS = 1.0
 """How soon a pass held back by the peering fence tries again (the guard looks every 2 s)."""
 RECHECK_SECONDS = 120.0
@@ -227,7 +230,7 @@ class JobLoop:
             if i:
                 fault_point(self.fault_at, BETWEEN_POD_DELETES)
             if not await self.kube.delete_pod(ns, pod):
-                self._vanish({_uid(p) for p in pods if _name(p) == pod}, "delete_404")
+                self.vanish({_uid(p) for p in pods if _name(p) == pod}, "delete_404")
         self.call = "delete_gang_object"
         for ref in plan.delete_objects:
             await self.kube.delete_object(ns, ref)
@@ -268,7 +271,8 @@ class JobLoop:
             return pods
         return [p for p in pods if _uid(p) not in self.vanished]
 
-    def _vanish(self, uids: set[str], proof: str) -> None:
+    def vanish(self, uids: set[str], proof: str) -> None:
+        """Plan without these indexed pods from now on: the API server proved them gone."""
         uids -= self.vanished
         if uids:
             log.warning(
@@ -285,12 +289,12 @@ class JobLoop:
     async def _audit(
         self, ns: str, name: str, plan: planner.Plan, pods: list[Mapping[str, Any]]
     ) -> None:
-        """Compare the index with a fresh listing when a pass has been blocked for a while
-        (waiting for pods that may be ghosts) and, less often, while the job is active (a
-        ghost of the current attempt would hide a lost rank)."""
+        """Compare the index with a fresh listing when passes have waited a while for pods
+        to go away (they may be ghosts) and, less often, while the job is active (a ghost
+        of the current attempt would hide a lost rank)."""
         now = time.monotonic()
-        settled = plan.phase in (c.PHASE_RUNNING, c.PHASE_SUCCEEDED, c.PHASE_FAILED)
-        if settled or plan.phase == c.PHASE_SUSPENDED or plan.create_pods:
+        running = c.find(plan.status.get("conditions"), c.RUNNING) or {}
+        if running.get("reason") not in WAITS_ON_PODS or plan.create_pods:
             self.blocked_since = None
         elif self.blocked_since is None:
             self.blocked_since = now
@@ -304,7 +308,7 @@ class JobLoop:
         self.audited_at = now
         self.call = "list_pods"
         listed = await self.kube.pod_uids(ns, f"{children.LABEL_JOB_NAME}={name}")
-        self._vanish({_uid(p) for p in pods} - listed, "listing")
+        self.vanish({_uid(p) for p in pods} - listed, "listing")
         self.vanished &= {_uid(p) for p in self._pods()}  # bounded by what the index holds
 
     async def _create(

@@ -257,14 +257,19 @@ class Kube:
                 raise
 
     async def get_object(self, namespace: str, ref: gang.ObjectRef) -> dict[str, Any] | None:
-        """A namespaced custom object, or None when it does not exist."""
+        """A namespaced custom object, or None when it does not exist.
+
+        Only the server's NotFound of that object counts as "does not exist": a 404 because
+        the API itself is not served (its CRD removed, its version dropped by an upgrade)
+        is raised, so that the caller never takes a running gang's Workload for deleted.
+        """
         try:
             obj: Any = await asyncio.to_thread(
                 self.custom.get_namespaced_custom_object,
                 ref.group, ref.version, namespace, ref.plural, ref.name,
             )  # fmt: skip
         except ApiException as e:
-            if e.status == 404:
+            if e.status == 404 and object_not_found(e):
                 return None
             raise
         return cast(dict[str, Any], obj)
@@ -318,6 +323,18 @@ def api_reason(e: ApiException) -> str:
         return str(json.loads(e.body or "{}").get("message") or e.reason)
     except (ValueError, AttributeError):
         return str(e.reason)
+
+
+def object_not_found(e: ApiException) -> bool:
+    """A 404 that says the object is missing (a Status of reason NotFound), as opposed to a
+    path the server does not serve at all (plain ``404 page not found``)."""
+    try:
+        body = json.loads(e.body or "{}")
+    except (ValueError, TypeError):
+        return False
+    return (
+        isinstance(body, dict) and body.get("kind") == "Status" and body.get("reason") == "NotFound"
+    )
 
 
 def namespace_terminating(e: ApiException) -> bool:

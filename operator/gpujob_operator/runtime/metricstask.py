@@ -27,7 +27,7 @@ from gpujob_operator.monitoring.verdict import STALLED
 from gpujob_operator.observability.opmetrics import METRICS
 from gpujob_operator.runtime import hangcapture
 from gpujob_operator.runtime.faults import BEFORE_EVIDENCE_RECORD, fault_point
-from gpujob_operator.runtime.kube import JobGone
+from gpujob_operator.runtime.kube import Fenced, JobGone
 
 log = logging.getLogger("gpujob.hang")
 
@@ -116,7 +116,11 @@ class MetricsTask:
             since = hangcapture.due(job.get("status") or {})
         if since is not None and since != self.captured:
             self.captured = since  # once per stall: a failed capture is recorded, not retried
-            self.unwritten = await self.take_evidence(job, targets, since)
+            try:
+                self.unwritten = await self.take_evidence(job, targets, since)
+            except Fenced:
+                self.captured = None  # not a failure: taken again once this replica may write
+                raise
         if self.unwritten is not None:
             await self.record_evidence(identity)
         return interval
@@ -132,6 +136,8 @@ class MetricsTask:
             record, report = await hangcapture.capture(
                 loop, loop.scraper, job, targets, since, gpus
             )
+        except Fenced:
+            raise
         except Exception as e:  # a bug or a dead worker thread: say so, let the restart go
             log.exception("hang evidence of %s failed", job["metadata"].get("name"))
             summary = f"the evidence could not be taken: {type(e).__name__}: {str(e)[:300]}"
