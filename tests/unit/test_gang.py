@@ -301,13 +301,7 @@ def test_admission_gives_pods_the_flavors_node_labels_and_tolerations() -> None:
 
 
 def test_preemption_is_a_reason_hands_quota_back_and_the_job_resumes() -> None:
-    sim = GangSim(kueue_job())
-    sim.reconcile()
-    sim.admit()
-    sim.reconcile()
-    sim.run_all()
-    sim.reconcile()
-    assert sim.status["phase"] == "Running"
+    sim = running_kueue_gang()
 
     sim.evict("Preempted")
     p = sim.reconcile()

@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -464,17 +465,25 @@ def test_a_body_of_one_byte_chunks_is_refused_after_the_chunk_cap() -> None:
     run(main)
 
 
+def chunked_response(max_body: int, max_chunks: int) -> tuple[Any, asyncio.Future[Any]]:
+    """A client connection (no socket) that sent a request and got a chunked head back;
+    the test feeds the body to it. Call inside a running loop."""
+    from gpujob_operator.monitoring.httpclient import Conn
+
+    conn = Conn(asyncio.get_running_loop(), ("127.0.0.1", 1))
+    conn.connection_made(_NullTransport())
+    fut = conn.request(b"GET / HTTP/1.1\r\n\r\n", max_body, max_chunks)
+    conn.data_received(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+    return conn, fut
+
+
 def test_decoding_stops_at_the_chunk_cap_however_the_chunks_arrive() -> None:
     """Fed one chunk per read, the decoder counts chunks up to the cap and refuses the next:
     work per response is bounded by the cap, not by what the endpoint keeps sending."""
-    from gpujob_operator.monitoring.httpclient import Conn, Failure
+    from gpujob_operator.monitoring.httpclient import Failure
 
     async def main() -> None:
-        loop = asyncio.get_running_loop()
-        conn = Conn(loop, ("127.0.0.1", 1))
-        conn.connection_made(_NullTransport())
-        fut = conn.request(b"GET / HTTP/1.1\r\n\r\n", 2**20, 100)
-        conn.data_received(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        conn, fut = chunked_response(2**20, 100)
         fed = 0
         while not fut.done():
             conn.data_received(one_byte_chunks(1))
@@ -491,15 +500,11 @@ def test_decoding_stops_at_the_chunk_cap_however_the_chunks_arrive() -> None:
 def test_chunk_framing_counts_against_a_wire_byte_cap() -> None:
     """Chunk extensions are framing, not body: a few chunks with 4 KB extensions are refused
     on the wire bytes before they are decoded, long before the body or chunk cap."""
-    from gpujob_operator.monitoring.httpclient import Conn, Failure, wire_cap
+    from gpujob_operator.monitoring.httpclient import Failure, wire_cap
 
     async def main() -> None:
-        loop = asyncio.get_running_loop()
-        conn = Conn(loop, ("127.0.0.1", 1))
-        conn.connection_made(_NullTransport())
-        fut = conn.request(b"GET / HTTP/1.1\r\n\r\n", 1024, 64)
+        conn, fut = chunked_response(1024, 64)
         cap = wire_cap(1024, 64)
-        conn.data_received(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
         piece = b"1;" + b"e" * 4000 + b"\r\nx\r\n"
         while not fut.done():
             before = conn.received
