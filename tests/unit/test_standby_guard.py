@@ -64,14 +64,16 @@ def test_the_fence_never_outlives_this_replicas_keep_alive() -> None:
     assert fresh is not None and fresh.fence_seconds == pytest.approx(10)  # half a lifetime
 
 
-def test_a_replica_away_longer_than_a_lifetime_beside_a_live_peer_stops() -> None:
-    """A frozen process (SIGSTOP) wakes with a fresh read that may even find itself the
-    oldest: it was away long enough to have been replaced, so it stops. Alone, it goes on."""
+def test_a_replica_that_could_not_read_but_kept_its_keep_alive_was_not_replaced() -> None:
+    """A guard whose reads failed for longer than a lifetime while kopf kept touching: its
+    peers never saw it lapse, so it goes on. Where no keep-alive of its own was ever seen,
+    the time away stands in: beside a live peer it stops; alone it goes on."""
     fresh = [{ME: entry(-20, 0), NEW: entry(-30, 1)}]
-    assert active(fresh, away=2)
-    verdict = judge(fresh, away=45)
+    assert active(fresh, away=45, last_deadline=NOW + dt.timedelta(seconds=5))
+    unseen = [{NEW: entry(-30, 1)}]
+    verdict = judge(unseen, away=45)
     assert verdict is not None and not verdict.active and "45s" in verdict.why
-    assert active([{ME: entry(-20, 0)}], away=45)
+    assert active([{}], away=45)
 
 
 def test_a_lapse_since_the_last_look_stops_it_even_after_kopf_touched_again() -> None:

@@ -111,9 +111,12 @@ def judge(
     Fail closed where a successor may have taken over, that is where another peer is live
     and this replica's keep-alive lapsed: its entry is lapsed now; or the deadline seen at
     the last look passed before kopf touched again (a thaw: kopf's keep-alive may write a
-    fresh ``lastseen`` before the guard looks, hiding the lapse from a snapshot); or this
-    replica could not look for longer than a lifetime. Alone, a replica that was away goes
-    on (nobody took over; the ghost-pod audit handles what its index missed).
+    fresh ``lastseen`` before the guard looks, hiding the lapse from a snapshot). Both read
+    times this replica's own kopf wrote, on its own clock. Only where no keep-alive of this
+    replica was ever seen does the time since the last look stand in (longer than a
+    lifetime). A guard that merely could not read while kopf kept the keep-alive fresh has
+    not been replaced; alone, a replica that was away goes on (nobody took over; the
+    ghost-pod audit handles what its index missed).
     """
     if statuses is None:
         return None
@@ -141,7 +144,7 @@ def judge(
                 "live peer may have taken over",
                 deadline=mine,
             )
-        if away_for > lifetime:
+        if mine is None and last_deadline is None and away_for > lifetime:
             return Judgement(
                 False,
                 f"this replica could not see its peers for {away_for:.0f}s and a live peer may "
