@@ -35,8 +35,9 @@ def judge(
     statuses: list[dict[str, Any]] | None,
     away: float = 2.0,
     last_deadline: dt.datetime | None = None,
+    frozen: bool = False,
 ) -> standby.Judgement | None:
-    return standby.judge(statuses, ME, -20, NOW, away, 20, last_deadline)
+    return standby.judge(statuses, ME, -20, NOW, away, 20, last_deadline, frozen)
 
 
 def active(statuses: list[dict[str, Any]], **kw: Any) -> bool:
@@ -78,12 +79,37 @@ def test_a_replica_that_could_not_read_but_kept_its_keep_alive_was_not_replaced(
 
 def test_a_lapse_since_the_last_look_stops_it_even_after_kopf_touched_again() -> None:
     """Thawed, kopf's keep-alive may write a fresh lastseen before the guard looks: the
-    snapshot shows a live replica, but the deadline seen at the last look has passed."""
+    snapshot shows a live replica, but it was touched only after the deadline seen at the
+    last look. That proves a lapse when the process was frozen (kopf did not run) or the
+    looks were closer than kopf's shortest keep-alive period (one touch at most)."""
     touched = [{ME: entry(-20, 0), NEW: entry(-30, 1)}]
     before = NOW - dt.timedelta(seconds=3)
-    verdict = judge(touched, away=15, last_deadline=before)
+    verdict = judge(touched, away=15, last_deadline=before, frozen=True)
     assert verdict is not None and not verdict.active and "since its last look" in verdict.why
+    assert not active(touched, away=2, last_deadline=before)
+    # Slow reads while kopf ran: two touches may lie between the looks, no lapse is proven.
+    assert active(touched, away=15, last_deadline=before)
     assert active(touched, away=2, last_deadline=NOW + dt.timedelta(seconds=10))
+
+
+def test_an_entry_removed_as_dead_by_a_successor_stops_this_replica() -> None:
+    """A successor's kopf removes the peers it finds dead: back from a split before its own
+    kopf touches again, the replica finds no entry of its own and a live younger peer."""
+    gone = [{NEW: entry(-30, 1)}]
+    verdict = judge(gone, away=60, last_deadline=NOW - dt.timedelta(seconds=30))
+    assert verdict is not None and not verdict.active and "removed as dead" in verdict.why
+
+
+def test_a_missing_peering_object_in_one_namespace_is_unread_not_active() -> None:
+    class Api:
+        def get_namespaced_custom_object(self, g: str, v: str, ns: str, *_: Any) -> Any:
+            if ns == "b":
+                raise ApiException(status=404, reason="Not Found")
+            return {"status": {OLD: entry(-10, 1)}}
+
+    assert standby.read_statuses(Api(), "p", ["a", "b"]) is None  # type: ignore[arg-type]
+    assert standby.read_statuses(Api(), "p", ["b"]) == []  # type: ignore[arg-type]
+    assert standby.read_statuses(Api(), "p", ["a"]) == [{OLD: entry(-10, 1)}]  # type: ignore[arg-type]
 
 
 def test_a_lapsed_own_keep_alive_with_a_live_successor_stops_this_replica() -> None:

@@ -84,8 +84,12 @@ def test_a_target_below_its_own_ranks_steps_is_refused_and_cannot_sink_the_real_
     assert t.total == 1000 and t.of(series[0]) == 1000
     assert not t.finished(series)
     assert "rank 0: 10 (rejected)" in t.note
-    low = ranks(1000, 1000, 50, 50, steps=60)
+    low = ranks(1000, 1000, 50, 50, steps=120)
     assert job_targets(low, fallback=None).total == 1000
+    # A little past its own target (an off-by-one) is no reason to refuse it: finished.
+    over = ranks(100, 100, steps=101)
+    t = job_targets(over, fallback=None)
+    assert t.total == 100 and t.finished(over)
 
 
 def test_the_specs_figure_breaks_a_tie_between_ranks() -> None:

@@ -6,8 +6,8 @@ different one (uneven shards) must neither hold the percent at 0 nor keep the jo
 ever counting as finished (then a stall is confirmed after training ended). So:
 
 - a target above `MAX_TARGET_STEPS`, or above `OUTLIER_FACTOR` x the ranks' low median, is
-  rejected: no single rank can move the job's total far; so is a target below the steps
-  its own rank has already taken (impossible: a loader's length, say), which would
+  rejected: no single rank can move the job's total far; so is a target that its own rank
+  has already passed `UNDERSHOOT_FACTOR` times over (a loader's length, say), which would
   otherwise pull the median down and have the real targets rejected;
 - the job's target is the one most of the other ranks report (on a tie the spec's when a
   rank reports it, else the larger, so the percent never reaches 100 before a real target
@@ -33,6 +33,8 @@ MAX_TARGET_STEPS: Final = 1e12
 """No job means to run more steps (a billion steps of a millisecond is eleven days)."""
 OUTLIER_FACTOR: Final = 10.0
 """A target this many times the ranks' low median is one rank's mistake, not the job's."""
+UNDERSHOOT_FACTOR: Final = 2.0
+"""A rank this many times past its own target reported a figure that was never its total."""
 MAX_LISTED: Final = 4
 """Disagreeing ranks named in the note; the others are counted."""
 
@@ -74,13 +76,15 @@ def job_targets(series: Sequence[RankSeries], fallback: int | None) -> Targets:
         for s in series
         if not math.isnan(v := latest(s.rows, R_TARGET)) and v > 0
     }
-    # A target below the steps its own rank has already taken is impossible (a rank that
-    # exports its loader's length, say): it is refused before it can pull the median down
-    # and have the real targets rejected, the job judged finished early, never stalled.
+    # A target far below the steps its own rank has already taken is impossible (a rank
+    # that exports its loader's length, say): it is refused before it can pull the median
+    # down and have the real targets rejected, the job judged finished early, never
+    # stalled. A rank a little past its target (an off-by-one, a finished epoch) keeps it.
     passed = {
         (s.pod, s.rank)
         for s in series
-        if (k := (s.pod, s.rank)) in reported and latest(s.rows, R_STEPS) > reported[k]
+        if (k := (s.pod, s.rank)) in reported
+        and latest(s.rows, R_STEPS) > UNDERSHOOT_FACTOR * reported[k]
     }
     plausible = [v for k, v in reported.items() if v <= MAX_TARGET_STEPS and k not in passed]
     bound = OUTLIER_FACTOR * statistics.median_low(plausible) if plausible else 0.0

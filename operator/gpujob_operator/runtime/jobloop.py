@@ -70,7 +70,7 @@ waiting for the scheduler waits on pods that exist; listing it would only load e
 AUDIT_SECONDS = 600.0
 """How often the index of an active job is compared with a fresh listing anyway."""
 AUDIT_MIN_GAP_SECONDS = 60.0
-FENCED_RETRY_SECONDS = 1.0
+FENCED_RETRY_SECONDS = 2.0
 """How soon a pass held back by the peering fence tries again (the guard looks every 2 s)."""
 RECHECK_SECONDS = 120.0
 """A loop that wrote nothing for this long GETs its job: a missed DELETED must end it."""

@@ -198,7 +198,8 @@ class MetricsTask:
                 return
             except Exception as e:
                 # A monitoring failure must never stop the lifecycle: classify, back off, go on.
-                self.failures += 1
+                # A write held back by the peering fence is no failure: it counts nothing.
+                self.failures += not isinstance(e, Fenced)
                 due = loop._side_failure("metrics", e, self.failures)
             else:
                 self.failures = 0

@@ -41,20 +41,29 @@ INTERVAL_SECONDS = 2.0
 
 def read_statuses(
     api: client.CustomObjectsApi, name: str, namespaces: Sequence[str]
-) -> list[dict[str, Any]]:
-    """The ``status`` of every peering object this replica takes part in."""
+) -> list[dict[str, Any]] | None:
+    """The ``status`` of every peering object this replica takes part in; [] when none
+    exists at all (peering not set up: nothing to defer to), None when only some are
+    missing (unread: another replica may be active in the namespaces that have one)."""
     objs: list[Any] = []
-    try:
-        if not namespaces:
-            objs.append(api.get_cluster_custom_object(GROUP, VERSION, "clusterkopfpeerings", name))
-        else:
-            objs += [
-                api.get_namespaced_custom_object(GROUP, VERSION, ns, "kopfpeerings", name)
-                for ns in namespaces
-            ]
-    except ApiException as e:
-        if e.status != 404:
-            raise
+    missing = 0
+    refs: list[str | None] = list(namespaces) if namespaces else [None]
+    for ns in refs:
+        try:
+            if ns is None:
+                objs.append(
+                    api.get_cluster_custom_object(GROUP, VERSION, "clusterkopfpeerings", name)
+                )
+            else:
+                objs.append(
+                    api.get_namespaced_custom_object(GROUP, VERSION, ns, "kopfpeerings", name)
+                )
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            missing += 1
+    if missing and objs:
+        return None
     return [dict(o.get("status") or {}) for o in objs]
 
 
@@ -99,6 +108,7 @@ def judge(
     away_for: float,
     lifetime: float,
     last_deadline: dt.datetime | None = None,
+    frozen: bool = False,
     margin: float = INTERVAL_SECONDS,
 ) -> Judgement | None:
     """Whether this replica may work now, and why (pure: the guard's whole decision).
@@ -106,51 +116,50 @@ def judge(
     None when the peering objects could not be read (``statuses`` None): nothing changes,
     and the fence, not refreshed, shuts by itself. ``away_for`` is how long since the last
     read that could (or since the guard started); ``last_deadline`` is this replica's
-    keep-alive deadline seen then.
+    keep-alive deadline seen then; ``frozen``: the guard itself did not run for a while
+    (its sleep overshot), so neither did this process's kopf keep-alive.
 
     Fail closed where a successor may have taken over, that is where another peer is live
-    and this replica's keep-alive lapsed: its entry is lapsed now; or the deadline seen at
-    the last look passed before kopf touched again (a thaw: kopf's keep-alive may write a
-    fresh ``lastseen`` before the guard looks, hiding the lapse from a snapshot). Both read
-    times this replica's own kopf wrote, on its own clock. Only where no keep-alive of this
-    replica was ever seen does the time since the last look stand in (longer than a
-    lifetime). A guard that merely could not read while kopf kept the keep-alive fresh has
-    not been replaced; alone, a replica that was away goes on (nobody took over; the
-    ghost-pod audit handles what its index missed).
+    and this replica's keep-alive lapsed:
+    - its entry is lapsed now;
+    - its entry is gone though it was there at the last look (a successor's kopf removes
+      the peers it finds dead);
+    - its keep-alive was touched again only after the deadline seen at the last look (a
+      thaw: kopf may touch before the guard looks), where that proves a lapse: the looks
+      were closer than kopf's shortest keep-alive period (at most one touch in between),
+      or the process was frozen (no touch at all in between);
+    - no keep-alive of its own was ever seen and it could not look for a lifetime.
+    All compare times this replica's own kopf wrote, on its own clock. A guard that merely
+    could not read while kopf kept touching has not been replaced; alone, a replica that
+    was away goes on (nobody took over; the ghost-pod audit handles what its index missed).
     """
     if statuses is None:
         return None
-    deadlines = [
-        d for s in statuses if isinstance(s.get(me), Mapping) and (d := peers.deadline(s[me]))
-    ]
+    entries = [s[me] for s in statuses if isinstance(s.get(me), Mapping)]
+    deadlines = [d for e in entries if (d := peers.deadline(e)) is not None]
     mine = min(deadlines) if deadlines else None
-    seen = [peers.lastseen(s[me]) for s in statuses if isinstance(s.get(me), Mapping)]
     others = any(
         k != me and isinstance(v, Mapping) and peers.live(v, now)
         for s in statuses
         for k, v in s.items()
     )
     if others:
+        why = None
+        shortest_touch = max(1.0, lifetime - 10)
         if mine is not None and mine <= now:
-            return Judgement(
-                False,
-                "this replica's keep-alive has lapsed and a live peer may have taken over",
-                deadline=mine,
-            )
-        if last_deadline is not None and any(t is not None and t >= last_deadline for t in seen):
-            return Judgement(
-                False,
-                "this replica's keep-alive lapsed since its last look (frozen or cut off) and a "
-                "live peer may have taken over",
-                deadline=mine,
-            )
-        if mine is None and last_deadline is None and away_for > lifetime:
-            return Judgement(
-                False,
-                f"this replica could not see its peers for {away_for:.0f}s and a live peer may "
-                "have taken over",
-                deadline=mine,
-            )
+            why = "this replica's keep-alive has lapsed"
+        elif last_deadline is not None and len(entries) < len(statuses):
+            why = "this replica's peering entry was removed as dead"
+        elif (
+            last_deadline is not None
+            and (away_for < shortest_touch or frozen)
+            and any((t := peers.lastseen(e)) is not None and t >= last_deadline for e in entries)
+        ):
+            why = "this replica's keep-alive lapsed since its last look (frozen or cut off)"
+        elif mine is None and last_deadline is None and away_for > lifetime:
+            why = f"this replica could not see its peers for {away_for:.0f}s"
+        if why is not None:
+            return Judgement(False, f"{why} and a live peer may have taken over", deadline=mine)
     if not all(peers.is_active(s, me, priority, now) for s in statuses):
         return Judgement(False, "another replica is active", deadline=mine)
     fence = lifetime / 2
@@ -188,6 +197,7 @@ async def guard(
     active, confirmed = True, False
     last_read = time.monotonic()
     deadline: dt.datetime | None = None
+    frozen = False
     loop = asyncio.get_running_loop()
     while True:
         started = time.monotonic()
@@ -200,11 +210,14 @@ async def guard(
             log.warning("standby guard could not read the peering object: %s", _why(e))
             statuses = None
         now = dt.datetime.now(dt.UTC)
-        verdict = judge(statuses, me, priority, now, started - last_read, lifetime, deadline)
+        verdict = judge(
+            statuses, me, priority, now, started - last_read, lifetime, deadline, frozen
+        )
         if verdict is None:
-            await asyncio.sleep(interval)
+            frozen = frozen or await _slept_late(interval)
             continue
-        last_read, deadline = started, verdict.deadline
+        last_read, deadline = started, verdict.deadline or deadline
+        frozen = False
         if verdict.active != active:
             log.warning(
                 "peering: this replica (%s) is now %s: %s",
@@ -224,7 +237,15 @@ async def guard(
             fence.until = started + verdict.fence_seconds
             confirmed = True
         active = verdict.active
-        await asyncio.sleep(interval)
+        frozen = await _slept_late(interval)
+
+
+async def _slept_late(interval: float) -> bool:
+    """Sleep one interval; True when it ended more than an interval late: the process (and
+    its kopf keep-alive) did not run meanwhile (SIGSTOP, a starved or paused host)."""
+    before = time.monotonic()
+    await asyncio.sleep(interval)
+    return time.monotonic() - before > 2 * interval
 
 
 def _why(e: BaseException) -> str:
