@@ -71,9 +71,14 @@ def controller_uid(obj: Mapping[str, Any]) -> str | None:
     return None
 
 
+def uid_of(obj: Mapping[str, Any]) -> str:
+    """An object's own UID ("" when the body carries none)."""
+    return str((obj.get("metadata") or {}).get("uid") or "")
+
+
 def job_uid(job: Mapping[str, Any]) -> str:
     """The job's own UID ("" when the body carries none)."""
-    return str((job.get("metadata") or {}).get("uid") or "")
+    return uid_of(job)
 
 
 def owned(pods: Iterable[Mapping[str, Any]], uid: str) -> list[Mapping[str, Any]]:

@@ -221,7 +221,7 @@ async def _index_caught_up(
     selector = f"{children.LABEL_JOB_NAME}={name}"
     deadline = asyncio.get_running_loop().time() + INDEX_SYNC_SECONDS
     while True:
-        have = {p.get("metadata", {}).get("uid") for p in indexed()}
+        have = {children.uid_of(p) for p in indexed()}
         try:
             want = await kube().pod_uids(namespace, selector)
         except Exception as e:  # a timeout or a refusal: start, the loop's audit follows

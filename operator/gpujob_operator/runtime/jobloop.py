@@ -37,7 +37,7 @@ from typing import Any, Final
 from gpujob_operator import api
 from gpujob_operator.api import children
 from gpujob_operator.api import conditions as c
-from gpujob_operator.api.children import job_uid
+from gpujob_operator.api.children import job_uid, uid_of
 from gpujob_operator.api.patches import json_safe, minimal_patch
 from gpujob_operator.lifecycle import backoff, gangprobe, observations, planner, refusals
 from gpujob_operator.monitoring.scrape import Scraper
@@ -134,7 +134,8 @@ class JobLoop:
     fresh listing) that the index still holds: kopf drops nothing that vanished during a
     watch re-list, and a planner that waits on such a ghost waits for ever."""
     blocked_since: float | None = None
-    """Since when (monotonic) passes have neither run the gang nor finished it."""
+    """Since when (monotonic) passes have waited for indexed pods to go away
+    (:data:`WAITS_ON_PODS`)."""
     audited_at: float = field(default_factory=time.monotonic)
     """When the index was last compared with a fresh listing of the job's pods."""
     _pods: Callable[[], list[Mapping[str, Any]]] = field(default=lambda: [], repr=False)
@@ -230,7 +231,7 @@ class JobLoop:
             if i:
                 fault_point(self.fault_at, BETWEEN_POD_DELETES)
             if not await self.kube.delete_pod(ns, pod):
-                self.vanish({_uid(p) for p in pods if _name(p) == pod}, "delete_404")
+                self.vanish({uid_of(p) for p in pods if _name(p) == pod}, "delete_404")
         self.call = "delete_gang_object"
         for ref in plan.delete_objects:
             await self.kube.delete_object(ns, ref)
@@ -269,7 +270,7 @@ class JobLoop:
         pods = self._pods()
         if not self.vanished:
             return pods
-        return [p for p in pods if _uid(p) not in self.vanished]
+        return [p for p in pods if uid_of(p) not in self.vanished]
 
     def vanish(self, uids: set[str], proof: str) -> None:
         """Plan without these indexed pods from now on: the API server proved them gone."""
@@ -308,8 +309,8 @@ class JobLoop:
         self.audited_at = now
         self.call = "list_pods"
         listed = await self.kube.pod_uids(ns, f"{children.LABEL_JOB_NAME}={name}")
-        self.vanish({_uid(p) for p in pods} - listed, "listing")
-        self.vanished &= {_uid(p) for p in self._pods()}  # bounded by what the index holds
+        self.vanish({uid_of(p) for p in pods} - listed, "listing")
+        self.vanished &= {uid_of(p) for p in self._pods()}  # bounded by what the index holds
 
     async def _create(
         self, ns: str, name: str, plan: planner.Plan, record: Mapping[str, Any] | None = None
@@ -512,8 +513,7 @@ class JobLoop:
         """A failure off the lifecycle path (scrape-and-status, the existence check): an
         expected API error is one line and a count, a bug a traceback; the delay backs off."""
         if isinstance(e, Fenced):
-            log.info("%s of %s held back: %s", call, self.key, e)
-            return FENCED_RETRY_SECONDS
+            return self._held_back(call, e)
         refusal = refusals.classify_exception(e)
         delay = self.retry.delay(failures, random.random(), refusal.retry_after)
         if refusal.expected:
@@ -523,11 +523,15 @@ class JobLoop:
             log.exception("%s of %s failed; retry in %.1fs", call, self.key, delay)
         return delay
 
+    def _held_back(self, call: str, e: Fenced) -> float:
+        """Not a failure: the standby guard has not confirmed this replica yet; try soon."""
+        log.info("%s of %s held back: %s", call, self.key, e)
+        return FENCED_RETRY_SECONDS
+
     def _failed(self, e: Exception) -> float:
         """A pass failed: classify, log, count, and back off (exponential, jittered, capped)."""
-        if isinstance(e, Fenced):  # not a failure: the standby guard has not looked yet
-            log.info("reconcile of %s held back: %s", self.key, e)
-            return FENCED_RETRY_SECONDS
+        if isinstance(e, Fenced):
+            return self._held_back("reconcile", e)
         self.failures += 1
         refusal = refusals.classify_exception(e)
         delay = self.retry.delay(self.failures, random.random(), refusal.retry_after)
@@ -551,10 +555,6 @@ class JobLoop:
         self.wake.clear()
         await asyncio.sleep(DEBOUNCE_SECONDS)
         return woken
-
-
-def _uid(pod: Mapping[str, Any]) -> str:
-    return str((pod.get("metadata") or {}).get("uid") or "")
 
 
 def _name(pod: Mapping[str, Any]) -> str:

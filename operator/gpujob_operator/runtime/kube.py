@@ -93,17 +93,13 @@ class Kube:
         if api_client is None:
             api_client = load_client(timeout)
         if isinstance(api_client, TimedApiClient):
+            # The fence every write passes (None: always open), checked where the request is
+            # sent: a replica frozen or cut off beyond its keep-alive writes nothing before
+            # its guard has looked.
             api_client.may_write = may_write
-        self.may_write = may_write
-        """The fence every write passes (None: always open): a replica frozen or cut off
-        beyond its keep-alive must not write a single object before its guard has looked."""
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
-
-    def _fence(self, call: str) -> None:
-        if self.may_write is not None and not self.may_write():
-            raise Fenced(f"{call}: this replica is not confirmed active (peering)")
 
     async def create_pod(self, namespace: str, body: dict[str, Any], dry_run: bool = False) -> bool:
         """Create a pod; False when a pod of that name already exists.
@@ -112,7 +108,6 @@ class Kube:
         (``dryRun=All``): the same refusals (quota, PodSecurity, webhooks, invalid fields),
         nothing created. RBAC-wise it is the same ``create`` verb.
         """
-        self._fence("create_pod")
         extra: dict[str, Any] = {"dry_run": "All"} if dry_run else {}
         try:
             await asyncio.to_thread(
@@ -127,7 +122,6 @@ class Kube:
     async def delete_pod(self, namespace: str, name: str) -> bool:
         """Delete a pod (graceful, background); False when no pod of that name exists (a
         404 is proof that the pod is gone, whatever the operator's index still holds)."""
-        self._fence("delete_pod")
         try:
             await asyncio.to_thread(
                 self.core.delete_namespaced_pod, name, namespace, propagation_policy="Background"
@@ -146,7 +140,6 @@ class Kube:
         return {p.metadata.uid for p in listed.items}
 
     async def create_service(self, namespace: str, body: dict[str, Any]) -> None:
-        self._fence("create_service")
         try:
             await asyncio.to_thread(self.core.create_namespaced_service, namespace, cast(Any, body))
         except ApiException as e:
@@ -182,7 +175,6 @@ class Kube:
 
         Returns the written object, or None when the job is gone (deleted meanwhile).
         """
-        self._fence("patch_status")
         try:
             written: Any = await asyncio.to_thread(
                 cast(Any, self.custom.patch_namespaced_custom_object_status),
@@ -195,7 +187,6 @@ class Kube:
         return cast(dict[str, Any], written)
 
     async def delete_job(self, namespace: str, name: str) -> None:
-        self._fence("delete_job")
         try:
             await asyncio.to_thread(
                 self.custom.delete_namespaced_custom_object,
@@ -213,7 +204,6 @@ class Kube:
     async def put_configmap(self, namespace: str, body: dict[str, Any]) -> None:
         """Create the ConfigMap, or replace the data of the one of that name (no read).
         Each call is bounded (:data:`EVIDENCE_WRITE_TIMEOUT`): the stall's restart waits."""
-        self._fence("put_configmap")
         limit: dict[str, Any] = {"_request_timeout": EVIDENCE_WRITE_TIMEOUT}
         try:
             await asyncio.to_thread(
@@ -231,7 +221,6 @@ class Kube:
     # -- gang admission objects (gang.py): Workload/PodGroup, Kueue Workload, ResourceFlavor
     async def create_object(self, namespace: str, body: dict[str, Any]) -> bool:
         """Create a namespaced custom object; False when it already exists."""
-        self._fence("create_object")
         ref = gang.ref_of(body)
         try:
             await asyncio.to_thread(
@@ -245,7 +234,6 @@ class Kube:
             raise
 
     async def delete_object(self, namespace: str, ref: gang.ObjectRef) -> None:
-        self._fence("delete_object")
         try:
             await asyncio.to_thread(
                 self.custom.delete_namespaced_custom_object,
@@ -294,7 +282,6 @@ class Kube:
         False when the object is gone or changed since it was read (409 on the patch's
         resourceVersion precondition): the caller's next pass re-reads it.
         """
-        self._fence("patch_object_status")
         try:
             await asyncio.to_thread(
                 cast(Any, self.custom.patch_namespaced_custom_object_status),

@@ -30,17 +30,13 @@ def priority(started_at: float, tiebreak: int | None = None) -> int:
     return -(int(started_at * 1000) * 1000 + tiebreak % 1000)
 
 
-def _lastseen(value: str) -> dt.datetime:
-    seen = dt.datetime.fromisoformat(value)
-    return seen if seen.tzinfo else seen.replace(tzinfo=dt.UTC)
-
-
 def lastseen(info: Mapping[str, Any]) -> dt.datetime | None:
     """A peer's last keep-alive, or None when its entry cannot be read."""
     try:
-        return _lastseen(str(info["lastseen"]))
+        seen = dt.datetime.fromisoformat(str(info["lastseen"]))
     except (KeyError, ValueError, TypeError):
         return None
+    return seen if seen.tzinfo else seen.replace(tzinfo=dt.UTC)
 
 
 def deadline(info: Mapping[str, Any]) -> dt.datetime | None:
@@ -74,14 +70,12 @@ def is_active(
     for ident, info in status.items():
         if ident == me or not isinstance(info, Mapping):
             continue
+        until = deadline(info)
         try:
-            deadline = _lastseen(str(info["lastseen"])) + dt.timedelta(
-                seconds=int(info.get("lifetime", DEFAULT_LIFETIME))
-            )
             theirs = int(info.get("priority", 0))
-        except (KeyError, ValueError, TypeError):
+        except (ValueError, TypeError):
             continue
-        if deadline > now and theirs >= my_priority:
+        if until is not None and until > now and theirs >= my_priority:
             return False
     return True
 

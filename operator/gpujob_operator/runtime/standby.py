@@ -74,7 +74,7 @@ class Fence:
     keep-alive's lifetime and never past this replica's own keep-alive deadline (less a
     guard interval): no successor can start before that deadline. A process frozen or cut
     off finds it shut when it comes back, so no job loop writes before the guard has
-    looked. The API client checks it again in the worker thread, right before the request
+    looked. The API client checks it in the worker thread, right before the request
     is sent, so a write queued while the fence was open is not sent after it shut.
     """
 
