@@ -38,6 +38,7 @@ def test_required_metric_set() -> None:
         "gpujob_train_heartbeat_timestamp_seconds": "gauge",
         "gpujob_train_clock_timestamp_seconds": "gauge",
         "gpujob_train_current_phase": "gauge",
+        "gpujob_train_start_step": "gauge",
         "gpujob_train_model_flops_total": "counter",
         "gpujob_train_peak_flops_per_second": "gauge",
         "gpujob_train_device_info": "gauge",

@@ -36,6 +36,7 @@ def init(
     flops_per_token: float | None = None,
     measure_flops: bool = True,
     peak_tflops: float | None = None,
+    start_step: int = 0,
 ) -> Tracker:
     """Make this rank's tracker and (unless told not to) start its metrics exporter.
 
@@ -48,6 +49,9 @@ def init(
     MFU: the model's FLOPs are counted once over an early training step unless given
     (`flops_per_sample` or `flops_per_token`: forward and backward); the peak comes from the
     GPU's product name and the training precision unless `peak_tflops` is given.
+
+    Resume: `start_step` is the run's global step a loaded checkpoint reached (or call
+    `tracker.resume(step)` once it is loaded); the exported global step goes on from there.
     """
     tracker = Tracker(
         total_steps=total_steps,
@@ -57,6 +61,7 @@ def init(
         flops_per_token=flops_per_token,
         measure_flops=measure_flops,
         peak_tflops=peak_tflops,
+        start_step=start_step,
     )
     if start_exporter:
         try:

@@ -213,7 +213,19 @@ def _m(
     return MetricSpec(name=name, type=type_, help=help_, labels=labels, unit=unit)
 
 
-STEPS = _m("gpujob_train_steps_total", "counter", "Optimizer steps completed.", RANK_LABELS)
+STEPS = _m(
+    "gpujob_train_steps_total",
+    "counter",
+    "Training steps this process completed (counted from 0 at each process start).",
+    RANK_LABELS,
+)
+START_STEP = _m(
+    "gpujob_train_start_step",
+    "gauge",
+    "The run's step this process started from: a resumed checkpoint's global step, 0 on a "
+    "fresh start. The run's global step is this plus gpujob_train_steps_total.",
+    RANK_LABELS,
+)
 TARGET_STEPS = _m(
     "gpujob_train_target_steps", "gauge", "Optimizer steps the job means to run.", RANK_LABELS
 )
@@ -392,6 +404,7 @@ CUDA_OOMS = _m(
 
 TRAIN_METRICS: Final = (
     STEPS,
+    START_STEP,
     TARGET_STEPS,
     SAMPLES,
     TOKENS,

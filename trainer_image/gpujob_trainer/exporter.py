@@ -56,6 +56,7 @@ def render_snapshot(snap: Snapshot) -> list[Metric]:
         out.append(fam)
 
     single(contract.STEPS, snap.steps)
+    single(contract.START_STEP, snap.start_step)
     single(contract.TARGET_STEPS, snap.target_steps)
     single(contract.SAMPLES, snap.samples)
     single(contract.TOKENS, snap.tokens)

@@ -43,6 +43,13 @@ class Snapshot:
     peak: Peak | None = None
     devices: tuple[str, ...] = ()
     """UUIDs of the GPUs the rank drives (several under nn.DataParallel)."""
+    start_step: int = 0
+    """The run's step this process started from (`Tracker.resume`); global = start + steps."""
+
+    @property
+    def global_step(self) -> int:
+        """The run's step: where this process started plus the steps it made."""
+        return self.start_step + self.steps
 
 
 @dataclass(frozen=True)

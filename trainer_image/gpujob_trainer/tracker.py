@@ -67,6 +67,15 @@ _REANCHOR_SECONDS = 1.0
 """How far the wall and host clocks may drift apart before the mapping is re-read."""
 
 
+def _step_number(value: Any, name: str) -> int:
+    """A step count given by the user: a whole number, never negative, never a bool."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+        raise ValueError(f"{name} must be a whole number of steps, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be 0 or more, got {value}")
+    return int(value)
+
+
 class Tracker:
     """Records one rank's steps, phases, samples and loss.
 
@@ -89,6 +98,7 @@ class Tracker:
         measure_flops: bool = True,
         peak_tflops: float | None = None,
         device_uuid: Callable[[int], str] | None = None,
+        start_step: int = 0,
     ) -> None:
         self.rank = rank if rank is not None else RankInfo.from_env()
         self.target_steps = total_steps if total_steps is not None else total_steps_from_env()
@@ -152,6 +162,9 @@ class Tracker:
         self.devices: tuple[str, ...] = ()
         """UUIDs of the GPUs this rank drives: one under DDP, several under nn.DataParallel
         (the first gathers the outputs and holds the loss and the optimizer)."""
+        self.start_step = _step_number(start_step, "start_step")
+        """The run's step this process started from; the exported global step is this plus
+        the steps this process made (`Snapshot.global_step`)."""
         self.closed = False
 
     # ----------------------------------------------------------------- events
@@ -282,6 +295,27 @@ class Tracker:
             self._flush_locked()
 
     # ----------------------------------------------------------------- counters
+    def resume(self, step: int) -> None:
+        """Say the run is at global step `step` now (a checkpoint was loaded).
+
+        Call it after loading a checkpoint, before or after this process made steps of its
+        own: the exported global step becomes `step` and goes on from there, while the
+        per-process counters (steps, samples, phase seconds) keep counting this process's
+        work, so rates stay true. The operator shows the global step and records where the
+        attempt resumed.
+        """
+        step = _step_number(step, "step")
+        with self._lock:
+            self._flush_locked()
+            self.start_step = step - self._timeline.steps
+
+    @property
+    def global_step(self) -> int:
+        """The run's step: where this process started (or resumed) plus its own steps."""
+        with self._lock:
+            self._flush_locked()
+            return self.start_step + self._timeline.steps
+
     def add_samples(self, samples: int, tokens: int | None = None) -> None:
         """Count samples (and tokens) consumed; the wrapped DataLoader does this per batch.
 
@@ -408,6 +442,7 @@ class Tracker:
                 model_flops=self.flops.total(timeline.steps, self._samples, self._tokens),
                 peak=self.flops.peak(),
                 devices=self.devices,
+                start_step=self.start_step,
             )
 
     # ----------------------------------------------------------------- wrapping
