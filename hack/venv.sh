@@ -24,7 +24,7 @@ if [[ ! -f "$VENV/.complete" ]]; then
   rm -rf "$VENV"
   "$PYTHON" -m venv "$VENV"
   "$VENV/bin/pip" install --quiet --upgrade pip setuptools wheel >&2
-  "$VENV/bin/pip" install --quiet -e "$here[trainer,test,lint]" >&2
+  "$VENV/bin/pip" install --quiet -e "$here[trainer,integrations,test,lint]" >&2
   touch "$VENV/.complete"
 fi
 # The editable install points at one checkout; repoint it when this checkout differs.
