@@ -276,6 +276,8 @@ def test_a_backward_that_raises_leaves_the_tracker_usable(tracker: Tracker) -> N
     for x, y in loader:
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
+    assert tracker.snapshot().steps == 3  # the last one ends at the next forward ...
+    tracker.close()  # ... or at close()
     snap = tracker.snapshot()
     assert snap.steps == 1 + 3
     assert snap.phase_seconds["backward"] > 0
@@ -298,8 +300,8 @@ def test_forward_inside_eval_or_checkpoint_counts_as_that_phase() -> None:
     loss = nn.functional.cross_entropy(wrapped(x), y)
     loss.backward()
     opt.step()
+    tracker.close()  # the step's end is committed here: no later boundary
     snap = tracker.snapshot()
-    tracker.close()
     assert snap.phase_seconds["eval"] == 2.0 and snap.phase_seconds["checkpoint"] == 2.0
     assert snap.phase_seconds["forward"] == 0.0  # the training forward took no clock time
 

@@ -144,6 +144,9 @@ def test_tracker_counts_phases_steps_and_histogram() -> None:
     for _ in range(3):
         run_step(tracker, t, STEP)
         tracker.add_samples(32, tokens=4096)
+    assert tracker.snapshot().steps == 2  # the last step's end waits for a boundary
+    t.advance(1.0)
+    tracker.end_step()  # one: it ends the step where its last optimizer step ended
     snap = tracker.snapshot()
     assert snap.steps == 3
     assert snap.step_count == 3
@@ -167,6 +170,7 @@ def test_first_step_starts_at_first_mark() -> None:
     tracker, t = make_tracker()
     t.advance(50.0)  # model building, process group setup: not a step
     run_step(tracker, t, STEP)
+    tracker._enter("data_wait")  # the next fetch ends it
     snap = tracker.snapshot()
     assert snap.steps == 1
     assert snap.step_sum == pytest.approx(sum(STEP.values()))
@@ -220,6 +224,7 @@ def test_cuda_steps_are_attributed_lazily_from_events() -> None:
     tracker, t = make_tracker(clock=clock)
     run_step(tracker, t, STEP)
     run_step(tracker, t, STEP)
+    tracker.end_step()
     snap = tracker.snapshot()
     assert snap.steps == 2  # progress is host-side and immediate
     assert snap.step_count == 0  # nothing attributed: no event has completed
@@ -303,6 +308,7 @@ def test_cuda_attribution_waits_for_every_event_of_a_step() -> None:
     tracker, t = make_tracker(clock=CudaEventClock(event_factory=factory))
     run_step(tracker, t, STEP)
     run_step(tracker, t, STEP)
+    tracker.end_step()
     for ev in made[:5]:
         ev.done = True
     assert tracker.snapshot().step_count == 0
@@ -440,6 +446,7 @@ def test_eval_and_checkpoint_are_busy_phases_that_own_their_time() -> None:
         assert tracker.snapshot().current_phase == "checkpoint"
         t.advance(5.0)
     run_step(tracker, t, STEP)
+    tracker.end_step()
     snap = tracker.snapshot()
     assert snap.phase_seconds["eval"] == pytest.approx(6.0)
     assert snap.phase_seconds["checkpoint"] == pytest.approx(5.0)

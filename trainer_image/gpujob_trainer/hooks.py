@@ -10,8 +10,10 @@
   queues an autograd final callback that switches to comm_wait: it runs once the graph is
   done (the rank's own backward compute is over) and before DDP's finalizer.
   No comm hook is registered, so a user's own comm hook keeps working.
-- Optimizer: step pre/post hooks (global, or on watched instances) time `step()`, whose
-  end ends the training step.
+- Optimizer: step pre/post hooks (global, or on watched instances) time `step()`. A watched
+  optimizer's step ends the training step; with the global hooks an optimizer step's end is
+  a pending end, which the loop's next boundary commits (`timing.Timeline`): a training step
+  is one iteration, however many optimizers step in it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from gpujob_trainer import contract
-from gpujob_trainer.timing import END_OPTIMIZER, ENTERS, EXITS, SWITCH, Op
+from gpujob_trainer.timing import END_OPTIMIZER, ENTERS, EXITS, OPTIMIZER_DONE, SWITCH, Op
 
 if TYPE_CHECKING:
     from gpujob_trainer.tracker import Tracker
@@ -475,18 +477,20 @@ _StepHook = Callable[[Any, Any, Any], None]
 
 
 def optimizer_hooks(tracker: Tracker, *, watched: bool) -> tuple[_StepHook, _StepHook]:
-    """Step pre/post hooks: an optimizer's step is the optimizer phase, and its end ends the
-    training step.
+    """Step pre/post hooks: an optimizer's step is the optimizer phase.
 
-    `watched`: the hooks of one instance (`Tracker.watch_optimizer`). Otherwise the global
-    hooks, which see every optimizer: once any is watched, they leave the watched ones to
-    their own hooks and count another's step as optimizer time that ends no training step.
-    Both record inline: these run every step.
+    `watched`: the hooks of one instance (`Tracker.watch_optimizer`), whose step's end ends
+    the training step. Otherwise the global hooks, which see every optimizer: each step's end
+    is a pending end of the training step (`timing.OPTIMIZER_DONE`), so the last optimizer
+    step before the loop's next boundary ends it; once any optimizer is watched, they leave
+    the watched ones to their own hooks and count another's step as optimizer time that ends
+    no training step. Both record inline: these run every step.
     """
     events, now = tracker._events, tracker._now
     watching = tracker._step_optimizers  # never rebound
     phase = contract.PHASE_OPTIMIZER
     enter = ENTERS[phase]
+    end = END_OPTIMIZER if watched else OPTIMIZER_DONE
 
     def pre(optimizer: Any, args: Any, kwargs: Any) -> None:
         if not watched and watching and id(optimizer) in watching:
@@ -501,7 +505,7 @@ def optimizer_hooks(tracker: Tracker, *, watched: bool) -> tuple[_StepHook, _Ste
                 tracker._mark()
             return
         record = tracker._record
-        events.extend((now(), END_OPTIMIZER, None if record is None else record()))
+        events.extend((now(), end, None if record is None else record()))
         if len(events) >= tracker._flush_at:
             tracker.flush()
 
@@ -520,6 +524,6 @@ def attach_optimizers(tracker: Tracker) -> list[Any]:
 
 
 def attach_optimizer(tracker: Tracker, optimizer: Any) -> list[Any]:
-    """Step hooks on one optimizer instance, whose step ends a training step."""
+    """Step hooks on one optimizer instance, whose step ends a training step at once."""
     pre, post = optimizer_hooks(tracker, watched=True)
     return [optimizer.register_step_pre_hook(pre), optimizer.register_step_post_hook(post)]

@@ -6,6 +6,12 @@ host timestamp. On CUDA each mark also records an event on the current stream, a
 is attributed from GPU event times once every event has completed (queried, never waited
 for), because host timestamps of asynchronous launches say little about where the GPU spent
 its time. Nothing here synchronises the device.
+
+A training step is an iteration of the loop. The global optimizer hooks record each
+optimizer step's end as a *tentative* end (`OPTIMIZER_DONE`); the replay commits the last one
+when the loop reaches its next boundary (`Timeline`), so two optimizers stepping in one
+iteration (a GAN, a separate embedding optimizer) make one step, which ends where the last
+of them ended.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from gpujob_trainer import contract
 Mark = tuple[float, str, Any]
 """A phase boundary: (host seconds, the phase that runs from here, CUDA event or None)."""
 
-ENTER, EXIT, SWITCH, POP, MARK, END = range(6)
+ENTER, EXIT, SWITCH, POP, MARK, END, DONE = range(7)
 Op = tuple[int, str | None, str | None]
 """What an event does to the phase stack: (kind, phase, second phase or None)."""
 Event = tuple[float, Op, Any]
@@ -43,6 +49,20 @@ END_OPTIMIZER: Op = (END, contract.PHASE_OPTIMIZER, None)
 """Leave the optimizer phase, then end the step (an optimizer step's end)."""
 MARK_HERE: Op = (MARK, None, None)
 """A boundary without a change of phase (a step's second optimizer)."""
+OPTIMIZER_DONE: Op = (DONE, contract.PHASE_OPTIMIZER, None)
+"""Leave the optimizer phase; the step ends here unless another optimizer step follows before
+the loop's next boundary (what the global optimizer hooks record)."""
+
+ALWAYS_BOUNDARIES = frozenset((contract.PHASE_DATA_WAIT, *contract.BUSY_PHASES))
+"""Entering one of these commits a pending step end: a data fetch starts the next iteration,
+and an evaluation or a checkpoint comes after the step it follows."""
+LOOP_STARTS = frozenset((contract.PHASE_H2D, contract.PHASE_FORWARD))
+"""Also boundaries until a data fetch was seen: a loop without a wrapped loader starts each
+iteration with its copy to the device or its forward. Once fetches are seen they are not (a
+GAN's generator step runs its forwards after the discriminator's optimizer step)."""
+MAX_OPEN_MARKS = 8192
+"""Marks a pending end may gather before it is committed anyway: a loop with no boundary at
+all would otherwise grow one step without end (and hold its CUDA events)."""
 
 
 def _pop(stack: list[str], phase: str | None) -> None:
@@ -61,7 +81,14 @@ class Timeline:
     """Replays events into the phase stack, phase marks and finished steps.
 
     Each op but POP takes a mark naming the phase on top of the stack after it; END also
-    closes the step (its mark starts the next one). State carries over between `feed` calls.
+    closes the step (its mark starts the next one). DONE (an optimizer step's end, global
+    hooks) takes a mark and leaves the step's end pending there: the next boundary commits
+    it (a data fetch, an eval or checkpoint, before any fetch was seen a copy to the device
+    or a forward; `ALWAYS_BOUNDARIES`, `LOOP_STARTS`), an explicit END_STEP commits it too,
+    and a later DONE before any boundary moves it there (one step, however many optimizers).
+    A watched optimizer's end (END with the optimizer phase) ends the step where it is.
+    The time from the pending mark to the boundary belongs to the next step. State carries
+    over between `feed` calls; `finish` commits what is still pending.
     """
 
     def __init__(self) -> None:
@@ -70,6 +97,10 @@ class Timeline:
         self.steps = 0
         self.last_step_host: float | None = None
         self.last_mark_host: float | None = None
+        self.pending: int | None = None
+        """Index in `marks` of the mark where the step ends unless another optimizer steps."""
+        self.fetched = False
+        """Whether a data fetch (`data_wait`) was replayed: then only fetches start steps."""
 
     def feed(self, flat: Sequence[Any]) -> list[list[Mark]]:
         """Apply the events in `flat` (three values each, see `Event`); returns the marks of
@@ -79,6 +110,12 @@ class Timeline:
         for i in range(0, len(flat) - 2, 3):
             host, (kind, phase, other), event = flat[i], flat[i + 1], flat[i + 2]
             if kind == ENTER:
+                if self.pending is not None and (
+                    phase in ALWAYS_BOUNDARIES or (not self.fetched and phase in LOOP_STARTS)
+                ):
+                    marks = self._commit(marks, done)
+                if phase == contract.PHASE_DATA_WAIT:
+                    self.fetched = True
                 stack.append(phase)
             elif kind == EXIT:
                 _pop(stack, phase)
@@ -88,9 +125,20 @@ class Timeline:
             elif kind == POP:
                 _pop(stack, phase)
                 continue
+            elif kind == DONE:
+                _pop(stack, phase)
+                if self.pending is not None and self.pending >= MAX_OPEN_MARKS:
+                    marks = self._commit(marks, done)
+                self.pending = len(marks)
             elif kind == END:
                 if phase is not None:
                     _pop(stack, phase)
+                elif self.pending is not None:  # end_step(): the last optimizer's end it is
+                    marks = self._commit(marks, done)
+                    marks.append((host, stack[-1], event))
+                    self.last_mark_host = host
+                    continue
+                self.pending = None  # a watched optimizer ends the step here
                 end = (host, stack[-1], event)
                 marks.append(end)
                 if len(marks) > 1:
@@ -103,6 +151,24 @@ class Timeline:
             self.last_mark_host = host
         self.marks = marks
         return done
+
+    def finish(self) -> list[list[Mark]]:
+        """Commit a pending step end (training is over); returns the step it finished."""
+        done: list[list[Mark]] = []
+        if self.pending is not None:
+            self.marks = self._commit(self.marks, done)
+        return done
+
+    def _commit(self, marks: list[Mark], done: list[list[Mark]]) -> list[Mark]:
+        """End the step at the pending mark; returns the marks of the step it starts."""
+        at = self.pending
+        assert at is not None
+        self.pending = None
+        if at > 0:
+            done.append(marks[: at + 1])
+        self.steps += 1
+        self.last_step_host = marks[at][0]
+        return marks[at:]
 
 
 class Clock(Protocol):

@@ -259,16 +259,22 @@ class Tracker:
             self.flush()
 
     # ----------------------------------------------------------------- attribution
-    def _flush_locked(self) -> None:
+    def _flush_locked(self, final: bool = False) -> None:
         """Replay the queued events; attribute the steps they finished (host) or queue them
-        until their device times are readable (CUDA)."""
+        until their device times are readable (CUDA). `final`: training is over, so a step
+        whose end waits for the loop's next boundary ends where it stands."""
         events = self._events
         n = len(events)
+        finished: list[list[Mark]] = []
         if n:
             batch = events[:n]
             del events[:n]  # one C call under the GIL: appends made meanwhile stay
+            finished = self._timeline.feed(batch)
+        if final:
+            finished += self._timeline.finish()
+        if finished:
             pending = self._pending
-            for marks in self._timeline.feed(batch):
+            for marks in finished:
                 if not pending and marks[-1][2] is None:  # host timing: attribute now
                     self._c.account(attribute(marks))
                 else:
@@ -396,9 +402,10 @@ class Tracker:
             return None
 
     def _drain(self) -> None:
-        """After training: wait for the last device events so the final steps count."""
+        """After training: count the last step (its end no longer waits for a boundary) and
+        wait for the last device events so the final steps are attributed."""
         with self._lock:
-            self._flush_locked()
+            self._flush_locked(final=True)
             events = [m[2] for marks in self._pending for m in marks]
             events += [event for _, event in self._pending_loss]
         for event in events:
