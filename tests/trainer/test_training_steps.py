@@ -30,7 +30,7 @@ def loader(batches: int = BATCHES) -> DataLoader[tuple[torch.Tensor, ...]]:
     return DataLoader(TensorDataset(torch.randn(n, 16), torch.randint(0, 4, (n,))), BATCH)
 
 
-def net() -> nn.Module:
+def net() -> nn.Sequential:
     return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
 
 

@@ -94,9 +94,7 @@ def test_without_fetches_a_forward_starts_the_next_step() -> None:
     tl, _ = replay(forward(0) + optimizer(1) + forward(3) + optimizer(4) + forward(6))
     assert tl.steps == 2
     # a copy to the device is one too, until a fetch was seen
-    tl, _ = replay(
-        [(0.0, ENTERS["h2d"]), (1.0, EXITS["h2d"])] + optimizer(2) + [(4.0, ENTERS["h2d"])]
-    )
+    tl, _ = replay([(0.0, ENTERS["h2d"]), (1.0, EXITS["h2d"]), *optimizer(2), (4.0, ENTERS["h2d"])])
     assert tl.steps == 1 and not tl.fetched
 
 
@@ -117,9 +115,9 @@ def test_gradient_accumulation_is_one_step_per_optimizer_step() -> None:
 
 def test_entering_eval_or_checkpoint_counts_the_step_before_it() -> None:
     events = fetch(0) + forward(2) + optimizer(4)
-    tl, done = replay(events + [(7.0, ENTERS["eval"])])
+    tl, done = replay([*events, (7.0, ENTERS["eval"])])
     assert tl.steps == 1 and done[0][-1][0] == 5.0  # its end, not the eval's start
-    tl, done = replay([(9.0, EXITS["eval"])] + fetch(10) + optimizer(12), tl)
+    tl, done = replay([(9.0, EXITS["eval"]), *fetch(10), *optimizer(12)], tl)
     assert done == [] and tl.steps == 1
     tl, done = replay([(14.0, ENTERS["checkpoint"])], tl)
     assert tl.steps == 2
@@ -131,7 +129,7 @@ def test_end_step_commits_the_pending_end_and_ends_no_second_step() -> None:
     assert tl.steps == 1 and done[0][-1][0] == 3.0
     assert tl.last_mark_host == 6.0  # it still draws a boundary
     # without a pending end it ends a step where it is (hook_optimizers=False)
-    tl, done = replay(fetch(7) + [(9.0, END_STEP)], tl)
+    tl, done = replay([*fetch(7), (9.0, END_STEP)], tl)
     assert tl.steps == 2 and done[0][-1][0] == 9.0 and done[0][0][0] == 3.0
 
 
