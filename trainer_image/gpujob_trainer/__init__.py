@@ -4,7 +4,8 @@
     tracker = gpujob_trainer.init()            # exporter on GPUJOB_METRICS_PORT + LOCAL_RANK
     model = tracker.wrap_model(DDP(model))     # forward, backward, exposed all-reduce wait
     loader = tracker.wrap_loader(loader, device=device)  # data wait, h2d copy, samples
-    ...                                        # optimizer.step() ends each step
+    ...                                        # an iteration is a step; its last
+                                               # optimizer.step() ends it
     tracker.close()
 
 Importing this package imports neither torch nor NVML nor prometheus_client; they load when
@@ -45,6 +46,15 @@ def init(
     defaults to on for local rank 0, which reports every GPU of the node. If the port cannot
     be bound, the error is logged and training goes on without /metrics: telemetry never
     stops a job (`Tracker.start_exporter` itself raises).
+
+    Steps: a training step is one iteration of the loop. With `hook_optimizers` (the
+    default) every optimizer in the process is hooked, and an iteration's last optimizer
+    step ends its step: the step is counted when the loop reaches its next boundary (the
+    next fetch from a wrapped loader, else the next forward of the wrapped model; entering
+    eval or checkpoint; `end_step()`; `close()`). Several optimizers, `zero_grad`, a
+    scheduler or clipping in one iteration make one step; gradient accumulation makes one
+    per optimizer step. `tracker.watch_optimizer(opt)` makes each of that optimizer's steps
+    a training step instead; `hook_optimizers=False` hooks nothing: call `end_step()`.
 
     MFU: the model's FLOPs are counted once over an early training step unless given
     (`flops_per_sample` or `flops_per_token`: forward and backward); the peak comes from the

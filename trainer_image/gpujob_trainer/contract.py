@@ -18,7 +18,8 @@ ENV_METRICS_PORT: Final = "GPUJOB_METRICS_PORT"
 ENV_METRICS_ADDR: Final = "GPUJOB_METRICS_ADDR"
 """Address the exporter binds (default all interfaces, so the operator can scrape the pod)."""
 ENV_TOTAL_STEPS: Final = "GPUJOB_TOTAL_STEPS"
-"""Target optimizer steps of the whole job (optional), exported as the target gauge."""
+"""Target training steps (loop iterations) of the whole job (optional), exported as the target
+gauge."""
 ENV_RANK: Final = "RANK"
 ENV_LOCAL_RANK: Final = "LOCAL_RANK"
 ENV_WORLD_SIZE: Final = "WORLD_SIZE"
@@ -227,7 +228,10 @@ START_STEP = _m(
     RANK_LABELS,
 )
 TARGET_STEPS = _m(
-    "gpujob_train_target_steps", "gauge", "Optimizer steps the job means to run.", RANK_LABELS
+    "gpujob_train_target_steps",
+    "gauge",
+    "Training steps (loop iterations) the job means to run.",
+    RANK_LABELS,
 )
 SAMPLES = _m("gpujob_train_samples_total", "counter", "Samples consumed.", RANK_LABELS)
 TOKENS = _m("gpujob_train_tokens_total", "counter", "Tokens consumed, when given.", RANK_LABELS)
@@ -236,7 +240,8 @@ LOSS = _m("gpujob_train_loss", "gauge", "Last reported training loss.", RANK_LAB
 STEP_DURATION = _m(
     "gpujob_train_step_duration_seconds",
     "histogram",
-    "Step time: from the end of one optimizer step to the end of the next.",
+    "Step time: from the end of one training step (its iteration's last optimizer step) to the "
+    "end of the next.",
     RANK_LABELS,
     "seconds",
 )
@@ -257,7 +262,7 @@ COMPUTE_SECONDS = _m(
 LAST_STEP_TIMESTAMP = _m(
     "gpujob_train_last_step_timestamp_seconds",
     "gauge",
-    "Unix time the last optimizer step ended.",
+    "Unix time the last training step ended (its iteration's last optimizer step).",
     RANK_LABELS,
     "seconds",
 )

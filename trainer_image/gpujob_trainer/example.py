@@ -77,7 +77,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="gpujob_trainer.example", description=__doc__.split("\n")[0])
     size = p.add_argument_group("size")
     size.add_argument(
-        "--steps", type=int, help="optimizer steps (default: $GPUJOB_TOTAL_STEPS, else epochs)"
+        "--steps", type=int, help="training steps (default: $GPUJOB_TOTAL_STEPS, else epochs)"
     )
     size.add_argument("--epochs", type=int, default=1, help="epochs when --steps is not given")
     size.add_argument("--steps-per-epoch", type=int, default=100)

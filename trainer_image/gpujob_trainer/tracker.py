@@ -80,8 +80,9 @@ class Tracker:
     """Records one rank's steps, phases, samples and loss.
 
     Make one per process (`gpujob_trainer.init()` does that and starts the exporter), wrap the
-    model and the DataLoader, and the optimizer's steps delimit training steps. Everything is
-    safe to call from autograd threads; nothing blocks on the GPU.
+    model and the DataLoader, and each iteration of the loop is a training step, ended by its
+    last optimizer step (see `watch_optimizer`, `end_step`). Everything is safe to call from
+    autograd threads; nothing blocks on the GPU.
     """
 
     def __init__(
@@ -250,7 +251,14 @@ class Tracker:
             self._anchor = (wall, host)
 
     def end_step(self) -> None:
-        """End the current step. Called by the optimizer hook; call it yourself without one.
+        """End the current step; call it where each iteration of your loop ends.
+
+        Without optimizer hooks (`hook_optimizers=False`, nothing watched) this is what ends
+        steps: the step ends now. With the global hooks an iteration's step already ends at its
+        last optimizer step, counted at the loop's next boundary (a fetch, an eval); this
+        counts it now instead, ending where that optimizer step ended, so calling it there
+        too never makes two steps of one iteration. With no optimizer step since the last
+        step's end, it ends a step now.
 
         Replays here when nothing scraped for a long while (the optimizer hook does the same).
         """
@@ -456,8 +464,8 @@ class Tracker:
     def wrap_model(self, model: M) -> M:
         """Time forward and backward (and DDP's exposed all-reduce wait); returns `model`.
 
-        Also installs the optimizer step hooks unless the tracker was made with
-        `hook_optimizers=False`. A CUDA model switches the tracker to CUDA event timing.
+        Also installs the global optimizer step hooks unless the tracker was made with
+        `hook_optimizers=False`: an iteration's last optimizer step ends its training step. A CUDA model switches the tracker to CUDA event timing.
         """
         parameters = getattr(model, "parameters", None)
         first = next(iter(parameters()), None) if parameters is not None else None
@@ -493,10 +501,14 @@ class Tracker:
         )
 
     def watch_optimizer(self, optimizer: Opt) -> Opt:
-        """Hook this optimizer's steps; once any is watched, only watched ones end a step.
+        """Hook this optimizer's steps: each ends a training step at once. Once any optimizer
+        is watched, only watched ones end steps; the others' steps count as optimizer time.
 
-        Use it for loops with several optimizers (a GAN's), or with `hook_optimizers=False`
-        to hook one optimizer instance instead of every optimizer in the process.
+        Not needed for several optimizers in one loop: the global hooks already make one
+        step of an iteration, however many optimizers step in it. It is the escape hatch for
+        steps that are not iterations: several updates per fetched batch, or a GAN without a
+        wrapped loader (its generator's forward would start a step; watch the generator's
+        optimizer). With `hook_optimizers=False` it hooks this instance and no other.
         """
         with self._lock:
             if id(optimizer) in self._step_optimizers:
