@@ -60,14 +60,19 @@ def wait_reports(run: TrainerRun, out: Path) -> list[RankReport]:
 
 
 def train(
-    script: str, args: Sequence[str], out: Path, *, diagnose: bool = False
+    script: str,
+    args: Sequence[str],
+    out: Path,
+    *,
+    diagnose: bool = False,
+    env: dict[str, str] | None = None,
 ) -> tuple[list[RankReport], dict[str, Any] | None]:
     """Run `script` to its end; with `diagnose`, the ranks wait after training while
     `gpujob diagnose --json` reads rank 0's live endpoint (its report is returned)."""
     out.mkdir(parents=True, exist_ok=True)
     command = [str(HERE / script), f"--out={out}", *args, *(["--hold"] if diagnose else [])]
     diagnosis = None
-    with torchrun(command, out, worker_tag=script.encode()) as run:
+    with torchrun(command, out, env=env, worker_tag=script.encode()) as run:
         found = wait_reports(run, out)
         if diagnose:
             url = f"127.0.0.1:{found[0].facts['port']}"

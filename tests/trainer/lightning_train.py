@@ -61,7 +61,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--resume")
     p.add_argument("--hold", action="store_true")
+    p.add_argument("--no-callback", action="store_true", help="leave it to the entry point")
     a = p.parse_args()
+    ours = [] if a.no_callback else [GPUJobCallback()]
     torch.manual_seed(0)
     trainer = L.Trainer(
         max_steps=a.steps,
@@ -73,7 +75,7 @@ def main() -> None:
         num_sanity_val_steps=0,
         callbacks=[
             Report(a.out, a.hold),
-            GPUJobCallback(),
+            *ours,
             ModelCheckpoint(dirpath=a.out / "checkpoints", every_n_train_steps=10, save_top_k=-1),
         ],
         logger=False,

@@ -3,10 +3,14 @@ under torchrun (gloo), then a second run resumed from a checkpoint Lightning sav
 
 from __future__ import annotations
 
+import os
+import tomllib
 from pathlib import Path
 
 import pytest
 from integration_runs import RankReport, train
+
+from gpujob_trainer import contract
 
 pytest.importorskip("lightning")
 
@@ -57,3 +61,23 @@ def test_resume_from_lightnings_checkpoint_continues_its_global_step(
         assert r.value("gpujob_train_steps_total") == STEPS - 10
         assert r.exported_global_step == r.facts["global_step"] == STEPS
         assert r.value("gpujob_train_epoch") == 3
+
+
+def test_the_env_adds_the_callback_through_lightnings_entry_point(tmp_path: Path) -> None:
+    """The entry point as pyproject.toml declares it, installed as a distribution's metadata
+    on the ranks' path; the script passes no callback of its own."""
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    group = "lightning.pytorch.callbacks_factory"
+    (name, target), *_ = project["project"]["entry-points"][group].items()
+    dist = tmp_path / "site" / "gpujob_entry_points-0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: gpujob-entry-points\nVersion: 0\n")
+    (dist / "entry_points.txt").write_text(f"[{group}]\n{name} = {target}\n")
+    env = {
+        "PYTHONPATH": os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(dist.parent)]),
+        contract.ENV_FRAMEWORK_CALLBACK: "1",
+    }
+    found, _ = train("lightning_train.py", ["--steps=10", "--no-callback"], tmp_path, env=env)
+    for r in found:
+        assert r.value("gpujob_train_steps_total") == r.facts["global_step"] == 10
+        assert r.value("gpujob_train_target_steps") == 10

@@ -166,3 +166,23 @@ def test_lightning_target_is_the_estimate_when_no_max_steps() -> None:
     trainer.estimated_stepping_batches = 30
     LightningHooks(tracker, wrap_model=False).on_train_start(trainer, None)
     assert tracker.target_steps == 30
+
+
+def test_lightning_second_callback_in_a_trainer_does_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gpujob_trainer.integrations import lightning_hooks
+
+    monkeypatch.delenv(contract.ENV_FRAMEWORK_CALLBACK, raising=False)
+    assert lightning_hooks.from_env(lambda: LightningHooks(Tracker())) == []
+    monkeypatch.setenv(contract.ENV_FRAMEWORK_CALLBACK, "1")
+    (from_env,) = lightning_hooks.from_env(lambda: LightningHooks(Tracker(hook_optimizers=False)))
+    user = LightningHooks(Tracker(hook_optimizers=False), wrap_model=False)
+    trainer = FakeTrainer()
+    trainer.callbacks = [user, from_env]  # type: ignore[attr-defined]
+    for cb in (user, from_env):
+        cb.on_train_start(trainer, None)
+        trainer.global_step += 1
+        cb.on_train_batch_end(trainer, None, None, [], 0)
+    assert user.tracker is not None and user.tracker.global_step == 1
+    assert from_env.tracker is not None and from_env.tracker.global_step == 0

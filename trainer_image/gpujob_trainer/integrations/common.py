@@ -6,10 +6,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import gpujob_trainer
+from gpujob_trainer import contract
 from gpujob_trainer.tracker import Tracker
 
 log = logging.getLogger("gpujob_trainer")
@@ -34,6 +36,12 @@ def never_raises(method: F) -> F:
             return None
 
     return guarded  # type: ignore[return-value]
+
+
+def asked_from_env() -> bool:
+    """Whether the env asks for the callback in every Trainer (`GPUJOB_FRAMEWORK_CALLBACK`)."""
+    value = os.environ.get(contract.ENV_FRAMEWORK_CALLBACK, "").strip().lower()
+    return value in ("1", "true", "on", "yes")
 
 
 class OpenPhases:

@@ -18,17 +18,36 @@ What each Lightning hook does to the tracker:
   hook runs after a checkpoint is written): the checkpoint phase, around the whole save.
 - on_train_epoch_start: the epoch (`trainer.current_epoch`).
 - on_train_end, on_exception, teardown: the tracker made here is closed.
+
+From the env: with `GPUJOB_FRAMEWORK_CALLBACK=1`, Lightning's `callbacks_factory` entry
+point (declared in pyproject.toml) adds the callback to every Trainer of the process.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from gpujob_trainer import contract, hooks
-from gpujob_trainer.integrations.common import TrackerOwner, log, never_raises
+from gpujob_trainer.integrations.common import TrackerOwner, asked_from_env, log, never_raises
 from gpujob_trainer.tracker import Tracker
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _hook(method: F) -> F:
+    """A Lightning hook: skipped by a second gpujob callback in the same Trainer (one the
+    entry point added beside one the user passed), and never raising."""
+
+    @functools.wraps(method)
+    def run(self: LightningHooks, trainer: Any, *args: Any, **kwargs: Any) -> Any:
+        if not self._first_in(trainer):
+            return None
+        return method(self, trainer, *args, **kwargs)
+
+    return never_raises(run)  # type: ignore[return-value]
 
 
 class LightningHooks:
@@ -59,13 +78,21 @@ class LightningHooks:
         self._linger = linger
         self._seen_step: int | None = None
         self._unpatch: Callable[[], None] | None = None
+        self._first: tuple[int, bool] | None = None
+        """(id of the Trainer, whether this is its first gpujob callback)."""
+
+    def _first_in(self, trainer: Any) -> bool:
+        if self._first is None or self._first[0] != id(trainer):
+            ours = [cb for cb in getattr(trainer, "callbacks", None) or [self] if _is_ours(cb)]
+            self._first = (id(trainer), not ours or ours[0] is self)
+        return self._first[1]
 
     @property
     def tracker(self) -> Tracker | None:
         """The tracker in use (None before fitting began)."""
         return self._owner.tracker
 
-    @never_raises
+    @_hook
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self._owner.get()
         self._time_saves(trainer)
@@ -94,7 +121,7 @@ class LightningHooks:
 
         self._unpatch = unpatch
 
-    @never_raises
+    @_hook
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         tracker = self._owner.get()
         self._time_saves(trainer)
@@ -106,21 +133,21 @@ class LightningHooks:
         if self._wrap_model:
             tracker.wrap_model(pl_module)
 
-    @never_raises
+    @_hook
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         self._owner.get().set_epoch(int(trainer.current_epoch))
 
-    @never_raises
+    @_hook
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
     ) -> None:
         self._owner.get().add_samples(hooks.batch_size(batch))
 
-    @never_raises
+    @_hook
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         self._owner.open_phases().open(contract.PHASE_OPTIMIZER)
 
-    @never_raises
+    @_hook
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -138,23 +165,23 @@ class LightningHooks:
             tracker.end_step()
         self._seen_step = step
 
-    @never_raises
+    @_hook
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         self._owner.open_phases().open(contract.PHASE_EVAL)
 
-    @never_raises
+    @_hook
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         self._owner.open_phases().close(contract.PHASE_EVAL)
 
-    @never_raises
+    @_hook
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self._close()
 
-    @never_raises
+    @_hook
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         self._close()
 
-    @never_raises
+    @_hook
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage == "fit":
             self._close()
@@ -164,6 +191,17 @@ class LightningHooks:
             self._unpatch()
             self._unpatch = None
         self._owner.close(self._linger)
+
+
+def _is_ours(callback: Any) -> bool:
+    return isinstance(callback, LightningHooks)
+
+
+def from_env(make: Callable[[], LightningHooks]) -> list[LightningHooks]:
+    """What the `callbacks_factory` entry points return: one callback when the env asks for
+    it (`GPUJOB_FRAMEWORK_CALLBACK`), else none. A callback the user passed too goes first,
+    and this one then does nothing."""
+    return [make()] if asked_from_env() else []
 
 
 def _target(trainer: Any) -> int | None:
