@@ -3,6 +3,7 @@ torchrun tests in tests/trainer run the real frameworks)."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 from types import SimpleNamespace
 from typing import Any
@@ -186,3 +187,15 @@ def test_lightning_second_callback_in_a_trainer_does_nothing(
         cb.on_train_batch_end(trainer, None, None, [], 0)
     assert user.tracker is not None and user.tracker.global_step == 1
     assert from_env.tracker is not None and from_env.tracker.global_step == 0
+
+
+def test_hf_a_second_train_with_a_given_tracker_times_the_model_once(hf: Any) -> None:
+    torch = pytest.importorskip("torch")
+    tracker = Tracker(hook_optimizers=False)
+    cb = hf.GPUJobCallback(tracker)
+    model = torch.nn.Linear(4, 2)
+    for _ in range(2):  # trainer.train() twice
+        cb.on_train_begin(hf_args(), hf_state(), control(), model=model)
+    # one timed stand-in, directly over the model's own bound method
+    assert inspect.ismethod(model.forward.__wrapped__)
+    tracker.close()

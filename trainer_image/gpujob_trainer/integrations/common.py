@@ -80,6 +80,7 @@ class TrackerOwner:
         self._init_kwargs = init_kwargs
         self.tracker: Tracker | None = tracker
         self.phases: OpenPhases | None = OpenPhases(tracker) if tracker is not None else None
+        self._wrapped: set[tuple[int, int]] = set()
 
     def get(self) -> Tracker:
         if self.tracker is None or self.tracker.closed:
@@ -87,6 +88,15 @@ class TrackerOwner:
             self.tracker = gpujob_trainer.init(**kwargs)
             self.phases = OpenPhases(self.tracker)
         return self.tracker
+
+    def wrap_model(self, model: Any) -> None:
+        """Time the model's forward and backward, once per tracker and model (a second
+        `train()` or `fit()` with a tracker that was given finds them timed already)."""
+        tracker = self.get()
+        key = (id(tracker), id(model))
+        if key not in self._wrapped:
+            self._wrapped.add(key)
+            tracker.wrap_model(model)
 
     def open_phases(self) -> OpenPhases:
         self.get()

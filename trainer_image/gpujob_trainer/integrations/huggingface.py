@@ -95,7 +95,7 @@ class GPUJobCallback(TrainerCallback):
         self._tokens_seen = state.num_input_tokens_seen if self._counts_tokens(args) else None
         model = kwargs.get("model")
         if self._wrap_model and model is not None:
-            tracker.wrap_model(model)
+            self._owner.wrap_model(model)
         if getattr(args, "eval_on_start", False):
             self._owner.open_phases().open(contract.PHASE_EVAL)
 

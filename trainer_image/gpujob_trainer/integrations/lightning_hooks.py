@@ -131,7 +131,7 @@ class LightningHooks:
         self._seen_step = int(trainer.global_step)
         tracker.resume(self._seen_step)
         if self._wrap_model:
-            tracker.wrap_model(pl_module)
+            self._owner.wrap_model(pl_module)
 
     @_hook
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
