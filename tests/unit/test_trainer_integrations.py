@@ -199,3 +199,17 @@ def test_hf_a_second_train_with_a_given_tracker_times_the_model_once(hf: Any) ->
     # one timed stand-in, directly over the model's own bound method
     assert inspect.ismethod(model.forward.__wrapped__)
     tracker.close()
+
+
+@pytest.mark.parametrize(
+    ("ours", "framework"),
+    [("lightning", "lightning.pytorch"), ("pytorch_lightning", "pytorch_lightning")],
+)
+def test_each_lightning_namespace_gets_a_callback_of_its_own_kind(
+    ours: str, framework: str
+) -> None:
+    base = pytest.importorskip(framework).Callback
+    cls = pytest.importorskip(f"gpujob_trainer.integrations.{ours}").GPUJobCallback
+    cb = cls(Tracker(hook_optimizers=False))
+    assert isinstance(cb, base) and isinstance(cb, LightningHooks)
+    assert cb.state_key  # Lightning's own Callback machinery works on it
