@@ -105,6 +105,8 @@ class TrainerRun:
     torchrun's process group alone would leave them running."""
     marker: str = ""
     """A value of RUN_MARKER_ENV in every process of this run, found again after reparenting."""
+    worker_tag: bytes = b"gpujob_trainer.example"
+    """What a worker's command line holds (the module or script torchrun runs)."""
 
     def ports(self) -> list[int]:
         return [contract.metrics_port(self.base_port, r) for r in range(self.nproc)]
@@ -145,7 +147,7 @@ class TrainerRun:
                     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
                 except OSError:
                     continue
-                if b"gpujob_trainer.example" in cmdline:
+                if self.worker_tag in cmdline:
                     pids.append(pid)
         self.seen_workers.update(pids)
         return pids
@@ -163,7 +165,7 @@ class TrainerRun:
             self.workers()
         for pid in sorted(self.seen_workers):
             try:  # still our worker (not a reused PID)?
-                if b"gpujob_trainer.example" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if self.worker_tag not in Path(f"/proc/{pid}/cmdline").read_bytes():
                     continue
             except OSError:
                 continue
@@ -188,6 +190,21 @@ def torchrun_example(
     args: Sequence[str], tmp_path: Path, nproc: int = 2, env: dict[str, str] | None = None
 ) -> Iterator[TrainerRun]:
     """Start the example under torchrun (CPU, gloo) with lingering exporters; kill on exit."""
+    command = ["-m", "gpujob_trainer.example", "--device=cpu", "--linger=300", "--log-every=0"]
+    with torchrun([*command, *args], tmp_path, nproc, env) as run:
+        yield run
+
+
+@contextlib.contextmanager
+def torchrun(
+    command: Sequence[str],
+    tmp_path: Path,
+    nproc: int = 2,
+    env: dict[str, str] | None = None,
+    worker_tag: bytes = b"gpujob_trainer.example",
+) -> Iterator[TrainerRun]:
+    """Start `command` (a script or `-m module`, then its arguments) under torchrun with
+    `nproc` CPU ranks, exporters on loopback ports; kill whatever is left on exit."""
     base = free_port(nproc)
     log_path = tmp_path / f"torchrun-{base}.log"
     inherited = {k: v for k, v in os.environ.items() if k not in contract.ENV_TRAINER}
@@ -208,18 +225,13 @@ def torchrun_example(
         "torch.distributed.run",
         "--standalone",
         f"--nproc-per-node={nproc}",
-        "-m",
-        "gpujob_trainer.example",
-        "--device=cpu",
-        "--linger=300",
-        "--log-every=0",
-        *args,
+        *command,
     ]
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(
             cmd, stdout=log_file, stderr=subprocess.STDOUT, env=run_env, start_new_session=True
         )
-    run = TrainerRun(proc, base, nproc, log_path, marker=marker)
+    run = TrainerRun(proc, base, nproc, log_path, marker=marker, worker_tag=worker_tag)
     try:
         yield run
     finally:

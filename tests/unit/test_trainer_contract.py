@@ -103,12 +103,16 @@ def test_counter_family_name() -> None:
     assert contract.EPOCH.family == "gpujob_train_epoch"
 
 
-@pytest.mark.parametrize("module", ["gpujob_trainer", "gpujob_trainer.contract"])
+@pytest.mark.parametrize(
+    "module", ["gpujob_trainer", "gpujob_trainer.contract", "gpujob_trainer.integrations"]
+)
 def test_import_is_light(module: str) -> None:
-    """Importing the package (or the contract) loads no torch, NVML, HTTP client or operator."""
+    """Importing the package (or the contract) loads no torch, NVML, HTTP client, operator or
+    training framework (the integrations import theirs in their own modules)."""
     code = (
         f"import sys, {module}\n"
-        "heavy = {'torch', 'pynvml', 'kopf', 'gpujob_operator', 'prometheus_client'}\n"
+        "heavy = {'torch', 'pynvml', 'kopf', 'gpujob_operator', 'prometheus_client',"
+        " 'transformers', 'lightning', 'pytorch_lightning'}\n"
         "print(sorted(heavy & set(sys.modules)))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -43,6 +43,9 @@ EVIDENCE_PATH: Final = "/debug/evidence"
 """Where the same server answers with the rank's hang evidence (JSON, see evidence.py)."""
 ENV_EVIDENCE: Final = "GPUJOB_EVIDENCE"
 """0/false/off turns the evidence endpoint off (it is on by default); the user's to set."""
+ENV_FRAMEWORK_CALLBACK: Final = "GPUJOB_FRAMEWORK_CALLBACK"
+"""1/true/on adds gpujob's callback to every Lightning Trainer through Lightning's
+callbacks_factory entry point (off by default); the user's to set."""
 FLIGHT_RECORDER_ENV: Final = (
     (("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"), "2000"),
     (("TORCH_FR_DUMP_ON_TIMEOUT", "TORCH_NCCL_DUMP_ON_TIMEOUT"), "1"),
