@@ -92,6 +92,22 @@ def example_job(name: str, args: list[str], total_steps: int, **spec: Any) -> di
     return _manifest(name, body, spec, None)
 
 
+def script_job(name: str, script: Path, args: list[str], **spec: Any) -> dict[str, Any]:
+    """Two nodes of one rank running the Python script `script` under torchrun, scraped
+    every 2 s, no retries, no spec.training.totalSteps (the trainer exports its target);
+    `spec` keys are merged as in `python_job`."""
+    body: dict[str, Any] = {
+        "image": "gpujob-trainer:0.1.0",
+        "command": ["python", str(script)],
+        "args": list(args),
+        "nodes": 2,
+        "training": {"procsPerNode": 1},
+        "monitoring": {"scrapeIntervalSeconds": 2},
+        "runPolicy": {"backoffLimit": 0},
+    }
+    return _manifest(name, body, spec, None)
+
+
 def _manifest(
     name: str, body: dict[str, Any], spec: dict[str, Any], labels: dict[str, str] | None
 ) -> dict[str, Any]:

@@ -22,7 +22,9 @@ def report(out: Path, facts: dict[str, Any], hold: bool) -> None:
     """Write this rank's metrics and `facts` atomically; then hold if asked."""
     rank = env.RankInfo.from_env()
     port = contract.metrics_port(env.metrics_base_port(), rank.local_rank)
-    url = f"http://127.0.0.1:{port}{contract.METRICS_PATH}"
+    addr = env.metrics_addr()  # a pod of the local cluster serves on its own 127.x address
+    host = "127.0.0.1" if addr in ("0.0.0.0", "::") else addr
+    url = f"http://{host}:{port}{contract.METRICS_PATH}"
     with urllib.request.urlopen(url, timeout=10) as response:
         metrics = response.read().decode()
     path = out / f"rank{rank.rank}.json"
