@@ -320,6 +320,7 @@ def test_the_planner_accounts_a_job_and_keeps_its_summary() -> None:
     assert st["goodput"]["seconds"]["productive"] == pytest.approx(3600 * 0.9)
     assert st["goodput"]["seconds"]["checkpoint"] == pytest.approx(360)
     assert 0 < st["goodput"]["ratio"] <= 1 and "cause" not in st["goodput"]
+    assert st["display"]["goodput"] == f"{100 * st['goodput']['ratio']:.1f}%", "kubectl get -o wide"
     summary = st["summary"]
     assert summary["wallSeconds"] == 75 * 60
     assert summary["verdicts"] == [{"verdict": "Straggler", "seconds": 3600.0, "share": 1.0}]

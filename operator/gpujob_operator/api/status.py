@@ -544,6 +544,9 @@ class Display(_StatusModel):
     step_time: str | None = Field(
         default=None, description='Median and p95 step time, e.g. "410ms/520ms".'
     )
+    goodput: str | None = Field(
+        default=None, description='Share of GPU time that made kept steps, e.g. "87.3%".'
+    )
 
 
 Phase = Literal["Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]

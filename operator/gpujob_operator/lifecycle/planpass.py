@@ -58,8 +58,9 @@ def retired(
     return out
 
 
-_OURS: Final = frozenset({"goodput", "summary"})
-"""The accounting's own keys: written when due, or with anything else."""
+_OURS: Final = frozenset({"goodput", "summary", "display"})
+"""The accounting's own keys (and display, rendered after it): written when due, or with
+anything else."""
 
 _NO_RETRIES = (c.PHASE_SUCCEEDED, c.PHASE_FAILED, c.PHASE_SUSPENDED)
 """Phases that drop the refusal records (createBackoff, admissionDenial): a job that
@@ -274,12 +275,12 @@ class PlanningPass:
             progress.pop("estimatedCompletionTime", None)
             if progress.get("totalSteps"):
                 progress["step"] = progress["totalSteps"]
+        self.account(status)
         display = render_display(status)
         if display:
             status["display"] = display
         else:
             status.pop("display", None)
-        self.account(status)
         return status
 
     def account(self, status: dict[str, Any]) -> None:
@@ -294,7 +295,7 @@ class PlanningPass:
         created = parse_time((self.body.get("metadata") or {}).get("creationTimestamp"))
         new = goodput.advance(old, state, self.now, created)
         gpus = int(status.get("totalGPUs") or 0)
-        written = {k: v for k, v in status.items() if k not in ("goodput", "summary")}
+        written = {k: v for k, v in status.items() if k not in _OURS}
         before = {k: v for k, v in self.old_status.items() if k in _STATUS_KEYS - _OURS}
         if old is None or goodput.due(old, new) or written != before:
             status["goodput"] = goodput.to_status(new, gpus)
