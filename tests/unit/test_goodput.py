@@ -343,3 +343,48 @@ def test_a_quiet_pass_writes_no_ledger_until_it_is_due() -> None:
     assert sim.plan().status["goodput"] == first, "nothing changed: no write"
     sim.now += timedelta(seconds=1)
     assert sim.plan().status["goodput"]["seconds"]["queued"] == g.REFRESH_SECONDS
+
+
+def test_the_last_published_shares_split_a_run_that_ends_between_writes() -> None:
+    """A short run: its shares and throughput appear after the ledger was last written, and
+    the pass that sees the end (a finished job keeps its progress) still splits with them."""
+    running = g.JobState(phase=c.PHASE_RUNNING, placed=True, last_step_time=T0)
+    ledger = g.advance(None, running, T0 - timedelta(seconds=1), None)
+    ledger = g.advance(ledger, running, T0 + timedelta(seconds=1), None)
+    assert ledger.cause == g.PRODUCTIVE and ledger.samples_per_second == 0.0
+    done = replace(
+        running,
+        phase=c.PHASE_SUCCEEDED,
+        checkpoint_ratio=0.25,
+        samples_per_second=10.0,
+        completion_time=T0 + timedelta(seconds=101),
+    )
+    ledger = g.advance(ledger, done, T0 + timedelta(seconds=130), None)
+    assert ledger.seconds["checkpoint"] == pytest.approx(25.0)
+    assert ledger.samples == pytest.approx(1000.0)
+
+
+def test_the_monitor_publishes_the_checkpoint_and_eval_shares_of_the_rank_that_spends_most() -> (
+    None
+):
+    from gpujob_operator.monitoring.ranktimes import RankTimes
+    from gpujob_operator.monitoring.steptime import phase_ratios
+
+    def rank(r: int, run_ckpt: float, run_eval: float) -> RankTimes:
+        return RankTimes(
+            rank=r,
+            pod=f"p{r}",
+            node="n",
+            steps=10,
+            step=10.0,
+            checkpoint=0.0,
+            eval=0.0,
+            run_step=100.0,
+            run_checkpoint=run_ckpt,
+            run_eval=run_eval,
+        )
+
+    shares = phase_ratios({0: rank(0, 12.0, 1.0), 1: rank(1, 2.0, 3.0)})
+    assert shares == {"checkpointRatio": 0.12, "evalRatio": 0.03}
+    assert phase_ratios({}) == {}
+    api.Progress.model_validate(shares)

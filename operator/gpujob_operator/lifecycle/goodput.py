@@ -217,7 +217,10 @@ def _track(ledger: Ledger, state: JobState, now: datetime) -> Ledger:
         stage = STAGE_STEPPED
     furthest = max(_known(ledger.furthest, state.furthest_step, state.step), default=None)
     ledger = replace(ledger, stage=stage, furthest=furthest)
-    if state.phase == c.PHASE_RUNNING and not state.stalled:
+    # status.progress keeps the last values published while the ranks stepped (a finished
+    # job's too), so the pass that sees the end still splits the time before it with them;
+    # a stalled job's rates describe the stall.
+    if not state.stalled:
         for name in ("checkpoint_ratio", "eval_ratio", "samples_per_second", "tokens_per_second"):
             value = getattr(state, name)
             if value is not None and math.isfinite(value):
