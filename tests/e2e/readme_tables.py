@@ -76,6 +76,7 @@ FULL_STATUS: Final = {
     "gpus": {"meanUtilizationRatio": 0.5},
     "replicas": {"desired": 2, "pending": 0, "running": 2, "succeeded": 0, "failed": 0},
     "queue": {"estimatedStartTime": "2026-01-01T00:00:05Z", "forecastErrorSeconds": -5.0},
+    "goodput": {"ratio": 0.5, "seconds": {"queued": 30.0, "restart": 30.0, "productive": 60.0}},
 }
 """A status with every field the operator's job series read."""
 WAITING_STATUS: Final = {

@@ -129,5 +129,5 @@ def test_spec_groups_and_columns_are_documented() -> None:
     assert [f for f in fields if f"`{f}`" not in text] == []
     assert "docs/api.md" in text
     headers = [ln.split() for ln in text.splitlines() if ln.startswith("NAME ")]
-    wide = (*c.HEADER[:-1], "STEP", "RESTARTS", "AGE")
+    wide = (*c.HEADER[:-1], "STEP", "GOODPUT", "RESTARTS", "AGE")
     assert headers and all(tuple(h) in (c.HEADER, wide) for h in headers), headers

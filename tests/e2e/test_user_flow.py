@@ -301,7 +301,7 @@ def user_flow_with_operator(kube: Kube, user: User, tmp_path: Path) -> None:
     assert final["ETA"] == final["THROUGHPUT"] == final["BOTTLENECK"] == "", final
     assert lines and lines[0].split() == HEADER, lines[:3]
     wide = user.run(c.WIDE).splitlines()
-    assert wide[0].split() == [*HEADER[:-1], "STEP", "RESTARTS", "AGE"], wide
+    assert wide[0].split() == [*HEADER[:-1], "STEP", "GOODPUT", "RESTARTS", "AGE"], wide
     assert wide[1].split()[:2] == [c.JOB, "Succeeded"] and wide[1].split()[-2] == "0", wide
     assert any(" Running " in ln and re.search(r" \d{1,2}\.\d% ", ln) for ln in lines), lines
     assert any(" Succeeded " in ln and " 100.0% " in ln for ln in lines), lines

@@ -84,6 +84,13 @@ def test_healthy_job_climbs_to_100_percent_without_a_warning(
     assert status["progress"]["step"] == 120 and status["progress"]["totalSteps"] == 120
     metrics = next(c for c in status["conditions"] if c["type"] == "MetricsAvailable")
     assert metrics["status"] == "True", metrics  # ranks exiting at the end are no fault
+    # A finished job keeps its story: the goodput ledger, closed, and the summary.
+    goodput, summary = status["goodput"], status["summary"]
+    assert 0 < goodput["ratio"] <= 1 and "cause" not in goodput, goodput
+    assert goodput["seconds"]["productive"] > 0 and goodput["stage"] == "Stepped", goodput
+    assert summary["goodputRatio"] == goodput["ratio"] and summary["wallSeconds"] > 0, summary
+    assert summary.get("meanSamplesPerSecond", 0) > 0, summary
+    assert all(v["verdict"] in ("Healthy", "ComputeBound") for v in summary.get("verdicts", []))
 
 
 def test_slow_input_is_published_as_input_bound_with_its_evidence(

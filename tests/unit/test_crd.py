@@ -64,7 +64,7 @@ def test_names_scope_and_subresources() -> None:
 
 def test_printer_columns() -> None:
     cols = {c["name"]: c for c in VERSION["additionalPrinterColumns"]}
-    assert list(cols)[:10] == [
+    assert list(cols)[:11] == [
         "Status",
         "Nodes",
         "GPUs",
@@ -74,10 +74,12 @@ def test_printer_columns() -> None:
         "Bottleneck",
         "MFU",
         "Step",
+        "Goodput",
         "Restarts",
     ]
     assert cols["MFU"]["jsonPath"] == ".status.display.mfu" and "priority" not in cols["MFU"]
     assert cols["Step"]["priority"] == 1  # -o wide
+    assert cols["Goodput"]["priority"] == 1 and cols["Goodput"]["jsonPath"].endswith(".goodput")
     assert cols["Status"]["jsonPath"] == ".status.phase"
     assert cols["Nodes"]["jsonPath"] == ".spec.nodes"
     assert cols["GPUs"]["jsonPath"] == ".status.totalGPUs"

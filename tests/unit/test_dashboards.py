@@ -43,6 +43,8 @@ _NOT_METRICS = {
     "bool",
     "le",
     "changes",
+    "topk",
+    "sort_desc",
 }
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 _SELECTOR_BODY = re.compile(r"\{[^{}]*\}")

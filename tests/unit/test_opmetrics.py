@@ -131,10 +131,44 @@ def test_forget_removes_every_series_of_the_job() -> None:
     assert get(samples(m), "gpujob_operator_jobs") == 1
 
 
+GOODPUT = {
+    "ratio": 0.75,
+    "seconds": {
+        "queued": 60.0,
+        "startup": 30.0,
+        "restart": 90.0,
+        "stall": 0.0,
+        "checkpoint": 15.0,
+        "eval": 5.0,
+        "productive": 600.0,
+    },
+}
+
+
+def test_goodput_becomes_a_ratio_and_gpu_seconds_by_cause() -> None:
+    m = fresh()
+    m.update("team-a", "resnet", {**STATUS, "goodput": GOODPUT})
+    m.update("team-b", "old", {"phase": "Running", "totalGPUs": 8})
+    s = samples(m)
+    key = {"namespace": "team-a", "job_name": "resnet"}
+    assert get(s, "gpujob_job_goodput_ratio", **key) == 0.75
+    assert get(s, "gpujob_job_lost_gpu_seconds", **key, cause="restart") == 90.0 * 16
+    assert get(s, "gpujob_job_lost_gpu_seconds", **key, cause="stall") == 0.0
+    assert get(s, "gpujob_job_lost_gpu_seconds", **key, cause="productive") is None
+    assert get(s, "gpujob_job_productive_gpu_seconds", **key) == 600.0 * 16
+    causes = {dict(labels)["cause"] for name, labels in s if name == "gpujob_job_lost_gpu_seconds"}
+    assert causes == {"queued", "startup", "restart", "stall", "checkpoint", "eval"}
+    old = {"namespace": "team-b", "job_name": "old"}
+    assert get(s, "gpujob_job_goodput_ratio", **old) is None, "no ledger: no series"
+    assert not any(
+        dict(labels).get("job_name") == "old" for name, labels in s if "gpu_seconds" in name
+    )
+
+
 def test_job_series_carry_no_labels_beyond_namespace_job_and_small_sets() -> None:
     m = fresh()
-    m.update("ns", "j", STATUS)
-    allowed = {"namespace", "job_name", "phase", "verdict", "state"}
+    m.update("ns", "j", {**STATUS, "goodput": GOODPUT})
+    allowed = {"namespace", "job_name", "phase", "verdict", "state", "cause"}
     for name, labels in samples(m):
         if name.startswith("gpujob_job_"):
             assert {k for k, _ in labels} <= allowed, name

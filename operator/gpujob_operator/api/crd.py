@@ -109,6 +109,13 @@ PRINTER_COLUMNS: Final = [
         "priority": 1,
     },
     {
+        "name": "Goodput",
+        "type": "string",
+        "jsonPath": ".status.display.goodput",
+        "description": "Share of the job's GPU time that made kept steps (status.goodput).",
+        "priority": 1,
+    },
+    {
         "name": "Restarts",
         "type": "integer",
         "jsonPath": ".status.restarts",

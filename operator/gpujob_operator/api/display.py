@@ -123,6 +123,9 @@ def render_display(status: Mapping[str, Any]) -> dict[str, str]:
         out["progress"] = format_percent(float(percent))
     elif progress.get("step") is not None:
         out["progress"] = f"step {progress['step']}"
+    ratio = (status.get("goodput") or {}).get("ratio")
+    if isinstance(ratio, int | float) and math.isfinite(ratio):
+        out["goodput"] = format_percent(100.0 * float(ratio))
     if not live:
         return out
     eta = progress.get("etaSeconds")

@@ -103,6 +103,14 @@ class Progress(_StatusModel):
     step_seconds_p95: float | None = Field(
         default=None, description="95th percentile step time over the window, likewise."
     )
+    checkpoint_ratio: float | None = Field(
+        default=None,
+        description="Share of step time in the checkpoint phase since the ranks started "
+        "(the rank that spends most; the others wait for it).",
+    )
+    eval_ratio: float | None = Field(
+        default=None, description="Share of step time in the eval phase, likewise."
+    )
     seconds_per_sample: float | None = Field(
         default=None,
         description="Wall time per sample of the job (1 / samplesPerSecond): what one more "
@@ -382,6 +390,147 @@ class HangEvidence(_StatusModel):
     )
 
 
+class GoodputSeconds(_StatusModel):
+    """Seconds of the job's life since ``goodput.since``, by what they were spent on."""
+
+    queued: float = Field(
+        default=0.0, description="Suspended, or waiting for the gang to be placed the first time."
+    )
+    startup: float = Field(default=0.0, description="From the gang placed to the job's first step.")
+    restart: float = Field(
+        default=0.0,
+        description="From a failure or eviction to the new attempt's first step, plus the "
+        "steps recomputed while the step was below the furthest one reached.",
+    )
+    stall: float = Field(default=0.0, description="Running while the Stalled condition was True.")
+    checkpoint: float = Field(
+        default=0.0, description="The ranks' share of step time in the checkpoint phase."
+    )
+    eval: float = Field(default=0.0, description="The ranks' share of step time in the eval phase.")
+    productive: float = Field(default=0.0, description="Steps that were kept.")
+
+
+class Goodput(_StatusModel):
+    """What share of the job's GPU time made steps it kept, and where the rest went.
+
+    Written by the planner from one pass to the next; everything it needs is here, so an
+    operator restart continues it (a gap longer than 10 minutes is charged to the state
+    found after it).
+    """
+
+    since: Time | None = Field(
+        default=None,
+        description="Start of the accounting: the job's creation (or when an operator first "
+        "accounted a job that had already started).",
+    )
+    accounted_until: Time | None = Field(
+        default=None, description="The time up to which seconds are charged."
+    )
+    cause: str | None = Field(
+        default=None,
+        description="What the time from accountedUntil counts as: queued, startup, restart, "
+        "stall or productive (split with checkpoint and eval); absent once finished.",
+    )
+    seconds: GoodputSeconds | None = Field(default=None, description="Seconds by cause.")
+    ratio: float | None = Field(
+        default=None, description="Productive seconds over all seconds (0..1)."
+    )
+    lost_gpu_hours: float | None = Field(
+        default=None,
+        alias="lostGPUHours",
+        description="GPU-hours not productive: seconds of the other causes x totalGPUs / 3600.",
+    )
+    stage: Literal["Queued", "Starting", "Stepped"] | None = Field(
+        default=None,
+        description="How far the job ever got: never placed, placed without a step, stepped.",
+    )
+    attempt: int | None = Field(default=None, description="The attempt the accounting follows.")
+    attempt_since: Time | None = Field(
+        default=None, description="When the accounting first saw that attempt."
+    )
+    attempt_stepped: bool | None = Field(
+        default=None, description="Whether that attempt has finished a step."
+    )
+    furthest_step: int | None = Field(
+        default=None, description="The furthest step seen: a lower step is recomputation."
+    )
+    verdict: str | None = Field(
+        default=None, description="The published verdict when last accounted."
+    )
+    rank: int | None = Field(default=None, description="The rank that verdict named, if one.")
+    verdict_seconds: dict[str, float] | None = Field(
+        default=None,
+        max_length=16,
+        description="Seconds each bottleneck verdict was published (at most 16 verdicts).",
+    )
+    rank_seconds: dict[str, float] | None = Field(
+        default=None,
+        max_length=8,
+        description="Seconds each rank was named by the verdict (the 8 named longest).",
+    )
+    samples: float | None = Field(
+        default=None, description="Samples of kept steps: samplesPerSecond over stepping time."
+    )
+    tokens: float | None = Field(default=None, description="Tokens of kept steps, likewise.")
+    checkpoint_ratio: float | None = Field(
+        default=None,
+        description="The checkpoint share last seen while the job stepped (progress."
+        "checkpointRatio): how stepping time is split until a newer one is seen.",
+    )
+    eval_ratio: float | None = Field(default=None, description="The eval share, likewise.")
+    samples_per_second: float | None = Field(
+        default=None, description="The throughput last seen while the job stepped."
+    )
+    tokens_per_second: float | None = Field(
+        default=None, description="The token throughput last seen while the job stepped."
+    )
+
+
+class VerdictShare(_StatusModel):
+    """One verdict of a finished job: how long it was published."""
+
+    verdict: str = Field(description="The bottleneck verdict.")
+    seconds: float | None = Field(default=None, description="Seconds it was published.")
+    share: float | None = Field(
+        default=None, description="Its share of the time any verdict was published (0..1)."
+    )
+
+
+class JobSummary(_StatusModel):
+    """A finished job's run in a few numbers, kept once its live parts are gone."""
+
+    wall_seconds: float | None = Field(
+        default=None, description="From goodput.since to completionTime."
+    )
+    goodput_ratio: float | None = Field(default=None, description="goodput.ratio at the end.")
+    gpu_hours: float | None = Field(
+        default=None, alias="gpuHours", description="GPU-hours accounted (seconds x totalGPUs)."
+    )
+    lost_gpu_hours: float | None = Field(
+        default=None, alias="lostGPUHours", description="GPU-hours that were not productive."
+    )
+    restarts: int | None = Field(default=None, description="Gang restarts.")
+    steps: int | None = Field(default=None, description="The last step reported.")
+    mean_samples_per_second: float | None = Field(
+        default=None,
+        description="Kept samples over the time the job stepped (productive, checkpoint and "
+        "eval seconds): its throughput while it ran.",
+    )
+    mean_tokens_per_second: float | None = Field(
+        default=None, description="Kept tokens over the time the job stepped."
+    )
+    last_mfu: float | None = Field(
+        default=None, alias="lastMFU", description="The last model FLOPs utilisation published."
+    )
+    verdicts: list[VerdictShare] | None = Field(
+        default=None, max_length=16, description="The verdicts it had, longest first."
+    )
+    worst_rank: int | None = Field(default=None, description="The rank the verdicts named longest.")
+    worst_rank_seconds: float | None = Field(
+        default=None, description="Seconds that rank was named."
+    )
+
+
 class Display(_StatusModel):
     """Pre-formatted strings for `kubectl get` columns (JSONPath cannot format)."""
 
@@ -394,6 +543,9 @@ class Display(_StatusModel):
     mfu: str | None = Field(default=None, description='Model FLOPs utilisation, e.g. "38.2%".')
     step_time: str | None = Field(
         default=None, description='Median and p95 step time, e.g. "410ms/520ms".'
+    )
+    goodput: str | None = Field(
+        default=None, description='Share of GPU time that made kept steps, e.g. "87.3%".'
     )
 
 
@@ -473,6 +625,14 @@ class GPUTrainingJobStatus(_StatusModel):
     hang_evidence: HangEvidence | None = Field(
         default=None,
         description="Every rank's place when the job last stalled, taken before any restart.",
+    )
+    goodput: Goodput | None = Field(
+        default=None,
+        description="The share of the job's GPU time that made kept steps, and the rest by "
+        "cause (queued, startup, restart, stall, checkpoint, eval).",
+    )
+    summary: JobSummary | None = Field(
+        default=None, description="A finished job's run: wall time, goodput, throughput, verdicts."
     )
 
 

@@ -12,6 +12,7 @@ is :func:`~gpujob_operator.lifecycle.planner.run`.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final
@@ -19,9 +20,10 @@ from typing import Any, Final
 from gpujob_operator import api
 from gpujob_operator.api import children
 from gpujob_operator.api import conditions as c
+from gpujob_operator.api.conditions import parse_time
 from gpujob_operator.api.display import render_display
 from gpujob_operator.api.events import Event, EventType
-from gpujob_operator.lifecycle import backoff, gang
+from gpujob_operator.lifecycle import backoff, gang, goodput, jobsummary
 from gpujob_operator.lifecycle.observations import (
     TERMINATED_PHASES,
     GangObservation,
@@ -55,6 +57,10 @@ def retired(
             out = c.set_condition(out, type_, c.FALSE, reason, message, now, generation)
     return out
 
+
+_OURS: Final = frozenset({"goodput", "summary", "display"})
+"""The accounting's own keys (and display, rendered after it): written when due, or with
+anything else."""
 
 _NO_RETRIES = (c.PHASE_SUCCEEDED, c.PHASE_FAILED, c.PHASE_SUSPENDED)
 """Phases that drop the refusal records (createBackoff, admissionDenial): a job that
@@ -269,9 +275,73 @@ class PlanningPass:
             progress.pop("estimatedCompletionTime", None)
             if progress.get("totalSteps"):
                 progress["step"] = progress["totalSteps"]
+        self.account(status)
         display = render_display(status)
         if display:
             status["display"] = display
         else:
             status.pop("display", None)
         return status
+
+    def account(self, status: dict[str, Any]) -> None:
+        """Advance ``status.goodput`` to now and, once finished, keep ``status.summary``.
+
+        The ledger is written when its cause (or what it follows) changed, when it is
+        :data:`goodput.REFRESH_SECONDS` old, or when the status is written anyway; else the
+        old one stays and the next pass charges the same cause from its ``accountedUntil``.
+        """
+        old = goodput.from_status(self.old_status.get("goodput"))
+        state = self.goodput_state(status)
+        created = parse_time((self.body.get("metadata") or {}).get("creationTimestamp"))
+        new = goodput.advance(old, state, self.now, created)
+        gpus = int(status.get("totalGPUs") or 0)
+        written = {k: v for k, v in status.items() if k not in _OURS}
+        before = {k: v for k, v in self.old_status.items() if k in _STATUS_KEYS - _OURS}
+        if old is None or goodput.due(old, new) or written != before:
+            status["goodput"] = goodput.to_status(new, gpus)
+        if state.finished and new.total > 0:
+            status["summary"] = jobsummary.build(
+                new, status.get("progress"), gpus, self.restarts, state.completion_time
+            )
+
+    def goodput_state(self, status: Mapping[str, Any]) -> goodput.JobState:
+        """The job as the goodput ledger sees it: from the status being written, and the
+        pods of the current attempt (placed: every rank bound to a node)."""
+        progress = status.get("progress") or {}
+        bottleneck = status.get("bottleneck") or {}
+        current = self.current
+        placed = len(current) >= self.spec.nodes and all(p.node_name for p in current)
+        return goodput.JobState(
+            phase=str(status.get("phase") or c.PHASE_PENDING),
+            placed=placed,
+            stalled=c.is_true(self.conds, c.STALLED),
+            attempt=self.attempt,
+            step=_int(progress.get("step")),
+            furthest_step=_int(progress.get("furthestStep")),
+            last_step_time=_when(progress.get("lastStepTime")),
+            checkpoint_ratio=_float(progress.get("checkpointRatio")),
+            eval_ratio=_float(progress.get("evalRatio")),
+            verdict=str(bottleneck["verdict"]) if bottleneck.get("verdict") else None,
+            rank=_int(bottleneck.get("rank")),
+            samples_per_second=_float(progress.get("samplesPerSecond")),
+            tokens_per_second=_float(progress.get("tokensPerSecond")),
+            completion_time=_when(status.get("completionTime")),
+        )
+
+
+def _float(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    return float(v) if math.isfinite(v) else None
+
+
+def _int(v: Any) -> int | None:
+    f = _float(v)
+    return int(f) if f is not None else None
+
+
+def _when(v: Any) -> datetime | None:
+    try:
+        return parse_time(v) if isinstance(v, str) else None
+    except ValueError:
+        return None

@@ -34,7 +34,11 @@ from gpujob_operator.monitoring.progress import progress_status, smoothed_step_r
 from gpujob_operator.monitoring.ranktimes import post_warmup
 from gpujob_operator.monitoring.rows import R_T
 from gpujob_operator.monitoring.stall import stall_verdict
-from gpujob_operator.monitoring.steptime import StepTimeFindings, step_time_verdicts
+from gpujob_operator.monitoring.steptime import (
+    StepTimeFindings,
+    phase_ratios,
+    step_time_verdicts,
+)
 from gpujob_operator.monitoring.targets import job_targets
 from gpujob_operator.monitoring.transfer import transfer_bound
 from gpujob_operator.monitoring.verdict import HEALTHY, INFO, PRIORITY, Verdict, clean_evidence
@@ -150,6 +154,7 @@ def analyze(window: Window, settings: Settings, now: float) -> Analysis:
         th = settings.thresholds
         steps = step_time_verdicts(window, ready, th)
         candidates.extend(steps.candidates)
+        progress.update(phase_ratios(steps.times))
         for found in (
             transfer_bound(steps.times, window, warm_t, th) if steps.times else None,
             data_parallel_imbalance(window, ready, warm_t, th),

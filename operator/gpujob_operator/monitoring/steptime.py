@@ -111,6 +111,23 @@ def step_time_verdicts(
     return StepTimeFindings(tuple(candidates), tuple(notes), evidence, breakdown, per)
 
 
+def phase_ratios(per: Mapping[Any, RankTimes]) -> dict[str, float]:
+    """``progress.checkpointRatio``/``evalRatio``: each phase's share of step time since the
+    ranks started, on the rank that spends most in it (the gang waits for that rank); the
+    planner's goodput charges these shares of the stepping time to checkpoint and eval."""
+    out: dict[str, float] = {}
+    for attr, key in (("checkpoint", "checkpointRatio"), ("eval", "evalRatio")):
+        shares = [
+            getattr(t, "run_" + attr) / t.run_step
+            if t.run_step > 0
+            else (getattr(t, attr) / t.step if t.step > 0 else 0.0)
+            for t in per.values()
+        ]
+        if shares:
+            out[key] = round4(min(1.0, max(shares)))
+    return out
+
+
 def _breakdown(per: Mapping[Any, RankTimes]) -> tuple[RankBreakdown, ...]:
     """The slowest few ranks by own time, the median one and the fastest (bounded)."""
     order = sorted(per.values(), key=lambda t: (-t.per_step(t.own), t.rank))

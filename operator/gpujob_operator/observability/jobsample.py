@@ -16,6 +16,7 @@ from typing import Any
 
 from gpujob_operator.observability.opfamilies import (
     CONFIDENCES,
+    LOST_CAUSES,
     PHASE_RUNNING,
     PHASES,
     REPLICA_STATES,
@@ -74,6 +75,10 @@ class JobSample:
     start_forecast: float | None = None
     start_forecast_confidence: str | None = None
     start_forecast_error: float | None = None
+    goodput_ratio: float | None = None
+    lost_gpu_seconds: Mapping[str, float] = field(default_factory=dict)
+    """GPU-seconds by lost cause (status.goodput.seconds x totalGPUs)."""
+    productive_gpu_seconds: float | None = None
 
     @classmethod
     def from_status(cls, status: Mapping[str, Any]) -> JobSample:
@@ -105,6 +110,19 @@ class JobSample:
             if error is None and confidence in CONFIDENCES
             else None
         )
+        gpu_count = _num(status.get("totalGPUs", gpus.get("requested")))
+        raw = status.get("goodput")
+        ledger: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+        raw = ledger.get("seconds")
+        seconds: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+        lost: dict[str, float] = {}
+        productive = None
+        if gpu_count is not None and seconds:
+            lost = {
+                k: v * gpu_count for k in LOST_CAUSES if (v := _num(seconds.get(k))) is not None
+            }
+            p = _num(seconds.get("productive"))
+            productive = None if p is None else p * gpu_count
         available = _condition(status, "MetricsAvailable")
         stalled = running and (_condition(status, "Stalled") == "True" or verdict == "Stalled")
         return cls(
@@ -125,10 +143,13 @@ class JobSample:
             restarts=_num(status.get("restarts")) or 0.0,
             metrics_available=None if available is None else float(available == "True"),
             stalled=float(stalled),
-            gpus=_num(status.get("totalGPUs", gpus.get("requested"))),
+            gpus=gpu_count,
             gpu_utilization=_num(gpus.get("meanUtilizationRatio")),
             replicas={k: v for k in REPLICA_STATES if (v := _num(replicas.get(k))) is not None},
             start_forecast=forecast,
             start_forecast_confidence=str(confidence) if forecast is not None else None,
             start_forecast_error=error,
+            goodput_ratio=_num(ledger.get("ratio")),
+            lost_gpu_seconds=lost,
+            productive_gpu_seconds=productive,
         )

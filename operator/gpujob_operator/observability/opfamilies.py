@@ -116,7 +116,26 @@ JOB_START_FORECAST_ERROR = Family(
     "Once a job started: its actual start minus its last forecast start (positive: late).",
     "seconds",
 )
+JOB_GOODPUT = Family(
+    "gpujob_job_goodput_ratio",
+    "Share of the job's GPU time since creation that made steps it kept, 0..1 "
+    "(status.goodput.ratio).",
+    "ratio",
+)
+JOB_LOST_GPU_SECONDS = Family(
+    "gpujob_job_lost_gpu_seconds",
+    "GPU-seconds of the job that made no kept step, by cause (queued, startup, restart, stall, "
+    "checkpoint, eval): status.goodput.seconds x totalGPUs.",
+    "seconds",
+)
+JOB_PRODUCTIVE_GPU_SECONDS = Family(
+    "gpujob_job_productive_gpu_seconds",
+    "GPU-seconds of the job that made steps it kept (status.goodput.seconds x totalGPUs).",
+    "seconds",
+)
 CONFIDENCES: Final = ("Exact", "LowerBound")
+LOST_CAUSES: Final = ("queued", "startup", "restart", "stall", "checkpoint", "eval")
+"""The causes of ``gpujob_job_lost_gpu_seconds`` (the goodput ledger's, less productive)."""
 
 # ---- operator health -------------------------------------------------------------------
 RECONCILES = Family("gpujob_operator_reconciles_total", "Reconcile passes, by result.")
@@ -195,6 +214,9 @@ JOB_FAMILIES: Final = (
     JOB_REPLICAS,
     JOB_START_FORECAST,
     JOB_START_FORECAST_ERROR,
+    JOB_GOODPUT,
+    JOB_LOST_GPU_SECONDS,
+    JOB_PRODUCTIVE_GPU_SECONDS,
 )
 HEALTH_FAMILIES: Final = (
     RECONCILES,

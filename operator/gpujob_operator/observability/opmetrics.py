@@ -44,14 +44,17 @@ from gpujob_operator.observability.opfamilies import (
     HANG_CAPTURE_RESULTS,
     HANG_CAPTURES,
     JOB_ETA,
+    JOB_GOODPUT,
     JOB_GPU_UTILIZATION,
     JOB_GPUS,
     JOB_LABELS,
     JOB_LAST_STEP,
     JOB_LOSS,
+    JOB_LOST_GPU_SECONDS,
     JOB_METRICS_AVAILABLE,
     JOB_MFU,
     JOB_PHASE,
+    JOB_PRODUCTIVE_GPU_SECONDS,
     JOB_PROGRESS,
     JOB_REPLICAS,
     JOB_RESTARTS,
@@ -129,12 +132,15 @@ class _JobCollector(Collector):
             JOB_GPUS: "gpus",
             JOB_GPU_UTILIZATION: "gpu_utilization",
             JOB_START_FORECAST_ERROR: "start_forecast_error",
+            JOB_GOODPUT: "goodput_ratio",
+            JOB_PRODUCTIVE_GPU_SECONDS: "productive_gpu_seconds",
         }
         fams: dict[Family, GaugeMetricFamily] = {m: _gauge(m, JOB_LABELS) for m in simple}
         phase = _gauge(JOB_PHASE, (*JOB_LABELS, "phase"))
         verdict = _gauge(JOB_VERDICT, (*JOB_LABELS, "verdict"))
         replicas = _gauge(JOB_REPLICAS, (*JOB_LABELS, "state"))
         forecast = _gauge(JOB_START_FORECAST, (*JOB_LABELS, "confidence"))
+        lost = _gauge(JOB_LOST_GPU_SECONDS, (*JOB_LABELS, "cause"))
         restarts = CounterMetricFamily(
             JOB_RESTARTS.name, JOB_RESTARTS.help, labels=list(JOB_LABELS)
         )
@@ -155,9 +161,11 @@ class _JobCollector(Collector):
                 replicas.add_metric([*key, state], value)
             if s.start_forecast is not None and s.start_forecast_confidence is not None:
                 forecast.add_metric([*key, s.start_forecast_confidence], s.start_forecast)
+            for cause, value in s.lost_gpu_seconds.items():
+                lost.add_metric([*key, cause], value)
             restarts.add_metric(key, s.restarts)
         yield from fams.values()
-        yield from (phase, verdict, replicas, restarts, forecast)
+        yield from (phase, verdict, replicas, restarts, forecast, lost)
 
 
 class _Histogram:

@@ -251,12 +251,75 @@ def build() -> dict[str, Any]:
             ),
         ],
     )
+    lost = opfamilies.JOB_LOST_GPU_SECONDS.name
+    productive = opfamilies.JOB_PRODUCTIVE_GPU_SECONDS.name
+    goodput = Row(
+        "Goodput",
+        [
+            Panel(
+                "Fleet goodput",
+                "Productive GPU-seconds over all accounted GPU-seconds of the selected jobs.",
+                [
+                    t(
+                        f"sum({_per_job(productive)}) / (sum({_per_job(productive)}) + "
+                        f"sum({_per_job(lost)}))"
+                    )
+                ],
+                kind="stat",
+                unit="percentunit",
+                min=0,
+                max=1,
+                w=6,
+                h=8,
+            ),
+            Panel(
+                "Lost GPU-hours by cause",
+                "Every selected job's lost GPU-hours, summed by cause.",
+                [t(f"sum by (cause) ({_per_job(lost)}) / 3600", "{{cause}}", instant=True)],
+                kind="bargauge",
+                unit="suffix: GPU-h",
+                w=6,
+                h=8,
+            ),
+            Panel(
+                "Jobs losing the most GPU-hours",
+                "The ten jobs with the most GPU-hours that made no kept step.",
+                [
+                    t(
+                        f"topk(10, sum by (namespace, job_name) ({_per_job(lost)})) / 3600",
+                        "{{namespace}}/{{job_name}}",
+                        instant=True,
+                    )
+                ],
+                kind="bargauge",
+                unit="suffix: GPU-h",
+                w=6,
+                h=8,
+            ),
+            Panel(
+                "Lost GPU-hours by namespace",
+                "Teams ranked by the GPU-hours their jobs lost (all causes).",
+                [
+                    t(
+                        f"sort_desc(sum by (namespace) ({_per_job(lost)})) / 3600",
+                        "{{namespace}}",
+                        instant=True,
+                    )
+                ],
+                kind="bargauge",
+                unit="suffix: GPU-h",
+                w=6,
+                h=8,
+            ),
+        ],
+    )
     return dashboard(
         "gpujob-fleet",
         "gpujob / Fleet",
-        "Every GPUTrainingJob: phase, progress, ETA, waiting jobs' start forecasts, throughput, "
-        "bottleneck verdict and failures, from the operator's own /metrics.",
-        [summary, progress, queue, health],
+        "Every GPUTrainingJob: phase, progress, ETA, goodput and lost GPU-hours by cause, waiting "
+        "jobs' start forecasts, throughput, bottleneck verdict and failures, from the operator's "
+        "own /metrics.",
+        [summary, progress, goodput, queue, health],
         [
             datasource_var(),
             query_var("namespace", "Namespace", f"label_values({ph}, namespace)", multi=True),

@@ -478,13 +478,51 @@ def build() -> dict[str, Any]:
             ),
         ],
     )
+    lost = opfamilies.JOB_LOST_GPU_SECONDS.name
+    goodput = Row(
+        "Goodput",
+        [
+            Panel(
+                "Goodput",
+                "Share of the job's GPU time since creation that made steps it kept "
+                "(status.goodput.ratio).",
+                [t(f"{opfamilies.JOB_GOODPUT.name}{{{JOB_ONE}}}")],
+                kind="stat",
+                unit="percentunit",
+                min=0,
+                max=1,
+                w=6,
+                h=8,
+            ),
+            Panel(
+                "Lost GPU-hours by cause",
+                "GPU-hours that made no kept step: queued, startup, restart (including "
+                "recomputed steps), stall, checkpoint and eval.",
+                [t(f"{lost}{{{JOB_ONE}}} / 3600", "{{cause}}", instant=True)],
+                kind="bargauge",
+                unit="suffix: GPU-h",
+                w=9,
+                h=8,
+            ),
+            Panel(
+                "Lost GPU-hours over time",
+                "The same, as it accumulates: a rising cause is where the job loses time now.",
+                [t(f"{lost}{{{JOB_ONE}}} / 3600", "{{cause}}")],
+                unit="suffix: GPU-h",
+                stack=True,
+                w=9,
+                h=8,
+            ),
+        ],
+    )
     ph = opfamilies.JOB_PHASE.name
     return dashboard(
         "gpujob-job",
         "gpujob / Job",
-        "One GPUTrainingJob: step time by phase per rank, stragglers, and every GPU "
-        "(from the ranks' own /metrics, scraped by the chart's PodMonitor).",
-        [overview, steps, ranks, gpus],
+        "One GPUTrainingJob: goodput and lost GPU-hours by cause (from the operator), step "
+        "time by phase per rank, stragglers, and every GPU (from the ranks' own /metrics, "
+        "scraped by the chart's PodMonitor).",
+        [overview, goodput, steps, ranks, gpus],
         [
             datasource_var(),
             query_var("namespace", "Namespace", f"label_values({ph}, namespace)", multi=False),
