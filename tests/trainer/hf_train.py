@@ -52,6 +52,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--resume")
     p.add_argument("--hold", action="store_true")
+    p.add_argument("--linger", type=float, default=0.0, help="serve /metrics after training")
     a = p.parse_args()
     transformers.logging.set_verbosity_error()
     torch.manual_seed(0)
@@ -77,7 +78,7 @@ def main() -> None:
         args=args,
         train_dataset=Tokens(320),  # 2 ranks x 4 x 2 accumulated: 20 steps an epoch
         eval_dataset=Tokens(16),
-        callbacks=[Report(a.out, a.hold), GPUJobCallback()],
+        callbacks=[Report(a.out, a.hold), GPUJobCallback(linger=a.linger)],
     )
     trainer.train(resume_from_checkpoint=a.resume)
 

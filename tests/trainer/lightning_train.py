@@ -61,9 +61,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--resume")
     p.add_argument("--hold", action="store_true")
+    p.add_argument("--linger", type=float, default=0.0, help="serve /metrics after training")
     p.add_argument("--no-callback", action="store_true", help="leave it to the entry point")
     a = p.parse_args()
-    ours = [] if a.no_callback else [GPUJobCallback()]
+    ours = [] if a.no_callback else [GPUJobCallback(linger=a.linger)]
     torch.manual_seed(0)
     trainer = L.Trainer(
         max_steps=a.steps,

@@ -35,7 +35,7 @@ class Training(_Model):
     total_steps: int | None = Field(
         default=None,
         ge=1,
-        description="Planned optimizer steps; gives percent and ETA when the trainer does not "
+        description="Planned training steps; gives percent and ETA when the trainer does not "
         "export its own target. Passed as GPUJOB_TOTAL_STEPS.",
     )
     metrics_port: int = Field(

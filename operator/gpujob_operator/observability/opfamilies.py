@@ -61,8 +61,8 @@ class Family:
 JOB_PROGRESS = Family(
     "gpujob_job_progress_ratio", "Steps completed / target steps, 0..1 (status.progress).", "ratio"
 )
-JOB_STEP = Family("gpujob_job_step", "Optimizer steps completed (min over ranks).")
-JOB_TARGET_STEPS = Family("gpujob_job_target_steps", "Optimizer steps the job means to run.")
+JOB_STEP = Family("gpujob_job_step", "Training steps completed (min over ranks).")
+JOB_TARGET_STEPS = Family("gpujob_job_target_steps", "Training steps the job means to run.")
 JOB_ETA = Family("gpujob_job_eta_seconds", "Estimated seconds until the target step.", "seconds")
 JOB_SAMPLES_RATE = Family(
     "gpujob_job_samples_per_second", "Global training throughput over the analysis window."

@@ -309,7 +309,7 @@ def build() -> dict[str, Any]:
             ),
             Panel(
                 "Steps/s per rank",
-                "Optimizer steps per second by each rank.",
+                "Training steps per second by each rank.",
                 [t(steps_per_rank, "rank {{rank}}")],
                 unit="suffix: steps/s",
                 w=8,
