@@ -175,7 +175,11 @@ class Frame:
     def buckets(self) -> dict[int, array[float]]:
         """Global rank -> cumulative step time histogram counts per contract bucket, then
         +Inf: the bucket fields of its row (ranks that exported none are left out)."""
-        return {r: b for r, row in self.ranks.items() if _has_any(b := row[R_BUCKET0 : R_BUCKET0 + N_BUCKETS])}
+        return {
+            r: b
+            for r, row in self.ranks.items()
+            if _has_any(b := row[R_BUCKET0 : R_BUCKET0 + N_BUCKETS])
+        }
 
 
 def frame(samples: Iterable[Sample], t: float) -> Frame:
