@@ -16,7 +16,9 @@ from gpujob_operator.monitoring.analysis import analyze
 from gpujob_operator.monitoring.analysis_settings import Settings
 from gpujob_operator.monitoring.formatting import iso
 from gpujob_operator.monitoring.frame import frame
+from gpujob_operator.monitoring.monitor import JobMonitor
 from gpujob_operator.monitoring.progress import ProgressMemory, smoothed_step_rate
+from gpujob_operator.monitoring.scrape_result import ScrapeResult, ScrapeTarget
 from gpujob_operator.monitoring.window import Window
 from gpujob_trainer import contract
 
@@ -230,3 +232,44 @@ def test_an_operator_restart_keeps_the_basis_and_the_furthest_step() -> None:
     p = run.scrape(10)  # the first scrape of the new operator: 310 steps at T0 + 15
     assert p["rateSince"]["step"] == 100 and p["furthestStep"] == 900
     assert p["etaSeconds"] == pytest.approx((1000 - 310) / (210 / 315), rel=1e-3)
+
+
+def test_the_monitor_carries_the_status_into_a_new_attempt_and_writes_what_it_finds() -> None:
+    # The metrics task makes a monitor per attempt and seeds it from status (`carry`).
+    spec = {
+        "image": "trainer:1",
+        "command": ["python", "-m", "train"],
+        "nodes": 2,
+        "training": {"totalSteps": 1000},
+        "monitoring": {"warmupSteps": 20},
+    }
+    status: dict[str, Any] = {"progress": old_attempt_status()}
+    mon = JobMonitor(spec)
+    mon.carry(status["progress"], attempt=2)
+    ranks, now = two(start=400), T0
+
+    def observe(steps: int) -> dict[str, Any]:
+        nonlocal now, status
+        now += INTERVAL
+        results = []
+        for r in ranks:
+            r.steps += steps
+            r.last = now if steps else r.last
+            target = ScrapeTarget(f"http://127.0.0.1:{9400 + r.rank}/metrics", f"p{r.rank}", "n")
+            results.append(ScrapeResult(target, now, samples=expfmt.parse(r.text(now))))
+        patch = mon.observe(results, now).status_patch(status)
+        if patch:
+            status = {**status, **{k: v for k, v in patch.items() if k != "progress"}}
+            progress = {**status["progress"], **patch.get("progress", {})}
+            status["progress"] = {k: v for k, v in progress.items() if v is not None}
+        return dict(status["progress"])
+
+    p = observe(0)
+    assert p["step"] == 600 and p["etaUnavailable"].startswith("resuming:")
+    assert status["display"]["eta"] == "resuming"
+    steps = [observe(10)["step"] for _ in range(8)]
+    assert steps == [410, 420, 430, 440, 450, 460, 470, 480]
+    p = dict(status["progress"])
+    assert p["resumedFromStep"] == 400 and p["furthestStep"] == 600
+    assert "etaUnavailable" not in p and p["etaSeconds"] > 0
+    assert p["rateSince"]["attempt"] == 2
