@@ -40,6 +40,7 @@ import yaml
 
 from gpujob_localcluster import tools
 from gpujob_localcluster.cluster import LocalCluster
+from gpujob_operator.api.display import ETA_WORDS
 from gpujob_operator.monitoring.verdict import VERDICTS
 from tests.e2e import commands as c
 from tests.support.incluster import rbac_denials
@@ -186,6 +187,8 @@ def release_objects(manifest: str) -> list[tuple[str, str, str]]:
 def check_running_row(row: dict[str, str]) -> bool:
     """A row of a running job that shows progress, ETA and throughput, each well formed."""
     if row["STATUS"] != "Running" or not (row["PROGRESS"] and row["THROUGHPUT"] and row["ETA"]):
+        return False
+    if row["ETA"] in ETA_WORDS:  # no ETA yet: "measuring" while warming up
         return False
     assert PERCENT.match(row["PROGRESS"]), row
     assert THROUGHPUT.match(row["THROUGHPUT"]), row

@@ -938,11 +938,20 @@ def test_success_completes_the_progress_it_carries() -> None:
         "totalSteps": 200,
         "percent": 95.0,
         "etaSeconds": 12.0,
+        "resumedFromStep": 150,
+        "rateSince": {"time": "2026-03-01T11:00:00Z", "step": 160, "attempt": 0},
     }
     sim.succeed_all()
     result = sim.reconcile()
     assert result.phase == "Succeeded"
-    assert result.status["progress"] == {"step": 200, "totalSteps": 200, "percent": 100.0}
+    # The furthest step and the resume point stay for the record; the ETA's basis goes.
+    assert result.status["progress"] == {
+        "step": 200,
+        "totalSteps": 200,
+        "percent": 100.0,
+        "furthestStep": 200,
+        "resumedFromStep": 150,
+    }
     assert result.status["display"]["progress"] == "100.0%"
 
 

@@ -41,6 +41,12 @@ purpose, strong enough to show on a loaded 2-core machine:
                             the device with it (a real synchronous copy on a GPU; nothing
                             on a CPU): transfer bound
     --peak-tflops T         the peak MFU is taken against (a CPU has none in the table)
+    --checkpoint-dir DIR    checkpoints (--checkpoint-every) go to DIR/checkpoint.pt, saved
+                            by rank 0; a start finding one resumes from its step (the
+                            model, the optimizer, tracker.init(start_step=...))
+    --fail-rank R --fail-at-step N
+                            rank R exits 1 before step N+1, once per --checkpoint-dir (a
+                            marker file there remembers it): a crash the gang restarts from
 
 Batches reach the device through `tracker.wrap_loader(loader, device=...)`, so the copy is
 timed as the h2d phase; the model's FLOPs are counted once by the tracker (MFU).
@@ -58,6 +64,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -117,6 +124,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     cond.add_argument("--startup-seconds", type=float, default=0.0, metavar="S")
     cond.add_argument("--slow-copy", type=float, default=0.0, metavar="S")
     cond.add_argument("--copy-mb", type=float, default=0.0, metavar="MB")
+    cond.add_argument("--checkpoint-dir", metavar="DIR")
+    cond.add_argument("--fail-rank", type=int, metavar="R")
+    cond.add_argument("--fail-at-step", type=int, metavar="N")
     mfu = p.add_argument_group("mfu")
     mfu.add_argument("--peak-tflops", type=float, metavar="T")
     run = p.add_argument_group("run")
@@ -145,6 +155,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be >= 0")
     if args.eval_seconds < 0 or args.checkpoint_every < 0 or args.eval_every < 0:
         p.error("--eval-seconds, --checkpoint-every and --eval-every must be >= 0")
+    if (args.fail_rank is None) != (args.fail_at_step is None):
+        p.error("--fail-rank and --fail-at-step go together")
+    if args.fail_rank is not None and not args.checkpoint_dir:
+        p.error("--fail-rank needs --checkpoint-dir (where the one failure is remembered)")
     return args
 
 
@@ -222,13 +236,38 @@ def slow_copy(seconds: float, batch: tuple[torch.Tensor, ...]) -> None:
             dst.copy_(src)
 
 
-def save_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, seconds: float) -> int:
-    """Serialise the state to memory, then wait out `seconds` as slow storage would."""
+def save_checkpoint(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    seconds: float,
+    step: int = 0,
+    path: Path | None = None,
+) -> int:
+    """Serialise the state (to `path` when given, atomically; else to memory), then wait out
+    `seconds` as slow storage would."""
     t0 = time.perf_counter()
     buf = io.BytesIO()
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, buf)
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
+    torch.save(state, buf)
+    if path is not None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(buf.getvalue())
+        os.replace(tmp, path)  # a reader never sees half a checkpoint
     time.sleep(max(0.0, seconds - (time.perf_counter() - t0)))
     return buf.tell()
+
+
+def load_checkpoint(
+    path: Path | None, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device
+) -> int:
+    """The step of the checkpoint at `path`, its state loaded into model and optimizer; 0
+    (fresh) when there is none."""
+    if path is None or not path.exists():
+        return 0
+    state = torch.load(path, map_location=device)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return int(state["step"])
 
 
 def evaluate(model: nn.Module, batch: tuple[torch.Tensor, ...], seconds: float) -> float:
@@ -363,24 +402,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         pin_memory=use_cuda and not args.copy_mb,  # --copy-mb: pageable on purpose
     )
 
+    ckpt_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else None
+    ckpt = ckpt_dir / "checkpoint.pt" if ckpt_dir is not None else None
+    if ckpt_dir is not None:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+    optimizer = torch.optim.SGD(net.parameters(), lr=args.lr)
+    resumed = load_checkpoint(ckpt, net, optimizer, device)
+    if resumed:
+        log.info("rank %d resumes from step %d (%s)", rank.rank, resumed, ckpt)
     tracker = gpujob_trainer.init(
-        total_steps=steps, port=_port(args, rank), peak_tflops=args.peak_tflops
+        total_steps=steps,
+        port=_port(args, rank),
+        peak_tflops=args.peak_tflops,
+        start_step=resumed,
     )
     model = tracker.wrap_model(DDP(net, device_ids=[device.index] if use_cuda else None))
     # The loader moves each batch to the device (the h2d phase); with --slow-copy the loop
     # copies it itself, inside tracker.transfer().
     batches = tracker.wrap_loader(loader, device=None if args.slow_copy else device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     repeat = args.slow_factor if args.slow_rank == rank.rank else 1.0
 
     how = args.hang_how if args.hang_rank is not None else ""
     # a second group every rank must create; only a "collective" hang ever uses it
     side = dist.new_group(backend="gloo") if how == "collective" else None
-    step, epoch = 0, 0
+    step, epoch = resumed, 0
+    failed_once = ckpt_dir / f"failed-rank{args.fail_rank}" if ckpt_dir is not None else None
     t_log = time.perf_counter()
     while step < steps:
         sampler.set_epoch(epoch)
         for x, y, ids, *_extra in batches:  # --copy-mb's payload rides along, unused
+            if (
+                args.fail_rank == rank.rank
+                and step == args.fail_at_step
+                and failed_once is not None
+                and not failed_once.exists()
+            ):
+                failed_once.touch()
+                log.error("rank %d fails at step %d (--fail-at-step)", rank.rank, step)
+                os._exit(1)  # a crash: no clean shutdown of the process group
             if args.hang_rank == rank.rank and step == args.hang_after and how != "loader":
                 log.warning("rank %d hangs after %d steps (--hang-how %s)", rank.rank, step, how)
                 hang(how, side)  # forever; peers block in their next all-reduce
@@ -407,9 +466,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             tracker.log(loss=loss)
             step += 1
             saves = args.checkpoint_rank is None or args.checkpoint_rank == rank.rank
+            if ckpt is not None:
+                saves = rank.rank == (args.checkpoint_rank or 0)  # one writer of the file
             if args.checkpoint_every and step % args.checkpoint_every == 0 and saves:
                 with tracker.checkpointing():
-                    save_checkpoint(net, optimizer, args.checkpoint_seconds)
+                    save_checkpoint(net, optimizer, args.checkpoint_seconds, step, ckpt)
             if args.eval_every and step % args.eval_every == 0:
                 with tracker.evaluating():  # every rank evaluates its shard
                     eval_loss = evaluate(model, (x, y, ids), args.eval_seconds)

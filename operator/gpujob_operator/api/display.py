@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 TERMINAL_OR_IDLE_PHASES = frozenset({"Succeeded", "Failed", "Suspended"})
 
@@ -107,12 +107,17 @@ def format_hang(evidence: Mapping[str, Any] | None) -> str:
     return f"{EVIDENCE_MARK}{evidence['summary']}{where}{note}"
 
 
+ETA_WORDS: Final = frozenset({"restarting", "resuming", "measuring"})
+"""The first words of ``progress.etaUnavailable`` the ETA column shows in the ETA's place."""
+
+
 def render_display(status: Mapping[str, Any]) -> dict[str, str]:
     """``status.display`` from ``status.progress``/``bottleneck``/``phase``.
 
     A finished or suspended job keeps its progress but shows no ETA, throughput or
     bottleneck: they describe a run that is no longer happening. A job waiting for GPUs
-    shows its start forecast (``status.queue``) in the ETA column.
+    shows its start forecast (``status.queue``) in the ETA column; a running one without an
+    ETA the first word of why (``progress.etaUnavailable``: restarting, resuming, measuring).
     """
     out: dict[str, str] = {}
     progress = status.get("progress") or {}
@@ -136,6 +141,8 @@ def render_display(status: Mapping[str, Any]) -> dict[str, str]:
         out["eta"] = start
     elif eta is not None and (text := format_duration(float(eta))):
         out["eta"] = text
+    elif (word := str(progress.get("etaUnavailable") or "").split(":", 1)[0]) in ETA_WORDS:
+        out["eta"] = word
     if progress.get("samplesPerSecond") is not None:
         out["throughput"] = format_rate(float(progress["samplesPerSecond"]), "samples")
     elif progress.get("tokensPerSecond") is not None:

@@ -79,6 +79,15 @@ class RunPolicy(_Model):
         ge=0,
         description="Gang restarts allowed after rank failures before the job fails.",
     )
+    max_restarts_without_progress: int = Field(
+        default=3,
+        ge=1,
+        description="Fail the job (NoProgressAcrossRestarts) at this many consecutive failed "
+        "attempts that never passed the furthest step any attempt reached before them, "
+        "instead of spending the rest of backoffLimit on a crash loop. Preemptions and "
+        "evictions do not count; an attempt that passes that step resets the count; only "
+        "jobs whose ranks reported a step are judged.",
+    )
     retryable_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] | None = Field(
         default=None,
         max_length=255,

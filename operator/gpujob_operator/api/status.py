@@ -72,11 +72,32 @@ class Replicas(_StatusModel):
     failed: int = Field(default=0, description="Pods whose trainer failed.")
 
 
+class RateSince(_StatusModel):
+    """Where the ETA's step rate is measured from (kept so an operator restart keeps it)."""
+
+    time: Time = Field(description="The scrape the rate is measured from.")
+    step: int = Field(ge=0, description="The job's step at that scrape.")
+    attempt: int = Field(ge=0, description="The gang attempt the basis belongs to.")
+
+
 class Progress(_StatusModel):
     """Training progress from the ranks' metrics (latest values, never time series)."""
 
     step: int | None = Field(
-        default=None, description="Optimizer steps completed (min over ranks)."
+        default=None,
+        description="The run's optimizer steps completed (min over ranks of the step each "
+        "rank's process started or resumed from plus its own steps). Between a gang restart "
+        "and the new attempt's first step, the last known step.",
+    )
+    furthest_step: int | None = Field(
+        default=None,
+        description="The furthest step any attempt reached: never goes down, across "
+        "resumes, gang restarts and operator restarts.",
+    )
+    resumed_from_step: int | None = Field(
+        default=None,
+        description="The step the current attempt resumed from (a checkpoint's, min over "
+        "its ranks); absent on a fresh start.",
     )
     total_steps: int | None = Field(default=None, description="Target steps.")
     percent: float | None = Field(default=None, description="step/totalSteps in percent.")
@@ -87,7 +108,22 @@ class Progress(_StatusModel):
     tokens_per_second: float | None = Field(
         default=None, description="Global token throughput over the window, when exported."
     )
-    eta_seconds: float | None = Field(default=None, description="Estimated seconds to totalSteps.")
+    eta_seconds: float | None = Field(
+        default=None,
+        description="Estimated seconds to totalSteps: the remaining steps over the step rate "
+        "since rateSince (an EWMA of the recent rate while that basis is young).",
+    )
+    eta_unavailable: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="Why there is no ETA, starting with a word: restarting, resuming, "
+        "measuring (warm-up), no target, suspended, failed.",
+    )
+    rate_since: RateSince | None = Field(
+        default=None,
+        description="The ETA's basis: the first scrape after warm-up since the attempt's "
+        "latest start or resume.",
+    )
     estimated_completion_time: Time | None = Field(
         default=None, description="Now plus etaSeconds at the last analysis."
     )
@@ -579,6 +615,22 @@ class GPUTrainingJobStatus(_StatusModel):
     restarts: int | None = Field(
         default=None, description="Gang restarts so far, counted against backoffLimit."
     )
+    restarts_without_progress: int | None = Field(
+        default=None,
+        description="Consecutive failed attempts that ended without passing the furthest step "
+        "reached before them (spec.runPolicy.maxRestartsWithoutProgress).",
+    )
+    attempts_without_progress: list[int] | None = Field(
+        default=None,
+        max_length=64,
+        description="Those attempts, oldest first.",
+        json_schema_extra={"x-kubernetes-list-type": "atomic"},
+    )
+    furthest_step_at_attempt_start: int | None = Field(
+        default=None,
+        description="The furthest step any attempt had reached when the current attempt "
+        "began: the current attempt makes progress once it passes it.",
+    )
     replicas: Replicas | None = Field(
         default=None, description="Pod counts of the current attempt."
     )
@@ -653,3 +705,15 @@ def stall_evidence(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
     since = stalled_since(status)
     ev = status.get("hangEvidence") or {}
     return ev if since is not None and ev.get("stalledSince") == since else None
+
+
+def furthest_step(status: Mapping[str, Any]) -> int | None:
+    """The furthest step any attempt reached (status.progress.furthestStep, or its step when
+    an older operator wrote it); None while no rank ever reported a step."""
+    progress = status.get("progress") or {}
+    steps = [
+        int(v)
+        for v in (progress.get("furthestStep"), progress.get("step"))
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    ]
+    return max(steps) if steps else None

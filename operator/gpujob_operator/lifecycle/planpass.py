@@ -23,6 +23,7 @@ from gpujob_operator.api import conditions as c
 from gpujob_operator.api.conditions import parse_time
 from gpujob_operator.api.display import render_display
 from gpujob_operator.api.events import Event, EventType
+from gpujob_operator.api.status import furthest_step
 from gpujob_operator.lifecycle import backoff, gang, goodput, jobsummary
 from gpujob_operator.lifecycle.observations import (
     TERMINATED_PHASES,
@@ -36,6 +37,9 @@ _STATUS_KEYS: Final = frozenset(
     f.alias or name for name, f in api.GPUTrainingJobStatus.model_fields.items()
 )
 
+
+MAX_NO_PROGRESS_LISTED: Final = 64
+"""Attempts kept in status.attemptsWithoutProgress (the CRD's maxItems)."""
 
 VERDICT_CONDITIONS: Final = (c.STALLED, c.BOTTLENECK_DETECTED)
 """The analyzer's conditions about one attempt (MetricsAvailable is about the scrapes)."""
@@ -135,6 +139,10 @@ class PlanningPass:
         self.delete_refs: list[gang.ObjectRef] = []
         self.patches: list[tuple[gang.ObjectRef, dict[str, Any]]] = []
         self.gang_status: dict[str, Any] = dict(self.old_status.get("gang") or {})
+        self.no_progress: list[int] = [
+            int(a) for a in self.old_status.get("attemptsWithoutProgress") or []
+        ]
+        """The consecutive failed attempts that never passed the furthest step before them."""
 
     # -- small helpers
     def set(self, type_: str, status: c.ConditionStatus, reason: str, message: str) -> None:
@@ -211,6 +219,40 @@ class PlanningPass:
         self.conds = retired(self.conds, reason, message, self.now, self.generation)
         return True
 
+    # -- progress across attempts
+    def attempt_baseline(self) -> int | None:
+        """``status.furthestStepAtAttemptStart``: the furthest step when this attempt began
+        (taken when the attempt number moves on; an older status without one: None)."""
+        if self.attempt != self.prev_attempt:
+            return furthest_step(self.old_status)
+        old = self.old_status.get("furthestStepAtAttemptStart")
+        return int(old) if isinstance(old, int) else None
+
+    def pause_eta(self, progress: dict[str, Any]) -> None:
+        """No ETA while no attempt runs (a gang restart, suspension, failure): the old attempt's
+        would count down a run that is not happening. The step and the furthest step stay;
+        the rate's basis and the resume point belonged to the attempt that ended."""
+        reason = self.verdicts_end()
+        if reason in (None, c.JOB_SUCCEEDED):
+            return
+        why = {
+            c.JOB_FAILED: "failed: the job failed",
+            c.SUSPENDED_REASON: "suspended: the ETA returns after the job resumes",
+        }.get(
+            reason,
+            f"restarting: the gang restarts as attempt {self.attempt}; the ETA returns after "
+            "its first steps",
+        )
+        for key in ("etaSeconds", "estimatedCompletionTime"):
+            progress.pop(key, None)
+        if reason != c.JOB_FAILED:
+            progress.pop("rateSince", None)
+            progress.pop("resumedFromStep", None)
+        furthest = furthest_step({"progress": progress})
+        if furthest is not None:
+            progress["furthestStep"] = furthest
+        progress["etaUnavailable"] = why
+
     # -- output
     def gang_block(self) -> dict[str, Any] | None:
         """``status.gang``: the mechanism in effect and what admission reported."""
@@ -261,6 +303,9 @@ class PlanningPass:
             "createBackoff": self.backoff_record(phase),
             "failure": self.failure,
             "gang": self.gang_block(),
+            "restartsWithoutProgress": len(self.no_progress) or None,
+            "attemptsWithoutProgress": self.no_progress[-MAX_NO_PROGRESS_LISTED:] or None,
+            "furthestStepAtAttemptStart": self.attempt_baseline(),
         }
         for key, value in updates.items():
             if value is None:
@@ -271,10 +316,15 @@ class PlanningPass:
             # Every rank exited 0: the run is complete even if the last scrape came earlier.
             progress = status["progress"]
             progress["percent"] = 100.0
-            progress.pop("etaSeconds", None)
-            progress.pop("estimatedCompletionTime", None)
+            for key in ("etaSeconds", "estimatedCompletionTime", "etaUnavailable", "rateSince"):
+                progress.pop(key, None)
             if progress.get("totalSteps"):
                 progress["step"] = progress["totalSteps"]
+            progress["furthestStep"] = max(
+                int(progress.get("furthestStep") or 0), int(progress.get("step") or 0)
+            )
+        elif status.get("progress"):
+            self.pause_eta(status["progress"])
         self.account(status)
         display = render_display(status)
         if display:

@@ -14,6 +14,13 @@ torchrun's static rendezvous needs every rank, so one rank's end is the gang's:
   ``status.nextAttemptTime`` (10 s, 20 s, 40 s ... capped, like batch/v1 Job).
 * a pod the cluster takes away (``DisruptionTarget``: preemption, eviction) restarts the gang
   without counting against ``backoffLimit``, as a batch/v1 Job's podFailurePolicy may.
+* a crash loop that makes no progress stops early: at
+  ``maxRestartsWithoutProgress`` consecutive failed attempts that never passed the furthest
+  step reached before them (``status.furthestStepAtAttemptStart``, against
+  ``status.progress.furthestStep``), the job fails (NoProgressAcrossRestarts) before
+  ``backoffLimit`` is spent. Disruptions neither count nor break the run of such attempts; an
+  attempt that passes that step, failed or disrupted, resets it. A job whose ranks never
+  reported a step is not judged (its progress is unknown, not absent).
 * suspend deletes every pod and bumps the attempt; resume resets ``startTime`` (so the
   ``activeDeadlineSeconds`` clock excludes suspension, as for batch/v1 Job).
 """
@@ -28,7 +35,7 @@ from gpujob_operator import api
 from gpujob_operator.api import children
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.display import EVIDENCE_MARK, format_hang
-from gpujob_operator.api.status import stall_evidence
+from gpujob_operator.api.status import furthest_step, stall_evidence
 from gpujob_operator.lifecycle import gang, terminal
 from gpujob_operator.lifecycle.observations import (
     PREEMPTION_BY_SCHEDULER,
@@ -127,6 +134,8 @@ def restart_needed(pp: PlanningPass) -> bool:
             f"{what}; exit code {failure.get('exitCode')} is not in retryableExitCodes {codes}",
         )
         return True
+    if no_progress_exceeded(pp, what):
+        return True
     limit = pp.spec.run_policy.backoff_limit
     if pp.restarts >= limit:
         terminal.finish(
@@ -166,6 +175,8 @@ def disruption_restart(pp: PlanningPass, pod: ObservedPod) -> None:
         f"pod {pod.name} (node rank {pod.node_rank}) was taken away by the cluster "
         f"({pod.disruption}{detail})"
     )
+    if attempt_progressed(pp):
+        pp.no_progress = []
     pp.attempt += 1
     pp.gang_status["preemptions"] = int(pp.gang_status.get("preemptions") or 0) + 1
     limit = pp.spec.run_policy.backoff_limit
@@ -179,6 +190,45 @@ def disruption_restart(pp: PlanningPass, pod: ObservedPod) -> None:
     pp.set(c.CREATED, c.FALSE, reason, message)
     pp.event("Warning", reason, message)
     pp.delete(pp.pods)
+
+
+def attempt_progressed(pp: PlanningPass) -> bool | None:
+    """Whether the attempt now ending passed the furthest step any attempt had reached when
+    it began; None while no rank ever reported a step (progress unknown: not judged)."""
+    furthest = furthest_step(pp.old_status)
+    if furthest is None:
+        return None
+    baseline = pp.old_status.get("furthestStepAtAttemptStart")
+    return furthest > (int(baseline) if isinstance(baseline, int) else 0)
+
+
+def no_progress_exceeded(pp: PlanningPass, what: str) -> bool:
+    """Count a failed attempt that made no progress; fail the job (NoProgressAcrossRestarts)
+    once ``maxRestartsWithoutProgress`` such attempts ran in a row. True when it failed."""
+    progressed = attempt_progressed(pp)
+    if progressed:
+        pp.no_progress = []
+        return False
+    if progressed is None:
+        return False
+    if pp.attempt not in pp.no_progress:
+        pp.no_progress = [*pp.no_progress, pp.attempt]
+    limit = pp.spec.run_policy.max_restarts_without_progress
+    if len(pp.no_progress) < limit:
+        return False
+    attempts = pp.no_progress[-limit:]
+    named = ", ".join(str(a) for a in attempts[:-1]) + f" and {attempts[-1]}"
+    named = named if len(attempts) > 1 else str(attempts[-1])
+    step = furthest_step(pp.old_status)
+    terminal.finish(
+        pp,
+        False,
+        c.NO_PROGRESS_ACROSS_RESTARTS,
+        f"{what}; attempt{'s' if len(attempts) > 1 else ''} {named} ended without passing "
+        f"step {step}, the furthest any attempt reached (maxRestartsWithoutProgress {limit}, "
+        f"{pp.restarts} of backoffLimit {pp.spec.run_policy.backoff_limit} restarts used)",
+    )
+    return True
 
 
 EVIDENCE_WAIT_SECONDS: Final = 60.0

@@ -30,7 +30,11 @@ from gpujob_operator.monitoring.device import device_verdicts, gpu_summary, hard
 from gpujob_operator.monitoring.formatting import pct, sig4
 from gpujob_operator.monitoring.latency import step_latency
 from gpujob_operator.monitoring.mfu import job_mfu
-from gpujob_operator.monitoring.progress import progress_status, smoothed_step_rate
+from gpujob_operator.monitoring.progress import (
+    ProgressMemory,
+    progress_status,
+    smoothed_step_rate,
+)
 from gpujob_operator.monitoring.ranktimes import post_warmup
 from gpujob_operator.monitoring.rows import R_T
 from gpujob_operator.monitoring.stall import stall_verdict
@@ -76,6 +80,8 @@ class Analysis:
     speak for the present (progress and throughput come from the others)."""
     target_note: str = ""
     """Which ranks report other target steps than the job's, or rejected ones ("": none)."""
+    memory: ProgressMemory | None = None
+    """What progress remembers for the next evaluation (None: as it was handed in)."""
 
 
 def _latency(
@@ -98,8 +104,12 @@ def _latency(
     return out
 
 
-def analyze(window: Window, settings: Settings, now: float) -> Analysis:
-    """Progress, GPU summary and verdict candidates of a job's window at time `now`."""
+def analyze(
+    window: Window, settings: Settings, now: float, memory: ProgressMemory | None = None
+) -> Analysis:
+    """Progress, GPU summary and verdict candidates of a job's window at time `now`; `memory`
+    is what progress kept from the previous evaluation (the steps of earlier attempts, the
+    ETA's basis), its successor is `Analysis.memory`."""
     every = list(window.ranks.values())
     series = [s for s in every if s.rows and now - s.rows[-1][R_T] <= settings.window_seconds]
     missing = tuple(sorted((s.rank, s.pod) for s in every if not s.rows or s not in series))
@@ -129,7 +139,9 @@ def analyze(window: Window, settings: Settings, now: float) -> Analysis:
 
     step_rate = smoothed_step_rate(series, ready_rows)
     targets = job_targets(series, settings.total_steps)
-    progress = progress_status(series, ready_rows, settings, now, step_rate, targets)
+    progress, memory = progress_status(
+        series, ready_rows, settings, now, step_rate, targets, memory
+    )
     gpus = gpu_summary(window, settings, warm_t)
 
     candidates: list[Verdict] = []
@@ -216,4 +228,5 @@ def analyze(window: Window, settings: Settings, now: float) -> Analysis:
         step_rate=step_rate,
         missing_ranks=missing,
         target_note=targets.note,
+        memory=memory,
     )

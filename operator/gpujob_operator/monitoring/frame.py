@@ -53,6 +53,7 @@ from gpujob_operator.monitoring.rows import (
     R_PEAK_REASON,
     R_PHASE,
     R_SAMPLES,
+    R_START_STEP,
     R_STEP_COUNT,
     R_STEP_SUM,
     R_STEPS,
@@ -67,6 +68,7 @@ _PHASE_INDEX: Final = {name: float(i) for i, name in enumerate(contract.PHASES)}
 
 _RANK_FIELDS: Final = {
     contract.STEPS.name: R_STEPS,
+    contract.START_STEP.name: R_START_STEP,
     contract.TARGET_STEPS.name: R_TARGET,
     contract.SAMPLES.name: R_SAMPLES,
     contract.TOKENS.name: R_TOKENS,
@@ -173,7 +175,11 @@ class Frame:
     def buckets(self) -> dict[int, array[float]]:
         """Global rank -> cumulative step time histogram counts per contract bucket, then
         +Inf: the bucket fields of its row (ranks that exported none are left out)."""
-        return {r: b for r, row in self.ranks.items() if _has_any(b := row[R_BUCKET0:])}
+        return {
+            r: b
+            for r, row in self.ranks.items()
+            if _has_any(b := row[R_BUCKET0 : R_BUCKET0 + N_BUCKETS])
+        }
 
 
 def frame(samples: Iterable[Sample], t: float) -> Frame:

@@ -53,6 +53,7 @@ _TIMESTAMPS: Final = (
 # field index -> (name for messages, low, high); low/high inclusive.
 _RANK_LIMITS: Final[dict[int, tuple[str, float, float]]] = {
     rows.R_STEPS: (contract.STEPS.name, 0.0, _EXACT),
+    rows.R_START_STEP: (contract.START_STEP.name, 0.0, _EXACT),
     rows.R_TARGET: (contract.TARGET_STEPS.name, 0.0, _EXACT),
     rows.R_SAMPLES: (contract.SAMPLES.name, 0.0, _COUNT),
     rows.R_TOKENS: (contract.TOKENS.name, 0.0, _COUNT),

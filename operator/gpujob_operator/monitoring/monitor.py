@@ -30,6 +30,7 @@ from gpujob_operator.monitoring import guard, hysteresis
 from gpujob_operator.monitoring.analysis import Analysis, analyze
 from gpujob_operator.monitoring.analysis_settings import Settings
 from gpujob_operator.monitoring.frame import frame
+from gpujob_operator.monitoring.progress import ProgressMemory
 from gpujob_operator.monitoring.scrape_result import (
     ENDPOINT_TEXT_MAX,
     ErrorKind,
@@ -141,6 +142,8 @@ class JobMonitor:
         self._last_step: float | None = None
         self._stall_streak = 0
         self._clock = PatchClock()
+        self.progress_memory = ProgressMemory()
+        """What progress keeps between scrapes and attempts (`carry` seeds it from status)."""
         self.hang: Mapping[str, Any] | None = None
         """``status.hangEvidence`` of the current stall, once taken (the metrics task sets
         it): its answer joins the Stalled condition's message and the Stalled verdict."""
@@ -155,6 +158,13 @@ class JobMonitor:
         self._last_step = None
         self._stall_streak = 0
         self._rejected = set()
+        self.progress_memory = self.progress_memory.restarted()
+
+    def carry(self, progress: Mapping[str, Any] | None, attempt: int) -> None:
+        """Go on from the job's status.progress in attempt `attempt`: the last known and the
+        furthest step, and the ETA's basis when it was taken in this attempt (so neither a
+        gang restart nor an operator restart drops the step to 0 or loses the furthest)."""
+        self.progress_memory = ProgressMemory.from_status(progress, attempt)
 
     def rank_gpus(self) -> dict[int, str]:
         """Each rank's CUDA device UUID, where its allocator series named one."""
@@ -201,7 +211,9 @@ class JobMonitor:
                 f"the job's series exceed the cap of {self.window.max_series}"
             )
         self.window.end_round(now, {r.target.pod for r in results})
-        result = analyze(self.window, self.settings, now)
+        result = analyze(self.window, self.settings, now, self.progress_memory)
+        if result.memory is not None:
+            self.progress_memory = result.memory
         step, total = result.progress.get("step"), result.progress.get("totalSteps")
         eta = result.progress.get("etaSeconds")
         # Done, or so close that ranks exiting between two scrapes is the likely story.

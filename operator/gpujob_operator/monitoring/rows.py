@@ -46,7 +46,10 @@ R_BUCKET0: Final = R_CLOCK + 1
 """The step time histogram's cumulative counts, one field per contract bound, then +Inf:
 counters, so a window's quantiles come from their increases."""
 N_BUCKETS: Final = len(contract.STEP_DURATION_BUCKETS) + 1
-R_WIDTH: Final = R_BUCKET0 + N_BUCKETS
+R_START_STEP: Final = R_BUCKET0 + N_BUCKETS
+"""The run's step the rank's process started (or resumed) from: its global step is this plus
+R_STEPS (NaN: an older trainer, whose R_STEPS is the global step)."""
+R_WIDTH: Final = R_START_STEP + 1
 
 # ---- GPU rows: one per scrape of a GPU (exported by local rank 0 of its node) ----------
 G_T, G_UTIL, G_MEM_USED, G_MEM_TOTAL, G_POWER, G_POWER_LIMIT = 0, 1, 2, 3, 4, 5
@@ -116,6 +119,21 @@ def latest(rows: Sequence[array[float]], index: int) -> float:
         v = row[index]
         if not math.isnan(v):
             return v
+    return NAN
+
+
+def global_step(rows: Sequence[array[float]]) -> float:
+    """The run's step of a rank: its newest step counter plus the step its process started
+    from (resumed checkpoints count; a start absent or refused counts as 0). NaN without a
+    step counter."""
+    for row in reversed(rows):
+        steps = row[R_STEPS]
+        if math.isnan(steps):
+            continue
+        start = row[R_START_STEP]
+        if math.isnan(start):
+            start = latest(rows, R_START_STEP)
+        return steps + (start if not math.isnan(start) else 0.0)
     return NAN
 
 

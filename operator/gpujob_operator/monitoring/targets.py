@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from gpujob_operator.monitoring.rows import R_STEPS, R_TARGET, latest
+from gpujob_operator.monitoring.rows import R_TARGET, global_step, latest
 from gpujob_operator.monitoring.window import RankSeries
 
 MAX_TARGET_STEPS: Final = 1e12
@@ -59,7 +59,7 @@ class Targets:
         """Every rank that reports its step reached its own target (and one does)."""
         seen = False
         for s in series:
-            step = latest(s.rows, R_STEPS)
+            step = global_step(s.rows)
             if math.isnan(step):
                 continue
             target = self.of(s)
@@ -84,7 +84,7 @@ def job_targets(series: Sequence[RankSeries], fallback: int | None) -> Targets:
         (s.pod, s.rank)
         for s in series
         if (k := (s.pod, s.rank)) in reported
-        and latest(s.rows, R_STEPS) > UNDERSHOOT_FACTOR * reported[k]
+        and global_step(s.rows) > UNDERSHOOT_FACTOR * reported[k]
     }
     plausible = [v for k, v in reported.items() if v <= MAX_TARGET_STEPS and k not in passed]
     bound = OUTLIER_FACTOR * statistics.median_low(plausible) if plausible else 0.0

@@ -111,9 +111,11 @@ def _meaningful(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     op, np_ = old.get("progress") or {}, new.get("progress") or {}
     if set(op) != set(np_):
         return True
-    for key in ("totalSteps", "epoch"):
+    for key in ("totalSteps", "epoch", "rateSince", "resumedFromStep"):
         if op.get(key) != np_.get(key):
             return True
+    if _why_word(op) != _why_word(np_):  # restarting -> resuming -> measuring
+        return True
     if "percent" in np_:
         if abs(float(np_["percent"]) - float(op.get("percent", 0.0))) >= PERCENT_STEP:
             return True
@@ -138,6 +140,10 @@ def _meaningful(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
         if _moved(_num(og, key), _num(ng, key), 0.0, UTIL_ABSOLUTE):
             return True
     return _conditions_changed(old.get("conditions"), new.get("conditions"))
+
+
+def _why_word(progress: Mapping[str, Any]) -> str:
+    return str(progress.get("etaUnavailable") or "").split(":", 1)[0]
 
 
 def _conditions_changed(old: Any, new: Any) -> bool:

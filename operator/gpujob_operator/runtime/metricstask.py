@@ -73,6 +73,7 @@ class MetricsTask:
         identity = (int(meta.get("generation") or 0), int(status.get("attempt") or 0))
         if self.monitor is None or self.monitored != identity:
             self.monitor = JobMonitor(spec, generation=identity[0])
+            self.monitor.carry(status.get("progress"), identity[1])
             self.monitored = identity
         monitor = self.monitor
         interval = float((spec.get("monitoring") or {}).get("scrapeIntervalSeconds") or 15)
