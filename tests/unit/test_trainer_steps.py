@@ -19,11 +19,11 @@ from gpujob_trainer.timing import (
     END_STEP,
     ENTERS,
     EXITS,
-    OPTIMIZER_DONE,
     CudaEventClock,
     Mark,
     Timeline,
     attribute,
+    optimizer_done,
 )
 from gpujob_trainer.tracker import Tracker
 
@@ -45,9 +45,9 @@ def forward(t: float) -> Script:
     return [(t, ENTERS["forward"]), (t + 1, EXITS["forward"])]
 
 
-def optimizer(t: float) -> Script:
-    """One optimizer step from `t` to `t + 1`, as the global hooks record it."""
-    return [(t, ENTERS["optimizer"]), (t + 1, OPTIMIZER_DONE)]
+def optimizer(t: float, which: int = 0) -> Script:
+    """One step of optimizer `which` from `t` to `t + 1`, as the global hooks record it."""
+    return [(t, ENTERS["optimizer"]), (t + 1, optimizer_done(which))]
 
 
 def replay(events: Script, tl: Timeline | None = None) -> tuple[Timeline, list[list[Mark]]]:
@@ -60,7 +60,7 @@ def test_two_optimizers_in_an_iteration_make_one_step_ending_at_the_last() -> No
     events: Script = []
     for i in range(3):
         t = 10.0 * i
-        events += fetch(t) + forward(t + 2) + optimizer(t + 4) + optimizer(t + 6)
+        events += fetch(t) + forward(t + 2) + optimizer(t + 4) + optimizer(t + 6, 1)
     tl, done = replay(events)
     assert tl.steps == len(done) == 2  # the third waits for the next boundary
     assert [s[-1][0] for s in done] == [7.0, 17.0]  # the second optimizer's end
@@ -78,7 +78,9 @@ def test_a_gan_with_a_fetched_batch_is_one_step_per_iteration() -> None:
     events: Script = []
     for i in range(4):
         t = 10.0 * i
-        events += fetch(t) + forward(t + 2) + optimizer(t + 3) + forward(t + 5) + optimizer(t + 7)
+        events += (
+            fetch(t) + forward(t + 2) + optimizer(t + 3) + forward(t + 5) + optimizer(t + 7, 1)
+        )
     tl, done = replay(events + fetch(40.0))
     assert tl.steps == 4
     assert [s[-1][0] for s in done] == [8.0, 18.0, 28.0, 38.0]
@@ -87,11 +89,13 @@ def test_a_gan_with_a_fetched_batch_is_one_step_per_iteration() -> None:
 
 def test_without_fetches_a_forward_starts_the_next_step() -> None:
     # no wrapped loader: two optimizers back to back are one step ...
-    events = forward(0) + optimizer(1) + optimizer(2) + forward(5) + optimizer(6) + optimizer(7)
+    events = (
+        forward(0) + optimizer(1) + optimizer(2, 1) + forward(5) + optimizer(6) + optimizer(7, 1)
+    )
     tl, done = replay(events + forward(10))
     assert tl.steps == 2 and [s[-1][0] for s in done] == [3.0, 8.0]
     # ... but a forward between them (a GAN without a wrapped loader) is a boundary
-    tl, _ = replay(forward(0) + optimizer(1) + forward(3) + optimizer(4) + forward(6))
+    tl, _ = replay(forward(0) + optimizer(1) + forward(3) + optimizer(4, 1) + forward(6))
     assert tl.steps == 2
     # a copy to the device is one too, until a fetch was seen
     tl, _ = replay([(0.0, ENTERS["h2d"]), (1.0, EXITS["h2d"]), *optimizer(2), (4.0, ENTERS["h2d"])])
@@ -191,3 +195,31 @@ def test_the_events_of_superseded_pending_ends_go_back_to_the_pool() -> None:
     assert made[-1] == made[4]  # every attributed step's events were reused: none made anew
     tracker.close()
     assert tracker.snapshot().steps == 50
+
+
+def test_the_same_optimizer_again_ends_the_iteration_before_it() -> None:
+    # one batch from a wrapped loader, then batches from an unwrapped one: no fetch and no
+    # forward boundary any more, but each step of the one optimizer starts a new iteration
+    events: Script = fetch(0) + forward(2) + optimizer(4)
+    for i in range(1, 5):
+        t = 10.0 * i
+        events += forward(t) + optimizer(t + 2)
+    tl, done = replay(events)
+    assert tl.fetched and tl.steps == len(done) == 4  # the fifth waits for its boundary
+    assert [s[-1][0] for s in done] == [5.0, 13.0, 23.0, 33.0]  # each at its optimizer's end
+    assert tl.finish() and tl.steps == 5
+
+
+def test_end_step_after_a_checkpoint_that_ended_the_iteration_counts_no_second_step() -> None:
+    # opt.step(); with tracker.checkpointing(): save(); tracker.end_step()
+    events: Script = []
+    for i in range(10):
+        t = 10.0 * i
+        events += fetch(t) + forward(t + 2) + optimizer(t + 4)
+        events += [(t + 6, ENTERS["checkpoint"]), (t + 7, EXITS["checkpoint"]), (t + 8, END_STEP)]
+    tl, done = replay(events)
+    assert tl.steps == len(done) == 10
+    assert all(s[-1][0] == 10.0 * i + 5.0 for i, s in enumerate(done))
+    # without the optimizer hooks, end_step() alone still ends each step
+    tl, _ = replay([(1.0, END_STEP), (2.0, ENTERS["checkpoint"]), (3.0, END_STEP)])
+    assert tl.steps == 2

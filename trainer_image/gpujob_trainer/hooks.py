@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from gpujob_trainer import contract
-from gpujob_trainer.timing import END_OPTIMIZER, ENTERS, EXITS, OPTIMIZER_DONE, SWITCH, Op
+from gpujob_trainer.timing import END_OPTIMIZER, ENTERS, EXITS, SWITCH, Op, optimizer_done
 
 if TYPE_CHECKING:
     from gpujob_trainer.tracker import Tracker
@@ -474,6 +474,8 @@ class _ParamHooks:
 
 
 _StepHook = Callable[[Any, Any, Any], None]
+_MAX_OPTIMIZERS = 64
+"""Optimizers whose pending-end op is kept; more are made anew (a new optimizer per step)."""
 
 
 def optimizer_hooks(tracker: Tracker, *, watched: bool) -> tuple[_StepHook, _StepHook]:
@@ -490,7 +492,18 @@ def optimizer_hooks(tracker: Tracker, *, watched: bool) -> tuple[_StepHook, _Ste
     watching = tracker._step_optimizers  # never rebound
     phase = contract.PHASE_OPTIMIZER
     enter = ENTERS[phase]
-    end = END_OPTIMIZER if watched else OPTIMIZER_DONE
+    done_ops: dict[int, Op] = {}
+    """Each optimizer's pending-end op, made once: the replay tells a second step of the same
+    optimizer (a new iteration) from another optimizer's step (the same iteration)."""
+
+    def done_op(optimizer: Any) -> Op:
+        key = id(optimizer)
+        op = done_ops.get(key)
+        if op is None:
+            if len(done_ops) >= _MAX_OPTIMIZERS:
+                done_ops.clear()  # optimizers made and dropped in a loop: keep it bounded
+            op = done_ops[key] = optimizer_done(key)
+        return op
 
     def pre(optimizer: Any, args: Any, kwargs: Any) -> None:
         if not watched and watching and id(optimizer) in watching:
@@ -505,6 +518,7 @@ def optimizer_hooks(tracker: Tracker, *, watched: bool) -> tuple[_StepHook, _Ste
                 tracker._mark()
             return
         record = tracker._record
+        end = END_OPTIMIZER if watched else done_op(optimizer)
         events.extend((now(), end, None if record is None else record()))
         if len(events) >= tracker._flush_at:
             tracker.flush()

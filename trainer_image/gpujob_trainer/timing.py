@@ -51,7 +51,16 @@ MARK_HERE: Op = (MARK, None, None)
 """A boundary without a change of phase (a step's second optimizer)."""
 OPTIMIZER_DONE: Op = (DONE, contract.PHASE_OPTIMIZER, None)
 """Leave the optimizer phase; the step ends here unless another optimizer step follows before
-the loop's next boundary (what the global optimizer hooks record)."""
+the loop's next boundary (what the global optimizer hooks record, with the optimizer's
+identity: `optimizer_done`)."""
+
+
+def optimizer_done(key: int) -> Op:
+    """OPTIMIZER_DONE of one optimizer: a second step of the same optimizer before any
+    boundary starts a new iteration (a loop whose batches come from no wrapped loader after
+    one that did), while another optimizer's step belongs to the same one (a GAN)."""
+    return (DONE, contract.PHASE_OPTIMIZER, key)
+
 
 ALWAYS_BOUNDARIES = frozenset((contract.PHASE_DATA_WAIT, *contract.BUSY_PHASES))
 """Entering one of these commits a pending step end: a data fetch starts the next iteration,
@@ -100,7 +109,13 @@ class Timeline:
         self.pending: int | None = None
         """Index in `marks` of the mark where the step ends unless another optimizer steps."""
         self.fetched = False
-        """Whether a data fetch (`data_wait`) was replayed: then only fetches start steps."""
+        """Whether a data fetch (`data_wait`) was replayed: then forwards no longer start
+        steps (fetches, busy phases and an optimizer's second step do)."""
+        self.stepped: set[Any] = set()
+        """Optimizers (their ops' keys) that stepped since the last committed end."""
+        self.closed_by_boundary = False
+        """A boundary committed the step and no optimizer stepped since: an `end_step()` now
+        ends nothing more (the iteration was counted)."""
 
     def feed(self, flat: Sequence[Any]) -> list[list[Mark]]:
         """Apply the events in `flat` (three values each, see `Event`); returns the marks of
@@ -114,6 +129,7 @@ class Timeline:
                     phase in ALWAYS_BOUNDARIES or (not self.fetched and phase in LOOP_STARTS)
                 ):
                     marks = self._commit(marks, done)
+                    self.closed_by_boundary = True
                 if phase == contract.PHASE_DATA_WAIT:
                     self.fetched = True
                 stack.append(phase)
@@ -127,18 +143,28 @@ class Timeline:
                 continue
             elif kind == DONE:
                 _pop(stack, phase)
-                if self.pending is not None and self.pending >= MAX_OPEN_MARKS:
+                self.closed_by_boundary = False
+                if self.pending is not None and (
+                    other in self.stepped or self.pending >= MAX_OPEN_MARKS
+                ):  # the same optimizer again: the iteration before ended at the pending mark
                     marks = self._commit(marks, done)
                 self.pending = len(marks)
+                self.stepped.add(other)
             elif kind == END:
                 if phase is not None:
                     _pop(stack, phase)
-                elif self.pending is not None:  # end_step(): the last optimizer's end it is
-                    marks = self._commit(marks, done)
+                elif self.pending is not None or self.closed_by_boundary:
+                    # end_step(): the last optimizer's end it is, or a boundary already
+                    # ended this iteration (a checkpoint after the optimizer step)
+                    if self.pending is not None:
+                        marks = self._commit(marks, done)
+                    self.closed_by_boundary = False
                     marks.append((host, stack[-1], event))
                     self.last_mark_host = host
                     continue
                 self.pending = None  # a watched optimizer ends the step here
+                self.stepped.clear()
+                self.closed_by_boundary = False
                 end = (host, stack[-1], event)
                 marks.append(end)
                 if len(marks) > 1:
@@ -164,6 +190,7 @@ class Timeline:
         at = self.pending
         assert at is not None
         self.pending = None
+        self.stepped.clear()
         if at > 0:
             done.append(marks[: at + 1])
         self.steps += 1
