@@ -104,7 +104,8 @@ def test_the_step_is_the_start_plus_the_process_steps_min_over_ranks() -> None:
 def test_an_older_trainer_without_a_start_step_counts_its_steps_as_before() -> None:
     run = Run(two(start=None))
     p = run.scrape(10)
-    assert p["step"] == 10 and "resumedFromStep" not in p and p["furthestStep"] == 10
+    # its steps restart from 0 with each process: no furthest step to judge restarts by
+    assert p["step"] == 10 and "resumedFromStep" not in p and "furthestStep" not in p
 
 
 def test_a_resumed_rank_near_its_target_is_finished_by_its_run_step() -> None:

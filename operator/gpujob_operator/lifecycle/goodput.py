@@ -215,7 +215,9 @@ def _track(ledger: Ledger, state: JobState, now: datetime) -> Ledger:
         stage = STAGE_STARTING
     if stage == STAGE_STARTING and stepped_now:
         stage = STAGE_STEPPED
-    furthest = max(_known(ledger.furthest, state.furthest_step, state.step), default=None)
+    furthest = ledger.furthest
+    if state.furthest_step is not None:  # the trainer speaks the run's global step
+        furthest = max(_known(furthest, state.furthest_step, state.step), default=None)
     ledger = replace(ledger, stage=stage, furthest=furthest)
     # status.progress keeps the last values published while the ranks stepped (a finished
     # job's too), so the pass that sees the end still splits the time before it with them;

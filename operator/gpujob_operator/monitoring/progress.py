@@ -194,7 +194,10 @@ def progress_status(
     step = mem.last_step if carried and mem.last_step is not None else now_step
     furthest = max(step, mem.furthest if mem.furthest is not None else step)
     out["step"] = step
-    out["furthestStep"] = furthest
+    if not math.isnan(start_f):
+        # Only a trainer that says where it resumed speaks the run's global step: a process
+        # count from 0 after a resume would make a furthest step no attempt could pass.
+        out["furthestStep"] = furthest
     if start > 0:
         out["resumedFromStep"] = start
     total = (targets or job_targets(series, settings.total_steps)).total
