@@ -82,6 +82,7 @@ class RunPolicy(_Model):
     max_restarts_without_progress: int = Field(
         default=3,
         ge=1,
+        le=64,
         description="Fail the job (NoProgressAcrossRestarts) at this many consecutive failed "
         "attempts that never passed the furthest step any attempt reached before them, "
         "instead of spending the rest of backoffLimit on a crash loop. Preemptions and "
