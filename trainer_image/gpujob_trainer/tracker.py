@@ -321,7 +321,15 @@ class Tracker:
         step = _step_number(step, "step")
         with self._lock:
             self._flush_locked()
-            self.start_step = step - self._timeline.steps
+            own = self._timeline.steps
+            if step < own:  # e.g. a tracker reused by a second, fresh train() call
+                log.warning(
+                    "gpujob: resume(%d) is below the %d steps this process made; the run's "
+                    "step stays this process's count",
+                    step,
+                    own,
+                )
+            self.start_step = max(0, step - own)
 
     @property
     def global_step(self) -> int:

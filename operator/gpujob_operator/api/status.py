@@ -85,7 +85,7 @@ class Progress(_StatusModel):
 
     step: int | None = Field(
         default=None,
-        description="The run's optimizer steps completed (min over ranks of the step each "
+        description="The run's training steps completed (min over ranks of the step each "
         "rank's process started or resumed from plus its own steps). Between a gang restart "
         "and the new attempt's first step, the last known step.",
     )

@@ -71,7 +71,7 @@ class LightningHooks:
         if tracker is not None and tracker._hook_optimizers:
             log.warning(
                 "gpujob: the tracker given to GPUJobCallback hooks every optimizer; make it "
-                "with hook_optimizers=False, else each step counts twice"
+                "with hook_optimizers=False, so that the framework's step events alone end steps"
             )
         self._owner = TrackerOwner(tracker, init_kwargs)
         self._wrap_model = wrap_model
