@@ -27,8 +27,9 @@ Mark = tuple[float, str, Any]
 """A phase boundary: (host seconds, the phase that runs from here, CUDA event or None)."""
 
 ENTER, EXIT, SWITCH, POP, MARK, END, DONE = range(7)
-Op = tuple[int, str | None, str | None]
-"""What an event does to the phase stack: (kind, phase, second phase or None)."""
+Op = tuple[int, str | None, Any]
+"""What an event does to the phase stack: (kind, phase, second phase (SWITCH), the
+optimizer's key (DONE) or None)."""
 Event = tuple[float, Op, Any]
 """What the training thread records: (host seconds, op, CUDA event or None), the least a hook
 can do. The three values are added to one flat list (`list.extend`, one C call, so a reader
