@@ -76,6 +76,11 @@ class TrackerOwner:
     (then with hook_optimizers=False: the framework's own step hook ends each step)."""
 
     def __init__(self, tracker: Tracker | None, init_kwargs: dict[str, Any]) -> None:
+        if tracker is not None and tracker._hook_optimizers:
+            log.warning(
+                "gpujob: the tracker given to GPUJobCallback hooks every optimizer; make it "
+                "with hook_optimizers=False, so that the framework's step events alone end steps"
+            )
         self._given = tracker
         self._init_kwargs = init_kwargs
         self.tracker: Tracker | None = tracker

@@ -33,7 +33,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from gpujob_trainer import contract
-from gpujob_trainer.integrations.common import TrackerOwner, log, never_raises
+from gpujob_trainer.integrations.common import TrackerOwner, never_raises
 from gpujob_trainer.tracker import Tracker
 
 __all__ = ["GPUJobCallback"]
@@ -64,11 +64,6 @@ class GPUJobCallback(TrainerCallback):
         linger: float = 0.0,
         **init_kwargs: Any,
     ) -> None:
-        if tracker is not None and tracker._hook_optimizers:
-            log.warning(
-                "gpujob: the tracker given to GPUJobCallback hooks every optimizer; make it "
-                "with hook_optimizers=False, so that the framework's step events alone end steps"
-            )
         self._owner = TrackerOwner(tracker, init_kwargs)
         self._wrap_model = wrap_model
         self._linger = linger

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from gpujob_trainer import contract, hooks
-from gpujob_trainer.integrations.common import TrackerOwner, asked_from_env, log, never_raises
+from gpujob_trainer.integrations.common import TrackerOwner, asked_from_env, never_raises
 from gpujob_trainer.tracker import Tracker
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -68,11 +68,6 @@ class LightningHooks:
         **init_kwargs: Any,
     ) -> None:
         super().__init__()
-        if tracker is not None and tracker._hook_optimizers:
-            log.warning(
-                "gpujob: the tracker given to GPUJobCallback hooks every optimizer; make it "
-                "with hook_optimizers=False, so that the framework's step events alone end steps"
-            )
         self._owner = TrackerOwner(tracker, init_kwargs)
         self._wrap_model = wrap_model
         self._linger = linger
