@@ -337,7 +337,11 @@ def user_flow_with_operator(kube: Kube, user: User, tmp_path: Path) -> None:
     assert progress["samplesPerSecond"] > 0 and "loss" in progress
     assert status["startTime"] <= status["completionTime"]
     assert status["gpus"]["telemetry"].startswith("Unavailable"), status["gpus"]
-    assert status["display"] == {"progress": "100.0%"}
+    # a finished job's columns: its progress and the share of its GPU time that made steps
+    assert set(status["display"]) == {"progress", "goodput"}, status["display"]
+    assert status["display"]["progress"] == "100.0%"
+    assert re.fullmatch(r"\d{1,3}\.\d%", status["display"]["goodput"]), status["display"]
+    assert 0 < status["goodput"]["ratio"] <= 1 and status["summary"]["steps"] == TOTAL_STEPS
 
     described = user.run(c.DESCRIBE)
     assert re.search(rf"^Name:\s+{c.JOB}$", described, re.M), described

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from gpujob_operator.api.conditions import parse_time
 from tests.integration.conftest import job_status
 from tests.integration.test_progress_verdicts import job_events, trainer_job
 from tests.support.jobs import REPO
@@ -90,3 +91,19 @@ def test_a_crash_at_60_percent_resumes_from_the_checkpoint_with_true_progress(
     assert len(restarts) == 1 and restarts[0][0] == "Warning", reasons
     assert "failed" in restarts[0][2] and "as attempt 1" in restarts[0][2], restarts
     assert all(r[1] != "NoProgressAcrossRestarts" for r in reasons), reasons
+
+    # Goodput against the timeline: every second from creation to completion charged once,
+    # the crash's cost (backoff, start-up of attempt 1, the steps redone from the checkpoint)
+    # as restart, and the rest mostly steps. Tolerance: the planner's pass granularity.
+    goodput = final["goodput"]
+    created = parse_time(kube.get("gputrainingjob", "resume")["metadata"]["creationTimestamp"])
+    wall = (parse_time(final["completionTime"]) - created).total_seconds()
+    charged = sum(goodput["seconds"].values())
+    assert abs(charged - wall) <= 5.0, (charged, wall, goodput)
+    assert goodput["seconds"]["restart"] >= 1.0, goodput  # at least the restart's backoff
+    assert goodput["seconds"]["productive"] > 0 and 0 < goodput["ratio"] < 1, goodput
+    assert goodput["seconds"]["startup"] > 0, goodput  # attempt 0's pods to its first step
+    summary = final["summary"]
+    assert abs(summary["goodputRatio"] - goodput["ratio"]) < 1e-3 and summary["restarts"] == 1, (
+        summary
+    )
