@@ -27,6 +27,8 @@ a window), then its pods' exit, the quota or GPUs handed on, the scheduler's bac
 pod it failed to place (up to 10 s) and the next gang's pods running, on a loaded 2-core
 machine (CI once saw 29 s). Half the 70 s between the two holders' ends, so a forecast taken
 from the wrong holder fails."""
+WARMUP_STEPS = 4
+"""Steps before a holder's ETA is measured (the default, 20, is 10 s of a's 30 s)."""
 ENV = {"GPUJOB_FORECAST_INTERVAL": "1"}
 POLL = 1.0
 """Seconds between polls: each is a kubectl process, and two cores run the whole cluster."""
@@ -56,6 +58,9 @@ def near(a: float, b: float, what: str) -> None:
 
 def run(kube: Kube, op: OperatorProcess, labels: dict[str, str] | None = None, **spec: Any) -> None:
     """Play the scenario; ``labels``/``spec`` choose the admission path (Kueue label, gang)."""
+    # The holders' ETAs are the forecasts' basis: measured after a short warm-up (sleeps need
+    # none), so each has one well before it ends.
+    spec = {**spec, "monitoring": {**spec.get("monitoring", {}), "warmupSteps": WARMUP_STEPS}}
     kube.apply(paced_job("a", A_STEPS, STEP_SECONDS, labels=labels, **spec))
     kube.apply(paced_job("b", B_STEPS, STEP_SECONDS, labels=labels, **spec))
     for name in ("a", "b"):

@@ -113,6 +113,8 @@ def test_a_resumed_rank_near_its_target_is_finished_by_its_run_step() -> None:
     run = Run(two(start=990))
     p = run.scrape(10)
     assert p["step"] == 1000 and p["percent"] == 100.0 and p["etaSeconds"] == 0.0
+    # done stepping: its GPUs free up now, which a waiting job's start forecast counts on
+    assert p["estimatedCompletionTime"] and "etaUnavailable" not in p
 
 
 # ---- the ETA: warm-up, basis, pauses ------------------------------------------------------

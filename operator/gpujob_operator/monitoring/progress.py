@@ -245,6 +245,7 @@ def progress_status(
         why = f"measuring: {left} more step{'s' if left != 1 else ''} of warm-up"
     if total and step >= total:
         out["etaSeconds"] = 0.0
+        out["estimatedCompletionTime"] = iso(now)  # done stepping: its GPUs free up now
     elif not total:
         out["etaUnavailable"] = (
             "no target: the ranks export no target steps and spec.training.totalSteps is unset"
