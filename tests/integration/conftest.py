@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from tests.support.waiting import wait_until
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "gputrainingjobs.gpujob.dev.yaml"
 # kopf's peering CRDs, which the chart ships beside ours (chart tests install with --skip-crds).
+FULL_TEMPLATE = REPO / "tests" / "data" / "full-template.yaml"
 KOPF_CRDS = REPO / "charts" / "gpujob" / "crds" / "kopf.dev-peerings.yaml"
 
 
@@ -113,3 +115,18 @@ def wait_job_phase(kube: Kube, name: str, phases: tuple[str, ...], timeout: floa
         timeout,
         f"job {name} in {phases}",
     )
+
+
+def full_template_prerequisites(kube: Kube, tpl: dict[str, Any]) -> None:
+    """What a real cluster would hold: the ServiceAccount, PriorityClass and RuntimeClass."""
+    kube.run("create", "serviceaccount", tpl["serviceAccountName"], check=True)
+    pc = tpl["priorityClassName"]
+    if kube.run("get", "priorityclass", pc, ns=False).returncode != 0:
+        kube.run("create", "priorityclass", pc, "--value=1000", ns=False, check=True)
+    runtime = {
+        "apiVersion": "node.k8s.io/v1",
+        "kind": "RuntimeClass",
+        "metadata": {"name": tpl["runtimeClassName"]},
+        "handler": tpl["runtimeClassName"],
+    }
+    kube.run("apply", "-f", "-", input=json.dumps(runtime), ns=False, check=True)

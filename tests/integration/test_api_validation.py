@@ -11,6 +11,7 @@ import yaml
 
 from gpujob_operator.api import crd as crd_module
 from gpujob_operator.lifecycle import builders
+from tests.integration.conftest import FULL_TEMPLATE, full_template_prerequisites
 from tests.support.format_cases import all_cases, job_with
 from tests.support.kube import GET_COLUMNS, Kube
 from tests.support.waiting import wait_until
@@ -18,7 +19,6 @@ from tests.support.waiting import wait_until
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = sorted((REPO / "crds" / "samples").glob("*.yaml"))
 BAD = sorted((REPO / "tests" / "data" / "bad_manifests").glob("*.yaml"))
-FULL_TEMPLATE = REPO / "tests" / "data" / "full-template.yaml"
 
 
 def expectation(path: Path) -> str:
@@ -77,11 +77,7 @@ def test_full_template_job_and_the_pods_built_from_it_pass_the_api_server(
     """Every pod-facing field set: admitted, and its pods and Service pass core/v1 (so the
     typed passthroughs dump what the pod API expects)."""
     job = yaml.safe_load(FULL_TEMPLATE.read_text())
-    tpl = job["spec"]["template"]
-    kube.run("create", "serviceaccount", tpl["serviceAccountName"], check=True)
-    pc = tpl["priorityClassName"]
-    if kube.run("get", "priorityclass", pc, ns=False).returncode != 0:
-        kube.run("create", "priorityclass", pc, "--value=1000", ns=False, check=True)
+    full_template_prerequisites(kube, job["spec"]["template"])
     res = kube.run("create", "--dry-run=server", "--validate=strict", "-f", str(FULL_TEMPLATE))
     assert res.returncode == 0, res.stderr
     job["metadata"].update(namespace=kube.namespace, uid="00000000-0000-0000-0000-000000000000")

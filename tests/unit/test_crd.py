@@ -11,6 +11,7 @@ import yaml
 
 from gpujob_operator import api
 from gpujob_operator.api import crd, display
+from gpujob_operator.api.pod.owned import OWNED_FIELDS
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = crd.build_crd()
@@ -29,6 +30,36 @@ PRESERVE_OK = {
         for options in ("seLinuxOptions", "windowsOptions")
     ),
     "status.bottleneck.evidence.*",
+    # Further containers and the rest of core/v1's pod: verbatim, checked by the API server.
+    *(
+        f"spec.template.{lst}[]{sub}"
+        for lst in ("initContainers", "containers")
+        for sub in ("", ".resources", ".resources.claims[]")
+    ),
+    *(
+        f"spec.template.{name}"
+        for name in (
+            "dnsConfig",
+            "hostAliases[]",
+            "topologySpreadConstraints[]",
+            "resourceClaims[]",
+            "readinessGates[]",
+            "schedulingGates[]",
+            "os",
+            "resources",
+            "ports[]",
+            "envFrom[]",
+            "lifecycle",
+            "livenessProbe",
+            "readinessProbe",
+            "startupProbe",
+            "volumeDevices[]",
+            "resizePolicy[]",
+        )
+    ),
+    "spec.resources.claims[]",
+    # Declared only to be refused by name (api/pod/owned.py).
+    *(f"spec.template.{name}" for name in OWNED_FIELDS),
 }
 
 

@@ -11,7 +11,14 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Annotated, Any, ClassVar, Final, Self
 
-from pydantic import AliasGenerator, BaseModel, ConfigDict, WithJsonSchema, model_validator
+from pydantic import (
+    AliasGenerator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from gpujob_operator.api import k8sformats as kf
@@ -92,6 +99,15 @@ Passthrough = Annotated[
     WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
 ]
 """A Kubernetes object copied verbatim into the pod (validated at pod creation)."""
+
+
+class NamedPassthrough(Model):
+    """A Kubernetes object copied verbatim, keyed by its ``name`` (a list-map entry)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(min_length=1, max_length=253, description="Name, unique in the list.")
+
 
 # Caps on the maps and lists the template copies into the pods: they bound the CEL cost.
 MAX_MAP: Final = 64

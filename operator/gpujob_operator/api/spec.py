@@ -66,6 +66,14 @@ class Training(_Model):
         ge=1,
         description="How long ranks wait for each other at rendezvous before failing.",
     )
+    host_network_ports: Literal["Auto", "Spec"] = Field(
+        default="Auto",
+        description="With spec.template.hostNetwork, the ranks share their node's ports with "
+        "other jobs. Auto: the operator gives the job its own block of ports from "
+        "20000-29999, chosen from its UID, instead of metricsPort and masterPort. Spec: "
+        "metricsPort and masterPort as written. Either way the ports are declared as "
+        "hostPorts, so the scheduler never puts two pods that would collide on one node.",
+    )
 
 
 CleanPodPolicy = Literal["None", "Running", "All"]

@@ -48,6 +48,8 @@ from gpujob_operator.api.children import (
     pod_name,
     selector_labels,
 )
+from gpujob_operator.api.hostports import RankPorts, rank_ports
+from gpujob_operator.api.pod.template import MERGED_FIELDS, TRAINER_FIELDS
 from gpujob_trainer import contract
 from gpujob_trainer.contract import ENV_METRICS_ADDR
 
@@ -72,7 +74,7 @@ def build_service(
     """
     spec = _spec(job, spec)
     name, namespace, _ = job_meta(job)
-    port = spec.training.master_port
+    port = job_ports(job, spec).master
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -98,23 +100,34 @@ def build_service(
     }
 
 
+def job_ports(job: Mapping[str, Any], spec: api.GPUTrainingJobSpec) -> RankPorts:
+    """The job's metrics and rendezvous ports (a block of its own on the host network)."""
+    name, namespace, uid = job_meta(job)
+    return rank_ports(spec, uid or f"{namespace}/{name}")
+
+
 def build_env(
-    job_name: str, namespace: str, spec: api.GPUTrainingJobSpec, node_rank: int
+    job_name: str,
+    namespace: str,
+    spec: api.GPUTrainingJobSpec,
+    node_rank: int,
+    ports: RankPorts | None = None,
 ) -> list[dict[str, Any]]:
     """The container env: operator contract first, then the user's (see module doc)."""
     t = spec.training
+    ports = ports or RankPorts(t.metrics_port, t.master_port, on_host=False)
     addr = master_addr(job_name)
     owned: list[tuple[str, str]] = [
         ("MASTER_ADDR", addr),
-        ("MASTER_PORT", str(t.master_port)),
+        ("MASTER_PORT", str(ports.master)),
         ("WORLD_SIZE", str(spec.nodes)),
         ("RANK", str(node_rank)),
         ("PET_NNODES", str(spec.nodes)),
         ("PET_NPROC_PER_NODE", str(spec.procs_per_node)),
         ("PET_NODE_RANK", str(node_rank)),
         ("PET_MASTER_ADDR", addr),
-        ("PET_MASTER_PORT", str(t.master_port)),
-        (api.ENV_METRICS_PORT, str(t.metrics_port)),
+        ("PET_MASTER_PORT", str(ports.master)),
+        (api.ENV_METRICS_PORT, str(ports.metrics)),
         (api.ENV_JOB_NAME, job_name),
         (api.ENV_NAMESPACE, namespace),
     ]
@@ -147,7 +160,9 @@ def _python_form(command: list[str]) -> list[str] | None:
     return None
 
 
-def torchrun_command(job_name: str, spec: api.GPUTrainingJobSpec, node_rank: int) -> list[str]:
+def torchrun_command(
+    job_name: str, spec: api.GPUTrainingJobSpec, node_rank: int, master_port: int | None = None
+) -> list[str]:
     """``torchrun`` with static rendezvous on rank 0, wrapping the user's command."""
     t = spec.training
     flags = [
@@ -156,7 +171,7 @@ def torchrun_command(job_name: str, spec: api.GPUTrainingJobSpec, node_rank: int
         f"--nproc-per-node={spec.procs_per_node}",
         f"--node-rank={node_rank}",
         f"--master-addr={master_addr(job_name)}",
-        f"--master-port={t.master_port}",
+        f"--master-port={t.master_port if master_port is None else master_port}",
         "--rdzv-backend=static",
         f"--rdzv-conf=timeout={t.rdzv_timeout_seconds}",
         "--max-restarts=0",
@@ -169,19 +184,45 @@ def torchrun_command(job_name: str, spec: api.GPUTrainingJobSpec, node_rank: int
 
 
 def container_command(
-    job_name: str, spec: api.GPUTrainingJobSpec, node_rank: int
+    job_name: str, spec: api.GPUTrainingJobSpec, node_rank: int, master_port: int | None = None
 ) -> list[str] | None:
     """The container's ``command``: wrapped by torchrun, or the user's as is (None = image's)."""
     if spec.training.launcher == "torchrun":
-        return torchrun_command(job_name, spec, node_rank)
+        return torchrun_command(job_name, spec, node_rank, master_port)
     return list(spec.command) if spec.command else None
+
+
+_QUANTITY_MAPS: Final = frozenset({"requests", "limits", "overhead"})
+_QUANTITY_KEYS: Final = frozenset({"sizeLimit", "divisor"})
+
+
+def quantities_as_strings(node: Any, key: str = "") -> Any:
+    """The same pod with every resource quantity a string (``cpu: 4`` -> ``"4"``).
+
+    YAML makes ``cpu: 4`` a number; the API server takes it, but the Kubernetes client's
+    typed models refuse a number where a quantity string belongs, and the pod would never
+    be created.
+    """
+    if isinstance(node, dict):
+        if key in _QUANTITY_MAPS:
+            return {k: str(v) if isinstance(v, int | float) else v for k, v in node.items()}
+        return {
+            k: str(v)
+            if k in _QUANTITY_KEYS and isinstance(v, int | float) and not isinstance(v, bool)
+            else quantities_as_strings(v, k)
+            for k, v in node.items()
+        }
+    if isinstance(node, list):
+        return [quantities_as_strings(v, key) for v in node]
+    return node
 
 
 def _resources(spec: api.GPUTrainingJobSpec) -> dict[str, Any]:
     requests = dict(spec.resources.requests or {}) if spec.resources else {}
     limits = dict(spec.resources.limits or {}) if spec.resources else {}
-    if spec.gpus_per_node > 0:
-        # Extended resources must have requests == limits.
+    claims = [api.dump(c) for c in spec.resources.claims or ()] if spec.resources else []
+    if spec.gpus_per_node > 0 and not claims:
+        # Extended resources must have requests == limits. With claims, DRA gives the GPUs.
         requests[api.GPU_RESOURCE] = str(spec.gpus_per_node)
         limits[api.GPU_RESOURCE] = str(spec.gpus_per_node)
     out: dict[str, Any] = {}
@@ -189,6 +230,26 @@ def _resources(spec: api.GPUTrainingJobSpec) -> dict[str, Any]:
         out["requests"] = requests
     if limits:
         out["limits"] = limits
+    if claims:
+        out["claims"] = claims
+    return out
+
+
+def container_ports(spec: api.GPUTrainingJobSpec, ports: RankPorts) -> list[dict[str, Any]]:
+    """The operator's ports: ``metrics-<i>`` per local rank, then the rendezvous port.
+
+    On the host network each is also a hostPort, so the scheduler's NodePorts filter keeps
+    two pods that would bind the same port off one node, and the scraper reads the ports
+    back from the pod.
+    """
+    out = [
+        {"name": f"metrics-{i}", "containerPort": ports.metrics + i, "protocol": "TCP"}
+        for i in range(spec.procs_per_node)
+    ]
+    out.append({"name": RENDEZVOUS_PORT_NAME, "containerPort": ports.master, "protocol": "TCP"})
+    if ports.on_host:
+        for p in out:
+            p["hostPort"] = p["containerPort"]
     return out
 
 
@@ -202,7 +263,6 @@ def build_pod(
     spec = _spec(job, spec)
     name, namespace, _ = job_meta(job)
     tpl = spec.template or api.PodTemplate()
-    t = spec.training
     pname = pod_name(name, node_rank)
 
     labels = {k: v for k, v in (tpl.labels or {}).items() if not k.startswith(LABEL_PREFIX)}
@@ -214,29 +274,21 @@ def build_pod(
             LABEL_MANAGED_BY: MANAGED_BY,
         }
     )
-    ports = [
-        {"name": f"metrics-{i}", "containerPort": t.metrics_port + i, "protocol": "TCP"}
-        for i in range(spec.procs_per_node)
-    ]
-    ports.append({"name": RENDEZVOUS_PORT_NAME, "containerPort": t.master_port, "protocol": "TCP"})
-    container: dict[str, Any] = {
-        "name": CONTAINER_NAME,
-        "image": spec.image,
-    }
-    command = container_command(name, spec, node_rank)
+    ports = job_ports(job, spec)
+    container: dict[str, Any] = {"name": CONTAINER_NAME, "image": spec.image}
+    command = container_command(name, spec, node_rank, ports.master)
     if command is not None:
         container["command"] = command
     if spec.args:
         container["args"] = list(spec.args)
-    container["env"] = build_env(name, namespace, spec, node_rank)
-    container["ports"] = ports
+    container["env"] = build_env(name, namespace, spec, node_rank, ports)
+    wire = api.dump(tpl)
+    container["ports"] = container_ports(spec, ports) + list(wire.get("ports", []))
     resources = _resources(spec)
     if resources:
         container["resources"] = resources
-    if tpl.image_pull_policy:
-        container["imagePullPolicy"] = tpl.image_pull_policy
-    mounts = [api.dump(m) for m in tpl.volume_mounts or ()]
-    volumes = [api.dump(v) for v in tpl.volumes or ()]
+    mounts = list(wire.get("volumeMounts", []))
+    volumes = list(wire.get("volumes", []))
     if tpl.shm_size is not None:
         volumes.append(
             {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": tpl.shm_size}}
@@ -245,8 +297,9 @@ def build_pod(
     if mounts:
         container["volumeMounts"] = mounts
     if tpl.container_security_context:
-        container["securityContext"] = api.dump(tpl.container_security_context)
+        container["securityContext"] = wire["containerSecurityContext"]
     container["terminationMessagePolicy"] = "FallbackToLogsOnError"
+    container.update({k: wire[k] for k in TRAINER_FIELDS if k in wire})
 
     pod_spec: dict[str, Any] = {
         "hostname": pname,
@@ -254,26 +307,16 @@ def build_pod(
         "restartPolicy": "Never",
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": tpl.termination_grace_period_seconds,
-        "containers": [container],
     }
-    optional: dict[str, Any] = {
-        "nodeSelector": dict(tpl.node_selector) if tpl.node_selector else None,
-        "tolerations": [
-            x.model_dump(mode="json", by_alias=True, exclude_none=True) for x in tpl.tolerations
-        ]
-        if tpl.tolerations
-        else None,
-        "affinity": api.dump(tpl.affinity) if tpl.affinity else None,
-        "volumes": volumes or None,
-        "securityContext": api.dump(tpl.security_context) if tpl.security_context else None,
-        "serviceAccountName": tpl.service_account_name,
-        "priorityClassName": tpl.priority_class_name,
-        "schedulerName": tpl.scheduler_name,
-        "imagePullSecrets": [{"name": s.name} for s in tpl.image_pull_secrets]
-        if tpl.image_pull_secrets
-        else None,
-    }
-    pod_spec.update({k: v for k, v in optional.items() if v is not None})
+    if ports.on_host:
+        # Ranks resolve each other through the cluster's DNS, which Default would skip.
+        pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+    pod_spec.update(
+        {k: v for k, v in wire.items() if k not in MERGED_FIELDS and k not in TRAINER_FIELDS}
+    )
+    pod_spec["containers"] = [container, *wire.get("containers", [])]
+    if volumes:
+        pod_spec["volumes"] = volumes
 
     metadata: dict[str, Any] = {
         "name": pname,
@@ -283,4 +326,9 @@ def build_pod(
     }
     if tpl.annotations:
         metadata["annotations"] = dict(tpl.annotations)
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": metadata,
+        "spec": quantities_as_strings(pod_spec),
+    }

@@ -64,6 +64,23 @@ StallConfirmed, the only one runPolicy.restartOnStall acts on (one odd scrape ki
 _DOWN: Final = frozenset({ErrorKind.REFUSED, ErrorKind.CONNECTION})
 
 
+def _declared_metrics_ports(pod: Mapping[str, Any]) -> dict[int, int]:
+    """Local rank -> port, from the pod's ``metrics-<i>`` container ports.
+
+    The pod says where its ranks listen: on the host network a job's ports are a block of
+    its own (``api.hostports``), so the scraper follows the pod rather than the spec.
+    """
+    out: dict[int, int] = {}
+    for container in (pod.get("spec") or {}).get("containers") or ():
+        for port in container.get("ports") or ():
+            name = str(port.get("name") or "")
+            if name.startswith("metrics-") and name[8:].isdigit():
+                value = port.get("containerPort")
+                if isinstance(value, int) and 0 < value < 65536:
+                    out.setdefault(int(name[8:]), value)
+    return out
+
+
 def scrape_targets(
     spec: api.GPUTrainingJobSpec | Mapping[str, Any],
     pods: Iterable[Mapping[str, Any]],
@@ -71,7 +88,8 @@ def scrape_targets(
 ) -> list[ScrapeTarget]:
     """One target per rank of every running pod with an IP (camelCase pod dicts).
 
-    Rank r of node n listens on metricsPort + local rank; its global rank is
+    Rank r of node n listens on its pod's ``metrics-<r>`` port (else metricsPort + r); its
+    global rank is
     n * procsPerNode + local rank (torchrun's static rendezvous). With `uid`, only pods
     whose controller is that job are scraped (an old job's pods under the same name are not).
     """
@@ -92,8 +110,9 @@ def scrape_targets(
         except ValueError:
             continue
         host = f"[{ip}]" if ":" in ip else ip
+        declared = _declared_metrics_ports(pod)
         for local in range(procs):
-            port = contract.metrics_port(base, local)
+            port = declared.get(local) or contract.metrics_port(base, local)
             out.append(
                 ScrapeTarget(
                     url=f"http://{host}:{port}{contract.METRICS_PATH}",

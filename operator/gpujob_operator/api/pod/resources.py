@@ -14,7 +14,7 @@ from pydantic import ConfigDict, Field
 
 from gpujob_operator.api import k8sformats as kf
 from gpujob_operator.api import rules as R
-from gpujob_operator.api.base import ResourceQuantity
+from gpujob_operator.api.base import NamedPassthrough, ResourceQuantity
 from gpujob_operator.api.base import Ruled as _Ruled
 from gpujob_operator.api.base import quantity_value as _q
 
@@ -189,4 +189,13 @@ class ResourceRequirements(_Ruled):
     )
     limits: dict[str, ResourceQuantity] | None = Field(
         default=None, max_length=16, description="Maximum resources per pod, e.g. {memory: 64Gi}."
+    )
+    claims: list[NamedPassthrough] | None = Field(
+        default=None,
+        max_length=16,
+        description="core/v1 ResourceClaims of the trainer container, each naming an entry of "
+        "spec.template.resourceClaims (Dynamic Resource Allocation). With claims the GPUs come "
+        "through them: the operator requests no nvidia.com/gpu, and spec.gpusPerNode still "
+        "says how many GPUs a pod gets.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )

@@ -1,22 +1,33 @@
 """``spec.template``: the pod settings copied into every pod of the job.
 
-Labels, annotations, node selector, tolerations and affinity, volumes and mounts, security
-contexts, ServiceAccount, priority, scheduler, image pulls, grace period and /dev/shm: the
-model composes the core/v1 areas of :mod:`gpujob_operator.api.pod` and checks what ties them
-together (mounts name volumes, the /dev/shm volume is the operator's).
+Every core/v1 PodSpec field but the operator's own (refused by name, :mod:`.owned`), the
+trainer container's fields other than those the spec sets, further containers and init
+containers (:mod:`.containers`), pod labels and annotations, and /dev/shm. The typed areas
+(tolerations, affinity, volumes, security contexts) are checked here; the rest passes
+through verbatim and is checked by the API server on a dry-run pod (the admission webhook)
+and at pod creation.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Final, Literal, Self
+from typing import Annotated, Any, ClassVar, Final, Literal, Self
 
 from pydantic import ConfigDict, Field, model_validator
 
 from gpujob_operator.api import k8sformats as kf
 from gpujob_operator.api import rules as R
-from gpujob_operator.api.base import MAX_LIST, MAX_MAP, DNSSubdomain, LabelValue, PositiveQuantity
+from gpujob_operator.api.base import (
+    MAX_LIST,
+    MAX_MAP,
+    DNSSubdomain,
+    LabelValue,
+    NamedPassthrough,
+    Passthrough,
+    PositiveQuantity,
+)
 from gpujob_operator.api.base import Model as _Model
-from gpujob_operator.api.base import Ruled as _Ruled
+from gpujob_operator.api.pod.containers import Container
+from gpujob_operator.api.pod.owned import OWNED_RULES, OwnedFields
 from gpujob_operator.api.pod.placement import Affinity, Toleration
 from gpujob_operator.api.pod.security import PodSecurityContext, SecurityContext
 from gpujob_operator.api.pod.volumes import Volume, VolumeMount
@@ -31,10 +42,59 @@ class LocalObjectReference(_Model):
     name: str = Field(min_length=1, max_length=253, description="Name of the referenced object.")
 
 
-class PodTemplate(_Ruled):
-    """Pod settings copied into every pod of the job (a k8s passthrough subset)."""
+TRAINER_FIELDS: Final = (
+    "imagePullPolicy",
+    "workingDir",
+    "envFrom",
+    "lifecycle",
+    "livenessProbe",
+    "readinessProbe",
+    "startupProbe",
+    "stdin",
+    "stdinOnce",
+    "tty",
+    "terminationMessagePath",
+    "terminationMessagePolicy",
+    "volumeDevices",
+    "resizePolicy",
+)
+"""Template fields copied verbatim onto the trainer container."""
+MERGED_FIELDS: Final = {
+    "labels": "metadata.labels",
+    "annotations": "metadata.annotations",
+    "volumeMounts": "spec.containers[0].volumeMounts",
+    "ports": "spec.containers[0].ports",
+    "containerSecurityContext": "spec.containers[0].securityContext",
+    "containers": "spec.containers",
+    "shmSize": "spec.volumes",
+}
+"""Template fields the operator merges with its own (where they land in the pod). Every
+other template field is a PodSpec field of the same name, copied verbatim."""
+
+_BY_NAME: Final[dict[str, Any]] = {
+    "x-kubernetes-list-type": "map",
+    "x-kubernetes-list-map-keys": ["name"],
+}
+
+
+def _pod_field(description: str) -> Any:
+    return Field(default=None, description=f"core/v1 PodSpec {description}")
+
+
+def _trainer_field(description: str) -> Any:
+    return Field(default=None, description=f"core/v1 Container {description} of the trainer.")
+
+
+class PodTemplate(OwnedFields):
+    """Every core/v1 pod field but the operator's, copied into every pod of the job.
+
+    Pod fields keep their core/v1 names; the trainer container's own fields sit beside them
+    (``volumeMounts``, ``ports``, probes ...), since the trainer is built from the spec's
+    ``image``, ``command``, ``args``, ``env`` and ``resources``.
+    """
 
     RULES: ClassVar = (
+        *OWNED_RULES,
         R.qualified_keys("labels", "spec.template.labels"),
         R.Rule(
             "!has(self.labels) || self.labels.all(k, !k.startsWith('gpujob.dev/'))",
@@ -154,6 +214,103 @@ class PodTemplate(_Ruled):
         default=None,
         description='Size of a memory-backed /dev/shm (e.g. "8Gi"); DataLoader workers need more '
         "than the runtime's 64Mi default.",
+    )
+
+    # The rest of core/v1's PodSpec, verbatim (checked by the API server).
+    init_containers: list[Container] | None = Field(
+        default=None,
+        max_length=MAX_LIST,
+        description="core/v1 init containers, run in order before the trainer; with "
+        "restartPolicy Always a native sidecar that runs beside it.",
+        json_schema_extra=_BY_NAME,
+    )
+    containers: list[Container] | None = Field(
+        default=None,
+        max_length=MAX_LIST,
+        description="Further core/v1 containers beside the trainer (which comes first).",
+        json_schema_extra=_BY_NAME,
+    )
+    runtime_class_name: DNSSubdomain | None = _pod_field("runtimeClassName (e.g. nvidia).")
+    host_network: bool | None = _pod_field(
+        "hostNetwork: the ranks use the node's network; see training.hostNetworkPorts."
+    )
+    host_ipc: bool | None = Field(
+        default=None,
+        alias="hostIPC",
+        description="core/v1 PodSpec hostIPC (NCCL's shared-memory transport).",
+    )
+    host_pid: bool | None = Field(
+        default=None, alias="hostPID", description="core/v1 PodSpec hostPID."
+    )
+    host_users: bool | None = _pod_field("hostUsers (false: a user namespace).")
+    share_process_namespace: bool | None = _pod_field("shareProcessNamespace.")
+    dns_policy: Literal["ClusterFirst", "ClusterFirstWithHostNet", "Default", "None"] | None = (
+        _pod_field("dnsPolicy (with hostNetwork the operator defaults ClusterFirstWithHostNet).")
+    )
+    dns_config: Passthrough | None = _pod_field("dnsConfig.")
+    host_aliases: list[Passthrough] | None = Field(
+        default=None, max_length=MAX_LIST, description="core/v1 PodSpec hostAliases."
+    )
+    topology_spread_constraints: list[Passthrough] | None = Field(
+        default=None, max_length=MAX_LIST, description="core/v1 PodSpec topologySpreadConstraints."
+    )
+    enable_service_links: bool | None = _pod_field(
+        "enableServiceLinks (the operator's default is false)."
+    )
+    automount_service_account_token: bool | None = _pod_field("automountServiceAccountToken.")
+    preemption_policy: Literal["PreemptLowerPriority", "Never"] | None = _pod_field(
+        "preemptionPolicy."
+    )
+    set_hostname_as_fqdn: bool | None = Field(
+        default=None, alias="setHostnameAsFQDN", description="core/v1 PodSpec setHostnameAsFQDN."
+    )
+    resource_claims: list[NamedPassthrough] | None = Field(
+        default=None,
+        max_length=MAX_LIST,
+        description="core/v1 PodResourceClaims (Dynamic Resource Allocation): "
+        "resourceClaimTemplateName gives each pod its own claim.",
+        json_schema_extra=_BY_NAME,
+    )
+    readiness_gates: list[Passthrough] | None = Field(
+        default=None, max_length=MAX_LIST, description="core/v1 PodSpec readinessGates."
+    )
+    scheduling_gates: list[Passthrough] | None = Field(
+        default=None, max_length=MAX_LIST, description="core/v1 PodSpec schedulingGates."
+    )
+    os: Passthrough | None = _pod_field("os.")
+    resources: Passthrough | None = _pod_field(
+        "resources: pod-level requests and limits (cpu, memory, hugepages)."
+    )
+    # The trainer container's own fields (its image, command, args, env and resources are
+    # the spec's).
+    working_dir: str | None = Field(
+        default=None, max_length=4096, description="core/v1 Container workingDir of the trainer."
+    )
+    ports: list[Passthrough] | None = Field(
+        default=None,
+        max_length=MAX_LIST,
+        description="core/v1 ContainerPorts of the trainer, after the operator's own "
+        "(metrics-<i>, rendezvous).",
+    )
+    env_from: list[Passthrough] | None = Field(
+        default=None, max_length=MAX_LIST, description="core/v1 envFrom of the trainer."
+    )
+    lifecycle: Passthrough | None = _trainer_field("lifecycle (postStart, preStop)")
+    liveness_probe: Passthrough | None = _trainer_field("livenessProbe")
+    readiness_probe: Passthrough | None = _trainer_field("readinessProbe")
+    startup_probe: Passthrough | None = _trainer_field("startupProbe")
+    stdin: bool | None = _trainer_field("stdin")
+    stdin_once: bool | None = _trainer_field("stdinOnce")
+    tty: bool | None = _trainer_field("tty")
+    termination_message_path: str | None = _trainer_field("terminationMessagePath")
+    termination_message_policy: Literal["File", "FallbackToLogsOnError"] | None = _trainer_field(
+        "terminationMessagePolicy (the operator's default is FallbackToLogsOnError)"
+    )
+    volume_devices: list[Passthrough] | None = Field(
+        default=None, max_length=MAX_LIST, description="core/v1 volumeDevices of the trainer."
+    )
+    resize_policy: list[Passthrough] | None = Field(
+        default=None, max_length=MAX_LIST, description="core/v1 resizePolicy of the trainer."
     )
 
     @model_validator(mode="after")
