@@ -27,7 +27,16 @@ from typing import Any
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from gpujob_localcluster import containers, images, podenv, podfiles, podstatus, probes, volumes
+from gpujob_localcluster import (
+    containers,
+    images,
+    initorder,
+    podenv,
+    podfiles,
+    podstatus,
+    probes,
+    volumes,
+)
 from gpujob_localcluster.kubeletapi import BadRequest, KubeletServer, LogRequest, LogSource
 from gpujob_localcluster.nodes import Nodes, NodeShape
 from gpujob_localcluster.podrun import ContainerRun, PodRun, now_iso
@@ -242,10 +251,13 @@ class NodeAgent:
         self.runs[run.uid] = run
         podfiles.refresh_hosts(self.runs.values(), run.group(), also=run)
         run.started_at = now_iso()
+        for c in pod["spec"].get("initContainers") or []:
+            kind = "sidecar" if c.get("restartPolicy") == "Always" else "init"
+            run.containers.append(
+                ContainerRun(c["name"], c, folder / f"{c['name']}.log", kind=kind)
+            )
         for c in pod["spec"].get("containers", []):
-            crun = ContainerRun(c["name"], c, folder / f"{c['name']}.log")
-            run.containers.append(crun)
-            self._start_container(run, crun)
+            run.containers.append(ContainerRun(c["name"], c, folder / f"{c['name']}.log"))
         (folder / "pod.json").write_text(
             json.dumps(
                 {
@@ -257,7 +269,7 @@ class NodeAgent:
             )
         )
         log.info("pod %s running at %s; logs in %s", run.key, ip, folder)
-        self.reporter.publish(run)
+        self._advance(run)
 
     def _retry_mounts(self) -> None:
         now = time.monotonic()
@@ -271,7 +283,7 @@ class NodeAgent:
         crun.proc = None
         crun.exit_code, crun.reason, crun.message, crun.finished_at = None, "", "", ""
         crun.waiting, crun.restart_at, crun.kill_at = None, None, None
-        crun.family = set()
+        crun.family, crun.ended = set(), False
         crun.started_at = now_iso()
         crun.probe_states = {p.kind: probes.ProbeState(p) for p in probes.probes_of(crun.spec)}
         try:
@@ -313,7 +325,9 @@ class NodeAgent:
         run = self.runs.get(uid)
         if run is None or run.deleting:
             return
-        crun = next(c for c in run.containers if c.name == cname)
+        crun = run.container(cname)
+        if crun is None:
+            return
         state = crun.probe_states.get(kind)
         if crun.attempt != attempt or not crun.running or state is None:
             return
@@ -338,15 +352,16 @@ class NodeAgent:
             )
             crun.kill_at = time.monotonic() + grace
             containers.kill_container(crun, signal.SIGTERM)
-        self.reporter.publish(run)
+        # A sidecar whose startupProbe passed lets the next init container start.
+        self._advance(run)
 
     # -- exits and restarts ----------------------------------------------------------
     def on_exit(self, uid: str, cname: str, attempt: int, code: int) -> None:
         run = self.runs.get(uid)
         if run is None:
             return
-        crun = next(c for c in run.containers if c.name == cname)
-        if crun.attempt != attempt:
+        crun = run.container(cname)
+        if crun is None or crun.attempt != attempt:
             return
         if not crun.finished_at:
             crun.exit_code = 128 - code if code < 0 else code
@@ -366,8 +381,8 @@ class NodeAgent:
         containers.kill_leftovers(crun)
         if run.finished:
             return
-        restart = should_restart(run.policy, crun.exit_code or 0)
-        if restart and not run.deleting and not self.stopping.is_set():
+        crun.ended = True
+        if not run.deleting and not self.stopping.is_set() and self._wants_restart(run, crun):
             wait = crun.backoff.wait_after(time.monotonic())
             crun.restart_at = time.monotonic() + wait
             if wait > 0:
@@ -378,6 +393,47 @@ class NodeAgent:
                 )
                 self.reporter.publish(run)
             return
+        self._advance(run)
+
+    @staticmethod
+    def _wants_restart(run: PodRun, crun: ContainerRun) -> bool:
+        """Whether an attempt that just ended is started again, as the kubelet decides.
+
+        A plain init container is retried only when it failed and the pod may restart; a
+        sidecar always, until the pod winds down; a regular container by the pod's policy.
+        """
+        code = crun.exit_code or 0
+        if crun.kind == "init":
+            return code != 0 and run.policy != "Never"
+        if crun.kind == "sidecar":
+            return not run.winding_down
+        return should_restart(run.policy, code)
+
+    def _advance(self, run: PodRun) -> None:
+        """Move the pod on after a change: the next init container, the regular containers
+        once initialized, the sidecars' stop once the regular containers are done, and the
+        pod's end once nothing runs any more. Publishes the pod's status."""
+        if run.finished:
+            return
+        if not run.deleting and not self.stopping.is_set() and not run.winding_down:
+            step = initorder.next_step(podstatus.init_fates(run))
+            while step.start is not None:
+                crun = run.container(step.start)
+                assert crun is not None
+                self._start_container(run, crun)
+                step = initorder.next_step(podstatus.init_fates(run))
+            if step.failed:
+                log.info("pod %s: an init container failed; the pod fails", run.key)
+                run.init_failed = run.winding_down = True
+            elif step.done and not run.initialized:
+                run.initialized = True
+                for crun in run.of_kind("regular"):
+                    self._start_container(run, crun)
+        regulars = run.of_kind("regular")
+        if run.initialized and not any(c.running or c.restart_at is not None for c in regulars):
+            run.winding_down = True
+        if run.winding_down:
+            self._stop_sidecars(run)
         if run.alive() or any(c.restart_at is not None for c in run.containers):
             self.reporter.publish(run)
             return
@@ -386,6 +442,23 @@ class NodeAgent:
         self.reporter.publish(run)
         if run.deleting:
             self._finalize_delete(run)
+
+    def _stop_sidecars(self, run: PodRun) -> None:
+        """SIGTERM the sidecars one at a time, last first (the next once the one before has
+        exited), within the pod's grace period; pending restarts are dropped."""
+        for c in run.of_kind("sidecar"):
+            c.restart_at, c.waiting = None, None
+        running = [c for c in run.of_kind("sidecar") if c.running]
+        if not running:
+            return
+        if run.sidecar_deadline is None:
+            grace = float(run.pod["spec"].get("terminationGracePeriodSeconds", 30))
+            run.sidecar_deadline = time.monotonic() + grace
+        last = running[-1]
+        if last.kill_at is None:
+            log.info("pod %s: stopping sidecar %s", run.key, last.name)
+            last.kill_at = run.sidecar_deadline
+            containers.kill_container(last, signal.SIGTERM)
 
     def _restart_due(self) -> None:
         now = time.monotonic()
@@ -400,7 +473,7 @@ class NodeAgent:
                     os.replace(crun.log_path, crun.previous_log)
                 log.info("pod %s container %s: restart %d", run.key, crun.name, crun.restart_count)
                 self._start_container(run, crun)
-                self.reporter.publish(run)
+                self._advance(run)
 
     # -- logs (the kubelet API) ------------------------------------------------------
     def resolve_log(self, req: LogRequest) -> LogSource:
