@@ -38,7 +38,7 @@ from gpujob_localcluster import (
     volumes,
 )
 from gpujob_localcluster.kubeletapi import BadRequest, KubeletServer, LogRequest, LogSource
-from gpujob_localcluster.nodes import Nodes, NodeShape
+from gpujob_localcluster.nodes import Nodes, NodeShape, node_addresses
 from gpujob_localcluster.podrun import ContainerRun, PodRun, now_iso
 from gpujob_localcluster.podstatus import PodReporter
 from gpujob_localcluster.processes import become_subreaper, descendants
@@ -61,6 +61,7 @@ class NodeAgent:
         isolate: bool | None = None,
         kubelet_tls: tuple[Path, Path, Path] | None = None,
         image_table: dict[str, images.ImageConfig] | None = None,
+        node_ips: list[str] | None = None,
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.state_dir = state_dir
@@ -87,15 +88,19 @@ class NodeAgent:
             isolate,
         )
         self.reporter = PodReporter(self.core)
-        self.kubelet: KubeletServer | None = None
+        if node_ips is None:
+            node_ips = node_addresses(len(node_names), random.randint(0, 254))
+        if len(node_ips) != len(node_names):
+            raise ValueError(f"{len(node_ips)} node addresses for {len(node_names)} nodes")
+        addresses = dict(zip(node_names, node_ips, strict=True))
+        # One kubelet API per node, on the node's address: the API server dials InternalIP.
+        self.kubelets: dict[str, KubeletServer] = {}
         if kubelet_tls is not None:
             cert, key, ca = kubelet_tls
-            self.kubelet = KubeletServer(self.resolve_log, cert, key, ca).start()
-        self.nodes = Nodes(api, node_names, shape, self.kubelet_port)
-
-    @property
-    def kubelet_port(self) -> int:
-        return self.kubelet.port if self.kubelet is not None else 0
+            for name, ip in addresses.items():
+                self.kubelets[name] = KubeletServer(self.resolve_log, cert, key, ca, ip).start()
+        ports = {name: server.port for name, server in self.kubelets.items()}
+        self.nodes = Nodes(api, node_names, shape, addresses, ports)
 
     # -- pods ----------------------------------------------------------------------
     def watch_loop(self) -> None:
@@ -238,14 +243,16 @@ class NodeAgent:
                 )
             return
         self.waiting_mounts.pop(meta["uid"], None)
-        ip = next(self._ips)
+        run.host_ip = self.nodes.addresses[pod["spec"]["nodeName"]]
+        # A hostNetwork pod has its node's address, shared with the node's other such pods.
+        ip = run.host_ip if pod["spec"].get("hostNetwork") else next(self._ips)
         run.ip = ip
         pod.setdefault("status", {}).update(
             {
                 "podIP": ip,
                 "podIPs": [{"ip": ip}],
-                "hostIP": "127.0.0.1",
-                "hostIPs": [{"ip": "127.0.0.1"}],
+                "hostIP": run.host_ip,
+                "hostIPs": [{"ip": run.host_ip}],
             }
         )
         self.runs[run.uid] = run
@@ -545,8 +552,8 @@ class NodeAgent:
 
     def shutdown(self) -> None:
         """Stop every pod process: SIGTERM, a short grace, then SIGKILL."""
-        if self.kubelet is not None:
-            self.kubelet.stop()
+        for server in self.kubelets.values():
+            server.stop()
         for run in self.runs.values():
             containers.kill_pod(run, signal.SIGTERM)
         deadline = time.monotonic() + 5

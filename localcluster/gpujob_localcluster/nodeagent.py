@@ -66,6 +66,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="REPOSITORY=DOCKERFILE",
         help="map an image to the Dockerfile whose ENTRYPOINT/CMD it runs (repeatable)",
     )
+    p.add_argument(
+        "--node-ip",
+        action="append",
+        default=None,
+        metavar="ADDRESS",
+        help="each node's loopback address, in node order (default: 127.255.<random>.<i+1>)",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     api = config.new_client_from_config(config_file=args.kubeconfig)
@@ -82,15 +89,16 @@ def main(argv: list[str] | None = None) -> int:
         isolate=not args.no_isolation,
         kubelet_tls=tls,
         image_table=images.load_table(extra),
+        node_ips=args.node_ip,
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: agent.stop())
     agent.nodes.register()
     log.info(
-        "nodes %s ready (pod isolation: %s, kubelet API port: %s)",
-        ", ".join(names),
+        "nodes %s ready (pod isolation: %s, kubelet API: %s)",
+        ", ".join(f"{n} at {ip}" for n, ip in agent.nodes.addresses.items()),
         agent.runtime.isolate,
-        agent.kubelet_port or "off",
+        ", ".join(f"{s.host}:{s.port}" for s in agent.kubelets.values()) or "off",
     )
     if args.ready_file:
         Path(args.ready_file).write_text("ready\n")

@@ -2,8 +2,10 @@
 
 The scheduler binds pods only to Ready nodes with room: every node advertises the same
 :class:`NodeShape` (with ``nvidia.com/gpu`` when it has GPUs), posts a Ready status that
-names the kubelet API's port (``kubectl logs``), and renews its Lease in
-``kube-node-lease`` every heartbeat, as a kubelet does.
+names its own loopback address (InternalIP) and the kubelet API's port there (``kubectl
+logs``), and renews its Lease in ``kube-node-lease`` every heartbeat, as a kubelet does.
+Each node has an address of its own (:func:`node_addresses`) because hostNetwork pods
+take their node's address: two nodes' hostNetwork pods must not share ports.
 """
 
 from __future__ import annotations
@@ -37,17 +39,34 @@ class NodeShape:
     pods: str = "110"
 
 
+def node_addresses(count: int, octet: int) -> list[str]:
+    """One loopback address per node, ``127.255.<octet>.<i+1>``: apart from the pods'
+    addresses (which the agent takes below 127.255) and, by ``octet``, from another
+    cluster's nodes on the same machine."""
+    if not 0 <= octet <= 254 or not 0 < count <= 254:
+        raise ValueError(f"no node addresses for {count} nodes in 127.255.{octet}.0/24")
+    return [f"127.255.{octet}.{i + 1}" for i in range(count)]
+
+
 class Nodes:
     """Registers the agent's nodes and heartbeats them (node status and Lease)."""
 
     def __init__(
-        self, api: client.ApiClient, names: list[str], shape: NodeShape, kubelet_port: int
+        self,
+        api: client.ApiClient,
+        names: list[str],
+        shape: NodeShape,
+        addresses: dict[str, str],
+        kubelet_ports: dict[str, int],
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.coord = client.CoordinationV1Api(api)
         self.names = names
         self.shape = shape
-        self.kubelet_port = kubelet_port
+        self.addresses = addresses
+        """Node name -> its InternalIP (the hostIP of its pods, the podIP of hostNetwork ones)."""
+        self.kubelet_ports = kubelet_ports
+        """Node name -> the kubelet API's port on the node's address (0: none)."""
 
     def body(self, name: str) -> dict[str, Any]:
         """The Node object: labels and the shape's capacity."""
@@ -108,7 +127,7 @@ class Nodes:
                 **body["status"],
                 "conditions": [ready, *pressure],
                 "addresses": [
-                    {"type": "InternalIP", "address": "127.0.0.1"},
+                    {"type": "InternalIP", "address": self.addresses[name]},
                     {"type": "Hostname", "address": name},
                 ],
                 "nodeInfo": {
@@ -123,7 +142,7 @@ class Nodes:
                     "systemUUID": name,
                     "bootID": name,
                 },
-                "daemonEndpoints": {"kubeletEndpoint": {"Port": self.kubelet_port}},
+                "daemonEndpoints": {"kubeletEndpoint": {"Port": self.kubelet_ports.get(name, 0)}},
             }
         }
 

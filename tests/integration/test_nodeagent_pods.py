@@ -4,11 +4,13 @@ containers and stopped after them, and hostNetwork pods on their node's own addr
 
 from __future__ import annotations
 
+import socket
 import textwrap
 from typing import Any
 
 from gpujob_localcluster.processes import pid_alive
 from tests.support.kube import Kube, simple_pod
+from tests.support.waiting import wait_until
 
 SHARED = {"name": "shared", "mountPath": "/shared"}
 
@@ -193,3 +195,73 @@ def test_a_sidecar_that_exits_is_restarted_while_the_pod_runs(kube: Kube) -> Non
     assert "restarted sidecar seen: True" in out
     agent = statuses(done, "initContainerStatuses")["agent"]
     assert agent["restartCount"] >= 1, agent
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def bind_script(port: int, hold: bool) -> str:
+    return textwrap.dedent(
+        f"""
+        import os, socket, time
+        s = socket.socket()
+        try:
+            s.bind((os.environ["POD_IP"], {port}))
+        except OSError as e:
+            print("bind failed:", e.errno, flush=True)
+        else:
+            s.listen()
+            print("bound", flush=True)
+            while {hold}:
+                time.sleep(3600)
+        """
+    )
+
+
+def host_pod(name: str, node: str, script: str, **extra: Any) -> dict[str, Any]:
+    return simple_pod(
+        name,
+        script,
+        hostNetwork=True,
+        nodeSelector={"kubernetes.io/hostname": node},
+        **extra,
+    )
+
+
+def test_host_network_pods_share_their_nodes_address_and_its_ports(kube: Kube) -> None:
+    nodes = {n["metadata"]["name"]: n for n in kube.list("nodes", "gpujob.dev/local-node=true")}
+    address = {
+        name: next(a["address"] for a in n["status"]["addresses"] if a["type"] == "InternalIP")
+        for name, n in nodes.items()
+    }
+    first, second = sorted(address)[:2]
+    assert address[first] != address[second], address
+    port = free_port(address[first])
+    holder = host_pod("holder", first, bind_script(port, hold=True))
+    # hostPort is informational here (the scheduler keeps such pods apart): it must run.
+    holder["spec"]["containers"][0]["ports"] = [{"containerPort": port, "hostPort": port}]
+    kube.apply(holder)
+    wait_until(
+        lambda: "bound" in kube.run("logs", "holder").stdout, 60, "the holder pod to bind its port"
+    )
+    kube.apply(host_pod("sameport", first, bind_script(port, hold=False)))
+    kube.apply(host_pod("othernode", second, bind_script(port, hold=False)))
+    kube.apply(simple_pod("ownip", "print('own')", nodeSelector={"kubernetes.io/hostname": first}))
+    same = kube.wait_phase("sameport", ("Succeeded", "Failed"), timeout=60)
+    other = kube.wait_phase("othernode", ("Succeeded", "Failed"), timeout=60)
+    own = kube.wait_phase("ownip", ("Succeeded", "Failed"), timeout=60)
+    held = kube.get("pod", "holder") or {}
+    for pod, node in ((held, first), (same, first), (other, second)):
+        status = pod["status"]
+        assert status["podIP"] == status["hostIP"] == address[node], status
+        assert status["podIPs"] == [{"ip": address[node]}]
+    # Two hostNetwork pods on one node collide on a port; another node's address is free.
+    assert "bind failed: 98" in kube.run("logs", "sameport").stdout  # EADDRINUSE
+    assert "bound" in kube.run("logs", "othernode").stdout
+    # A pod without hostNetwork keeps an address of its own on the same node.
+    assert own["status"]["hostIP"] == address[first]
+    assert own["status"]["podIP"] not in address.values()
+    kube.run("delete", "pod", "holder", "--wait=false", check=True)
