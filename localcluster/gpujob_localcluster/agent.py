@@ -1,5 +1,9 @@
 """The node agent's loop: pod events in; pods started, probed, restarted and stopped.
 
+After every change to a pod, :meth:`NodeAgent._advance` moves it on: the next init
+container (:mod:`initorder`), the regular containers once initialized, the sidecars' stop
+once the regular containers are done, and the pod's end once nothing runs.
+
 :class:`NodeAgent` is what the ``nodeagent`` command runs. One thread watches the pods
 (relisting after every broken watch), one heartbeats the nodes (:mod:`nodes`), one waits
 on each container attempt and one runs each probe; they all put events on one queue, and

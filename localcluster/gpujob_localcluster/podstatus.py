@@ -143,7 +143,9 @@ class PodReporter:
                 "uid": run.uid,
             }
             if container:
-                involved["fieldPath"] = f"spec.containers{{{container}}}"
+                crun = run.container(container)
+                field = "containers" if crun is None or crun.kind == "regular" else "initContainers"
+                involved["fieldPath"] = f"spec.{field}{{{container}}}"
             body = {
                 "metadata": {"generateName": f"{run.name}.", "namespace": run.namespace},
                 "involvedObject": involved,
