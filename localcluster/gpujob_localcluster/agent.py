@@ -33,6 +33,7 @@ from kubernetes.client.rest import ApiException
 
 from gpujob_localcluster import (
     containers,
+    dra,
     images,
     initorder,
     podenv,
@@ -68,6 +69,7 @@ class NodeAgent:
         node_ips: list[str] | None = None,
     ) -> None:
         self.core = client.CoreV1Api(api)
+        self.resource = client.ResourceV1Api(api)
         self.state_dir = state_dir
         self.pods_dir = state_dir / "pods"
         self.pods_dir.mkdir(parents=True, exist_ok=True)
@@ -234,17 +236,21 @@ class NodeAgent:
         folder.mkdir(parents=True, exist_ok=True)
         run = PodRun(meta["uid"], meta["namespace"], meta["name"], pod, "", folder)
         try:
+            run.devices = self._prepare_claims(pod)
             podfiles.prepare_volumes(self.core, self.reporter, run)
-        except (volumes.VolumeNotReady, ApiException, OSError, ValueError) as e:
-            # The kubelet keeps the pod in ContainerCreating and says why in FailedMount Events.
+        except (dra.ClaimNotReady, volumes.VolumeNotReady, ApiException, OSError, ValueError) as e:
+            # The kubelet keeps the pod in ContainerCreating and says why in Events.
             first = meta["uid"] not in self.waiting_mounts
             self.waiting_mounts[meta["uid"]] = (pod, time.monotonic() + MOUNT_RETRY_SECONDS)
             if first:
                 reason = getattr(e, "reason", None) or str(e)
-                log.info("pod %s waits for its volumes: %s", run.key, reason)
-                self.reporter.event(
-                    run, "Warning", "FailedMount", f"MountVolume.SetUp failed: {reason}"
-                )
+                log.info("pod %s waits for its volumes or claims: %s", run.key, reason)
+                if isinstance(e, dra.ClaimNotReady):
+                    self.reporter.event(run, "Warning", "FailedPrepareDynamicResources", reason)
+                else:
+                    self.reporter.event(
+                        run, "Warning", "FailedMount", f"MountVolume.SetUp failed: {reason}"
+                    )
             return
         self.waiting_mounts.pop(meta["uid"], None)
         run.host_ip = self.nodes.addresses[pod["spec"]["nodeName"]]
@@ -281,6 +287,24 @@ class NodeAgent:
         )
         log.info("pod %s running at %s; logs in %s", run.key, ip, folder)
         self._advance(run)
+
+    def _prepare_claims(self, pod: dict[str, Any]) -> dict[str, list[str]]:
+        """The DRA devices of each container (what NodePrepareResources would hand over)."""
+        if not pod.get("spec", {}).get("resourceClaims"):
+            return {}
+        names = dra.claim_names(pod)
+        claims: dict[str, dict[str, Any]] = {}
+        for pod_name, claim_name in names.items():
+            try:
+                resp: Any = self.resource.read_namespaced_resource_claim(
+                    claim_name, pod["metadata"]["namespace"], _preload_content=False
+                )
+            except ApiException as e:
+                if e.status == 404:
+                    raise dra.ClaimNotReady(f"ResourceClaim {claim_name} not found") from e
+                raise
+            claims[pod_name] = json.loads(resp.data)
+        return dra.container_devices(pod, claims)
 
     def _retry_mounts(self) -> None:
         now = time.monotonic()
@@ -441,7 +465,8 @@ class NodeAgent:
                 for crun in run.of_kind("regular"):
                     self._start_container(run, crun)
         regulars = run.of_kind("regular")
-        if run.initialized and not any(c.running or c.restart_at is not None for c in regulars):
+        # Done: every regular container's exit taken in, and none of them to be restarted.
+        if run.initialized and all(c.ended and c.restart_at is None for c in regulars):
             run.winding_down = True
         if run.winding_down:
             self._stop_sidecars(run)

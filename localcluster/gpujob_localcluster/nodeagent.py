@@ -22,7 +22,9 @@ once the regular containers are done, which alone decide the phase), reported in
 ``/containerLogs`` endpoint (``kubectl logs``, ``-f``, ``--previous``, ``-c <init>``) on
 loopback TLS, one per node at its address. ``hostPort`` is not enforced (the scheduler's
 NodePorts filter keeps such pods apart); a hostNetwork pod keeps a UTS namespace with the
-pod's hostname rather than the node's.
+pod's hostname rather than the node's. DRA: the agent is the driver ``gpu.gpujob.dev``
+(one ResourceSlice per node, a DeviceClass) and gives containers their claims' devices in
+``GPUJOB_DRA_DEVICES`` (:mod:`dra`).
 
 Isolation per pod (when root and ``unshare`` exists): a mount and UTS namespace, so the
 pod sees its own hostname, its volumes at their mount paths, and an /etc/hosts that maps

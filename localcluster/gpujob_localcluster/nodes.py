@@ -21,6 +21,7 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from gpujob_localcluster import dra
 from gpujob_localcluster.podrun import now_iso
 
 log = logging.getLogger("gpujob.nodeagent")
@@ -61,6 +62,7 @@ class Nodes:
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.coord = client.CoordinationV1Api(api)
+        self.resource = client.ResourceV1Api(api)
         self.names = names
         self.shape = shape
         self.addresses = addresses
@@ -157,6 +159,34 @@ class Nodes:
                     raise
             self.core.patch_node_status(name, self.status(name))
         self.renew_leases()
+        self.publish_devices()
+
+    def publish_devices(self) -> None:
+        """Publish the DeviceClass and each node's ResourceSlice, as a DRA driver does
+        (replacing what an earlier agent published). Skipped when the API does not serve
+        resource.k8s.io/v1 or the nodes have no GPUs."""
+        if not self.shape.gpus:
+            return
+        try:
+            try:
+                self.resource.create_device_class(cast(Any, dra.device_class()))
+            except ApiException as e:
+                if e.status != 409:  # it exists: nothing to change
+                    raise
+            for name in self.names:
+                body = dra.resource_slice(name, self.shape.gpus)
+                try:
+                    self.resource.create_resource_slice(cast(Any, body))
+                except ApiException as e:
+                    if e.status != 409:
+                        raise
+                    old: Any = self.resource.read_resource_slice(body["metadata"]["name"])
+                    body["metadata"]["resourceVersion"] = old.metadata.resource_version
+                    self.resource.replace_resource_slice(body["metadata"]["name"], cast(Any, body))
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            log.warning("resource.k8s.io/v1 is not served: no ResourceSlices published")
 
     def renew_leases(self) -> None:
         for name in self.names:

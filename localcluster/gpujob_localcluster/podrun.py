@@ -113,6 +113,8 @@ class PodRun:
     mounts: dict[str, list[volumes.Mount]] = field(default_factory=dict)
     conditions: dict[str, tuple[str, str]] = field(default_factory=dict)
     """Condition type -> (status, lastTransitionTime)."""
+    devices: dict[str, list[str]] = field(default_factory=dict)
+    """Container name -> the DRA devices allocated to the claims it names (see dra)."""
     initialized: bool = False
     """Every init container is done (sidecars started); the regular containers were started."""
     init_failed: bool = False

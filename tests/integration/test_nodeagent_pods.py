@@ -1,13 +1,16 @@
 """The node agent runs the whole pod template as a kubelet does: init containers in order
 (the "fetch a dataset" pattern through an emptyDir), native sidecars beside the regular
-containers and stopped after them, and hostNetwork pods on their node's own address."""
+containers and stopped after them, hostNetwork pods on their node's own address, and DRA
+claims allocated from the nodes' ResourceSlices."""
 
 from __future__ import annotations
 
 import socket
 import textwrap
+from pathlib import Path
 from typing import Any
 
+from gpujob_localcluster import dra
 from gpujob_localcluster.processes import pid_alive
 from tests.support.kube import Kube, simple_pod
 from tests.support.waiting import wait_until
@@ -265,3 +268,96 @@ def test_host_network_pods_share_their_nodes_address_and_its_ports(kube: Kube) -
     assert own["status"]["hostIP"] == address[first]
     assert own["status"]["podIP"] not in address.values()
     kube.run("delete", "pod", "holder", "--wait=false", check=True)
+
+
+def claim_spec(count: int) -> dict[str, Any]:
+    return {
+        "devices": {
+            "requests": [
+                {"name": "gpu", "exactly": {"deviceClassName": dra.DEVICE_CLASS, "count": count}}
+            ]
+        }
+    }
+
+
+def test_dra_claims_are_allocated_from_the_nodes_slices_and_reach_the_containers(
+    kube: Kube, tmp_path: Path
+) -> None:
+    slices = {s["spec"]["nodeName"]: s for s in kube.list("resourceslices")}
+    for node in ("gpu-node-0", "gpu-node-1"):
+        assert slices[node]["spec"]["driver"] == dra.DRIVER
+        listed = slices[node]["spec"]["devices"]
+        assert [d["attributes"]["index"]["int"] for d in listed] == list(range(len(listed)))
+        assert listed and all(d["attributes"]["uuid"]["string"] for d in listed)
+    assert kube.get("deviceclass", dra.DEVICE_CLASS) is not None
+    rv1 = "resource.k8s.io/v1"
+    kube.apply(
+        {
+            "apiVersion": rv1,
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "two-gpus"},
+            "spec": {"spec": claim_spec(2)},
+        }
+    )
+    kube.apply(
+        {
+            "apiVersion": rv1,
+            "kind": "ResourceClaim",
+            "metadata": {"name": "one-gpu"},
+            "spec": claim_spec(1),
+        }
+    )
+    show = "import os; print('devices:', os.environ.get('GPUJOB_DRA_DEVICES', '<none>'))"
+    # The helper holds the pod until the test has read the claim (deallocated once unused).
+    hold = textwrap.dedent(
+        f"""
+        import os, time
+        {show}
+        deadline = time.monotonic() + 60
+        while not os.path.exists("/release/go") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        """
+    )
+    pod = simple_pod(
+        "drapod",
+        show,
+        volumes=[{"name": "release", "hostPath": {"path": str(tmp_path)}}],
+    )
+    main = pod["spec"]["containers"][0]
+    main["resources"] = {"claims": [{"name": "gpus"}, {"name": "extra"}]}
+    helper = {
+        **main,
+        "name": "helper",
+        "command": ["python", "-c", hold],
+        "resources": {"claims": [{"name": "extra"}]},
+        "volumeMounts": [{"name": "release", "mountPath": "/release"}],
+    }
+    plain = {k: v for k, v in main.items() if k != "resources"} | {"name": "plain"}
+    pod["spec"]["containers"] = [main, helper, plain]
+    pod["spec"]["resourceClaims"] = [
+        {"name": "gpus", "resourceClaimTemplateName": "two-gpus"},
+        {"name": "extra", "resourceClaimName": "one-gpu"},
+    ]
+    kube.apply(pod)
+
+    def allocated() -> list[dict[str, Any]] | None:
+        claim = kube.get("resourceclaim", "one-gpu") or {}
+        allocation = claim.get("status", {}).get("allocation")
+        return allocation["devices"]["results"] if allocation else None
+
+    results = wait_until(allocated, 60, "the ResourceClaim one-gpu to be allocated")
+    (tmp_path / "go").touch()
+    done = kube.wait_phase("drapod", ("Succeeded", "Failed"), timeout=90)
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    assert [s["name"] for s in done["status"]["resourceClaimStatuses"]] == ["gpus"]
+    assert [r["pool"] for r in results] == [done["spec"]["nodeName"]]
+
+    def devices(container: str) -> list[str]:
+        out = kube.run("logs", "drapod", "-c", container, check=True).stdout
+        return out.split("devices: ", 1)[1].split()[0].split(",")
+
+    assert devices("helper") == [r["device"] for r in results]
+    main_devices = devices("main")
+    assert len(main_devices) == 3 and len(set(main_devices)) == 3, main_devices
+    assert results[0]["device"] in main_devices
+    assert devices("plain") == ["<none>"]
