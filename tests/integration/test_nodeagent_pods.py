@@ -10,7 +10,10 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from kubernetes import config
+
 from gpujob_localcluster import dra
+from gpujob_localcluster.nodes import Nodes, NodeShape
 from gpujob_localcluster.processes import pid_alive
 from tests.support.kube import Kube, simple_pod
 from tests.support.waiting import wait_until
@@ -361,3 +364,17 @@ def test_dra_claims_are_allocated_from_the_nodes_slices_and_reach_the_containers
     assert len(main_devices) == 3 and len(set(main_devices)) == 3, main_devices
     assert results[0]["device"] in main_devices
     assert devices("plain") == ["<none>"]
+
+
+def test_a_restarted_agent_publishes_its_slices_again_in_place(kube: Kube) -> None:
+    # What a restarted agent's registration does: the class and slices exist already.
+    api = config.new_client_from_config(config_file=str(kube.kubeconfig))
+    before = {s["metadata"]["name"]: s for s in kube.list("resourceslices")}
+    gpus = len(before[dra.slice_name("gpu-node-0")]["spec"]["devices"])
+    names = ["gpu-node-0", "gpu-node-1"]
+    Nodes(api, names, NodeShape(gpus=gpus), dict.fromkeys(names, "127.0.0.1"), {}).publish_devices()
+    after = {s["metadata"]["name"]: s for s in kube.list("resourceslices")}
+    assert after.keys() == before.keys()
+    for name, old in before.items():
+        assert after[name]["metadata"]["uid"] == old["metadata"]["uid"]  # replaced, not recreated
+        assert after[name]["spec"]["devices"] == old["spec"]["devices"]
