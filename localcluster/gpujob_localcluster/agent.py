@@ -1,5 +1,9 @@
 """The node agent's loop: pod events in; pods started, probed, restarted and stopped.
 
+After every change to a pod, :meth:`NodeAgent._advance` moves it on: the next init
+container (:mod:`initorder`), the regular containers once initialized, the sidecars' stop
+once the regular containers are done, and the pod's end once nothing runs.
+
 :class:`NodeAgent` is what the ``nodeagent`` command runs. One thread watches the pods
 (relisting after every broken watch), one heartbeats the nodes (:mod:`nodes`), one waits
 on each container attempt and one runs each probe; they all put events on one queue, and
@@ -27,9 +31,19 @@ from typing import Any
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from gpujob_localcluster import containers, images, podenv, podfiles, podstatus, probes, volumes
+from gpujob_localcluster import (
+    containers,
+    dra,
+    images,
+    initorder,
+    podenv,
+    podfiles,
+    podstatus,
+    probes,
+    volumes,
+)
 from gpujob_localcluster.kubeletapi import BadRequest, KubeletServer, LogRequest, LogSource
-from gpujob_localcluster.nodes import Nodes, NodeShape
+from gpujob_localcluster.nodes import Nodes, NodeShape, node_addresses
 from gpujob_localcluster.podrun import ContainerRun, PodRun, now_iso
 from gpujob_localcluster.podstatus import PodReporter
 from gpujob_localcluster.processes import become_subreaper, descendants
@@ -52,8 +66,10 @@ class NodeAgent:
         isolate: bool | None = None,
         kubelet_tls: tuple[Path, Path, Path] | None = None,
         image_table: dict[str, images.ImageConfig] | None = None,
+        node_ips: list[str] | None = None,
     ) -> None:
         self.core = client.CoreV1Api(api)
+        self.resource = client.ResourceV1Api(api)
         self.state_dir = state_dir
         self.pods_dir = state_dir / "pods"
         self.pods_dir.mkdir(parents=True, exist_ok=True)
@@ -78,15 +94,19 @@ class NodeAgent:
             isolate,
         )
         self.reporter = PodReporter(self.core)
-        self.kubelet: KubeletServer | None = None
+        if node_ips is None:
+            node_ips = node_addresses(len(node_names), random.randint(0, 254))
+        if len(node_ips) != len(node_names):
+            raise ValueError(f"{len(node_ips)} node addresses for {len(node_names)} nodes")
+        addresses = dict(zip(node_names, node_ips, strict=True))
+        # One kubelet API per node, on the node's address: the API server dials InternalIP.
+        self.kubelets: dict[str, KubeletServer] = {}
         if kubelet_tls is not None:
             cert, key, ca = kubelet_tls
-            self.kubelet = KubeletServer(self.resolve_log, cert, key, ca).start()
-        self.nodes = Nodes(api, node_names, shape, self.kubelet_port)
-
-    @property
-    def kubelet_port(self) -> int:
-        return self.kubelet.port if self.kubelet is not None else 0
+            for name, ip in addresses.items():
+                self.kubelets[name] = KubeletServer(self.resolve_log, cert, key, ca, ip).start()
+        ports = {name: server.port for name, server in self.kubelets.items()}
+        self.nodes = Nodes(api, node_names, shape, addresses, ports)
 
     # -- pods ----------------------------------------------------------------------
     def watch_loop(self) -> None:
@@ -216,36 +236,45 @@ class NodeAgent:
         folder.mkdir(parents=True, exist_ok=True)
         run = PodRun(meta["uid"], meta["namespace"], meta["name"], pod, "", folder)
         try:
+            run.devices = self._prepare_claims(pod)
             podfiles.prepare_volumes(self.core, self.reporter, run)
-        except (volumes.VolumeNotReady, ApiException, OSError, ValueError) as e:
-            # The kubelet keeps the pod in ContainerCreating and says why in FailedMount Events.
+        except (dra.ClaimNotReady, volumes.VolumeNotReady, ApiException, OSError, ValueError) as e:
+            # The kubelet keeps the pod in ContainerCreating and says why in Events.
             first = meta["uid"] not in self.waiting_mounts
             self.waiting_mounts[meta["uid"]] = (pod, time.monotonic() + MOUNT_RETRY_SECONDS)
             if first:
                 reason = getattr(e, "reason", None) or str(e)
-                log.info("pod %s waits for its volumes: %s", run.key, reason)
-                self.reporter.event(
-                    run, "Warning", "FailedMount", f"MountVolume.SetUp failed: {reason}"
-                )
+                log.info("pod %s waits for its volumes or claims: %s", run.key, reason)
+                if isinstance(e, dra.ClaimNotReady):
+                    self.reporter.event(run, "Warning", "FailedPrepareDynamicResources", reason)
+                else:
+                    self.reporter.event(
+                        run, "Warning", "FailedMount", f"MountVolume.SetUp failed: {reason}"
+                    )
             return
         self.waiting_mounts.pop(meta["uid"], None)
-        ip = next(self._ips)
+        run.host_ip = self.nodes.addresses[pod["spec"]["nodeName"]]
+        # A hostNetwork pod has its node's address, shared with the node's other such pods.
+        ip = run.host_ip if pod["spec"].get("hostNetwork") else next(self._ips)
         run.ip = ip
         pod.setdefault("status", {}).update(
             {
                 "podIP": ip,
                 "podIPs": [{"ip": ip}],
-                "hostIP": "127.0.0.1",
-                "hostIPs": [{"ip": "127.0.0.1"}],
+                "hostIP": run.host_ip,
+                "hostIPs": [{"ip": run.host_ip}],
             }
         )
         self.runs[run.uid] = run
         podfiles.refresh_hosts(self.runs.values(), run.group(), also=run)
         run.started_at = now_iso()
+        for c in pod["spec"].get("initContainers") or []:
+            kind = "sidecar" if c.get("restartPolicy") == "Always" else "init"
+            run.containers.append(
+                ContainerRun(c["name"], c, folder / f"{c['name']}.log", kind=kind)
+            )
         for c in pod["spec"].get("containers", []):
-            crun = ContainerRun(c["name"], c, folder / f"{c['name']}.log")
-            run.containers.append(crun)
-            self._start_container(run, crun)
+            run.containers.append(ContainerRun(c["name"], c, folder / f"{c['name']}.log"))
         (folder / "pod.json").write_text(
             json.dumps(
                 {
@@ -257,7 +286,25 @@ class NodeAgent:
             )
         )
         log.info("pod %s running at %s; logs in %s", run.key, ip, folder)
-        self.reporter.publish(run)
+        self._advance(run)
+
+    def _prepare_claims(self, pod: dict[str, Any]) -> dict[str, list[str]]:
+        """The DRA devices of each container (what NodePrepareResources would hand over)."""
+        if not pod.get("spec", {}).get("resourceClaims"):
+            return {}
+        names = dra.claim_names(pod)
+        claims: dict[str, dict[str, Any]] = {}
+        for pod_name, claim_name in names.items():
+            try:
+                resp: Any = self.resource.read_namespaced_resource_claim(
+                    claim_name, pod["metadata"]["namespace"], _preload_content=False
+                )
+            except ApiException as e:
+                if e.status == 404:
+                    raise dra.ClaimNotReady(f"ResourceClaim {claim_name} not found") from e
+                raise
+            claims[pod_name] = json.loads(resp.data)
+        return dra.container_devices(pod, claims)
 
     def _retry_mounts(self) -> None:
         now = time.monotonic()
@@ -271,7 +318,7 @@ class NodeAgent:
         crun.proc = None
         crun.exit_code, crun.reason, crun.message, crun.finished_at = None, "", "", ""
         crun.waiting, crun.restart_at, crun.kill_at = None, None, None
-        crun.family = set()
+        crun.family, crun.ended = set(), False
         crun.started_at = now_iso()
         crun.probe_states = {p.kind: probes.ProbeState(p) for p in probes.probes_of(crun.spec)}
         try:
@@ -313,7 +360,9 @@ class NodeAgent:
         run = self.runs.get(uid)
         if run is None or run.deleting:
             return
-        crun = next(c for c in run.containers if c.name == cname)
+        crun = run.container(cname)
+        if crun is None:
+            return
         state = crun.probe_states.get(kind)
         if crun.attempt != attempt or not crun.running or state is None:
             return
@@ -338,15 +387,16 @@ class NodeAgent:
             )
             crun.kill_at = time.monotonic() + grace
             containers.kill_container(crun, signal.SIGTERM)
-        self.reporter.publish(run)
+        # A sidecar whose startupProbe passed lets the next init container start.
+        self._advance(run)
 
     # -- exits and restarts ----------------------------------------------------------
     def on_exit(self, uid: str, cname: str, attempt: int, code: int) -> None:
         run = self.runs.get(uid)
         if run is None:
             return
-        crun = next(c for c in run.containers if c.name == cname)
-        if crun.attempt != attempt:
+        crun = run.container(cname)
+        if crun is None or crun.attempt != attempt:
             return
         if not crun.finished_at:
             crun.exit_code = 128 - code if code < 0 else code
@@ -366,8 +416,8 @@ class NodeAgent:
         containers.kill_leftovers(crun)
         if run.finished:
             return
-        restart = should_restart(run.policy, crun.exit_code or 0)
-        if restart and not run.deleting and not self.stopping.is_set():
+        crun.ended = True
+        if not run.deleting and not self.stopping.is_set() and self._wants_restart(run, crun):
             wait = crun.backoff.wait_after(time.monotonic())
             crun.restart_at = time.monotonic() + wait
             if wait > 0:
@@ -378,6 +428,48 @@ class NodeAgent:
                 )
                 self.reporter.publish(run)
             return
+        self._advance(run)
+
+    @staticmethod
+    def _wants_restart(run: PodRun, crun: ContainerRun) -> bool:
+        """Whether an attempt that just ended is started again, as the kubelet decides.
+
+        A plain init container is retried only when it failed and the pod may restart; a
+        sidecar always, until the pod winds down; a regular container by the pod's policy.
+        """
+        code = crun.exit_code or 0
+        if crun.kind == "init":
+            return code != 0 and run.policy != "Never"
+        if crun.kind == "sidecar":
+            return not run.winding_down
+        return should_restart(run.policy, code)
+
+    def _advance(self, run: PodRun) -> None:
+        """Move the pod on after a change: the next init container, the regular containers
+        once initialized, the sidecars' stop once the regular containers are done, and the
+        pod's end once nothing runs any more. Publishes the pod's status."""
+        if run.finished:
+            return
+        if not run.deleting and not self.stopping.is_set() and not run.winding_down:
+            step = initorder.next_step(podstatus.init_fates(run))
+            while step.start is not None:
+                crun = run.container(step.start)
+                assert crun is not None
+                self._start_container(run, crun)
+                step = initorder.next_step(podstatus.init_fates(run))
+            if step.failed:
+                log.info("pod %s: an init container failed; the pod fails", run.key)
+                run.init_failed = run.winding_down = True
+            elif step.done and not run.initialized:
+                run.initialized = True
+                for crun in run.of_kind("regular"):
+                    self._start_container(run, crun)
+        regulars = run.of_kind("regular")
+        # Done: every regular container's exit taken in, and none of them to be restarted.
+        if run.initialized and all(c.ended and c.restart_at is None for c in regulars):
+            run.winding_down = True
+        if run.winding_down:
+            self._stop_sidecars(run)
         if run.alive() or any(c.restart_at is not None for c in run.containers):
             self.reporter.publish(run)
             return
@@ -386,6 +478,23 @@ class NodeAgent:
         self.reporter.publish(run)
         if run.deleting:
             self._finalize_delete(run)
+
+    def _stop_sidecars(self, run: PodRun) -> None:
+        """SIGTERM the sidecars one at a time, last first (the next once the one before has
+        exited), within the pod's grace period; pending restarts are dropped."""
+        for c in run.of_kind("sidecar"):
+            c.restart_at, c.waiting = None, None
+        running = [c for c in run.of_kind("sidecar") if c.running]
+        if not running:
+            return
+        if run.sidecar_deadline is None:
+            grace = float(run.pod["spec"].get("terminationGracePeriodSeconds", 30))
+            run.sidecar_deadline = time.monotonic() + grace
+        last = running[-1]
+        if last.kill_at is None:
+            log.info("pod %s: stopping sidecar %s", run.key, last.name)
+            last.kill_at = run.sidecar_deadline
+            containers.kill_container(last, signal.SIGTERM)
 
     def _restart_due(self) -> None:
         now = time.monotonic()
@@ -400,7 +509,7 @@ class NodeAgent:
                     os.replace(crun.log_path, crun.previous_log)
                 log.info("pod %s container %s: restart %d", run.key, crun.name, crun.restart_count)
                 self._start_container(run, crun)
-                self.reporter.publish(run)
+                self._advance(run)
 
     # -- logs (the kubelet API) ------------------------------------------------------
     def resolve_log(self, req: LogRequest) -> LogSource:
@@ -472,8 +581,8 @@ class NodeAgent:
 
     def shutdown(self) -> None:
         """Stop every pod process: SIGTERM, a short grace, then SIGKILL."""
-        if self.kubelet is not None:
-            self.kubelet.stop()
+        for server in self.kubelets.values():
+            server.stop()
         for run in self.runs.values():
             containers.kill_pod(run, signal.SIGTERM)
         deadline = time.monotonic() + 5

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpujob_localcluster.controlplane import ControlPlane
+from gpujob_localcluster.nodes import node_addresses
 from gpujob_localcluster.processes import descendants, pid_alive, wait_for
 
 log = logging.getLogger("gpujob.localcluster")
@@ -50,6 +52,9 @@ class LocalCluster:
     """Native gang scheduling (Workload/PodGroup API, GangScheduling plugin); see ControlPlane."""
     kueue: bool = False
     """Run Kueue's manager too (built from its Go module; see kueue.py)."""
+    node_ips: list[str] = field(default_factory=list)
+    """Each node's loopback address, chosen on the agent's first start and kept across its
+    restarts (a restarted kubelet keeps its node's address)."""
 
     @property
     def kubeconfig(self) -> Path:
@@ -104,11 +109,19 @@ class LocalCluster:
         ready.parent.mkdir(parents=True, exist_ok=True)
         ready.unlink(missing_ok=True)
         log_path = self.cp.log_dir / "node-agent.log"
-        # The kubelet API's serving certificate, checked by the API server against the local CA.
+        if not self.node_ips:
+            self.node_ips = node_addresses(self.nodes.count, random.randint(0, 254))
+        # The kubelet API's serving certificate, checked by the API server against the local CA
+        # at each node's InternalIP.
         serving = self.cp.pki.issue(
             "kubelet",
             "gpujob-node-agent",
-            sans=("IP:127.0.0.1", "DNS:localhost", *(f"DNS:{n}" for n in self.nodes.names)),
+            sans=(
+                "IP:127.0.0.1",
+                "DNS:localhost",
+                *(f"IP:{ip}" for ip in self.node_ips),
+                *(f"DNS:{n}" for n in self.nodes.names),
+            ),
         )
         out = open(log_path, "ab")  # noqa: SIM115 - owned by the child
         self.agent = subprocess.Popen(
@@ -138,6 +151,7 @@ class LocalCluster:
                 str(serving.key),
                 "--client-ca",
                 str(self.cp.pki.ca_cert),
+                *(arg for ip in self.node_ips for arg in ("--node-ip", ip)),
             ],
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -24,7 +24,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Final
 
-from gpujob_localcluster import images, podenv, probes, volumes
+from gpujob_localcluster import dra, images, podenv, probes, volumes
 from gpujob_localcluster.podrun import ContainerRun, PodRun
 from gpujob_localcluster.processes import descendants, pid_alive, proc_state
 
@@ -88,6 +88,8 @@ class ContainerRuntime:
         """Start one attempt of a container; its exit comes back as an ``exit`` event."""
         env = dict(self.base_env)
         env.update(podenv.container_env(run.pod, container, lookup))
+        if run.devices.get(crun.name):
+            env[dra.ENV] = ",".join(run.devices[crun.name])
         argv = [podenv.expand(a, env) for a in images.container_argv(container, self.images)]
         crun.env = env
         workdir = container.get("workingDir")

@@ -313,7 +313,7 @@ class ControlPlane:
                 str(kubelet_client.key),
                 "--kubelet-certificate-authority",
                 str(pki.ca_cert),
-                # Nodes advertise 127.0.0.1 as InternalIP; their Hostname does not resolve.
+                # Nodes advertise their loopback address as InternalIP; their Hostname does not resolve.
                 "--kubelet-preferred-address-types",
                 "InternalIP",
                 "--v",

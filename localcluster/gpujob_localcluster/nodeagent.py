@@ -4,15 +4,27 @@ Why: without a kubelet no pod ever runs, and a mock would not tell us whether th
 operator's pods really launch a torchrun gang, or whether the chart's Deployment really
 runs the operator. The real scheduler binds pods to the nodes registered here; this
 agent runs each container's command with the pod's env, gives every pod its own
-127.0.0.0/8 address, and reports status as a kubelet would.
+127.0.0.0/8 address (a ``hostNetwork`` pod its node's: every node has a loopback address
+of its own), and reports status as a kubelet would.
 
 What it does like a kubelet: env (downward API, ConfigMap/Secret refs, the
 ``KUBERNETES_SERVICE_*`` variables pointing at the loopback API server); volumes
 (emptyDir, hostPath, configMap, secret, downwardAPI, projected, including the
 ``kube-api-access-*`` service-account token from the TokenRequest API, refreshed at 80%
 of its lifetime); startup/liveness/readiness probes (httpGet, tcpSocket, exec) with the
-Ready condition; ``restartPolicy`` Always/OnFailure with crash-loop back-off; the
-``/containerLogs`` endpoint (``kubectl logs``, ``-f``, ``--previous``) on loopback TLS.
+Ready condition; ``restartPolicy`` Always/OnFailure with crash-loop back-off; init
+containers one after another to completion before the regular containers (a failed one
+fails the pod under ``restartPolicy: Never``, else it is retried), and native sidecars
+(init containers with ``restartPolicy: Always``: the next starts once the sidecar is
+started, they restart while the pod runs, count towards Ready, and are stopped last-first
+once the regular containers are done, which alone decide the phase), reported in
+``initContainerStatuses`` and the ``Initialized`` condition (:mod:`initorder`); the
+``/containerLogs`` endpoint (``kubectl logs``, ``-f``, ``--previous``, ``-c <init>``) on
+loopback TLS, one per node at its address. ``hostPort`` is not enforced (the scheduler's
+NodePorts filter keeps such pods apart); a hostNetwork pod keeps a UTS namespace with the
+pod's hostname rather than the node's. DRA: the agent is the driver ``gpu.gpujob.dev``
+(one ResourceSlice per node, a DeviceClass) and gives containers their claims' devices in
+``GPUJOB_DRA_DEVICES`` (:mod:`dra`).
 
 Isolation per pod (when root and ``unshare`` exists): a mount and UTS namespace, so the
 pod sees its own hostname, its volumes at their mount paths, and an /etc/hosts that maps
@@ -23,7 +35,8 @@ trainer and the chart's operator do). Images are not pulled: see :mod:`images`.
 
 This module is the ``python -m gpujob_localcluster.nodeagent`` command; the agent's loop
 is :mod:`agent`, its nodes :mod:`nodes`, the pods' files :mod:`podfiles`, the container
-runtime :mod:`containers`, status and Events :mod:`podstatus`.
+runtime :mod:`containers`, the init order :mod:`initorder`, status and Events
+:mod:`podstatus`.
 """
 
 from __future__ import annotations
@@ -66,6 +79,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="REPOSITORY=DOCKERFILE",
         help="map an image to the Dockerfile whose ENTRYPOINT/CMD it runs (repeatable)",
     )
+    p.add_argument(
+        "--node-ip",
+        action="append",
+        default=None,
+        metavar="ADDRESS",
+        help="each node's loopback address, in node order (default: 127.255.<random>.<i+1>)",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     api = config.new_client_from_config(config_file=args.kubeconfig)
@@ -82,15 +102,16 @@ def main(argv: list[str] | None = None) -> int:
         isolate=not args.no_isolation,
         kubelet_tls=tls,
         image_table=images.load_table(extra),
+        node_ips=args.node_ip,
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: agent.stop())
     agent.nodes.register()
     log.info(
-        "nodes %s ready (pod isolation: %s, kubelet API port: %s)",
-        ", ".join(names),
+        "nodes %s ready (pod isolation: %s, kubelet API: %s)",
+        ", ".join(f"{n} at {ip}" for n, ip in agent.nodes.addresses.items()),
         agent.runtime.isolate,
-        agent.kubelet_port or "off",
+        ", ".join(f"{s.host}:{s.port}" for s in agent.kubelets.values()) or "off",
     )
     if args.ready_file:
         Path(args.ready_file).write_text("ready\n")

@@ -2,8 +2,10 @@
 
 The scheduler binds pods only to Ready nodes with room: every node advertises the same
 :class:`NodeShape` (with ``nvidia.com/gpu`` when it has GPUs), posts a Ready status that
-names the kubelet API's port (``kubectl logs``), and renews its Lease in
-``kube-node-lease`` every heartbeat, as a kubelet does.
+names its own loopback address (InternalIP) and the kubelet API's port there (``kubectl
+logs``), and renews its Lease in ``kube-node-lease`` every heartbeat, as a kubelet does.
+Each node has an address of its own (:func:`node_addresses`) because hostNetwork pods
+take their node's address: two nodes' hostNetwork pods must not share ports.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from gpujob_localcluster import dra
 from gpujob_localcluster.podrun import now_iso
 
 log = logging.getLogger("gpujob.nodeagent")
@@ -37,17 +40,35 @@ class NodeShape:
     pods: str = "110"
 
 
+def node_addresses(count: int, octet: int) -> list[str]:
+    """One loopback address per node, ``127.255.<octet>.<i+1>``: apart from the pods'
+    addresses (which the agent takes below 127.255) and, by ``octet``, from another
+    cluster's nodes on the same machine."""
+    if not 0 <= octet <= 254 or not 0 < count <= 254:
+        raise ValueError(f"no node addresses for {count} nodes in 127.255.{octet}.0/24")
+    return [f"127.255.{octet}.{i + 1}" for i in range(count)]
+
+
 class Nodes:
     """Registers the agent's nodes and heartbeats them (node status and Lease)."""
 
     def __init__(
-        self, api: client.ApiClient, names: list[str], shape: NodeShape, kubelet_port: int
+        self,
+        api: client.ApiClient,
+        names: list[str],
+        shape: NodeShape,
+        addresses: dict[str, str],
+        kubelet_ports: dict[str, int],
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.coord = client.CoordinationV1Api(api)
+        self.resource = client.ResourceV1Api(api)
         self.names = names
         self.shape = shape
-        self.kubelet_port = kubelet_port
+        self.addresses = addresses
+        """Node name -> its InternalIP (the hostIP of its pods, the podIP of hostNetwork ones)."""
+        self.kubelet_ports = kubelet_ports
+        """Node name -> the kubelet API's port on the node's address (0: none)."""
 
     def body(self, name: str) -> dict[str, Any]:
         """The Node object: labels and the shape's capacity."""
@@ -108,7 +129,7 @@ class Nodes:
                 **body["status"],
                 "conditions": [ready, *pressure],
                 "addresses": [
-                    {"type": "InternalIP", "address": "127.0.0.1"},
+                    {"type": "InternalIP", "address": self.addresses[name]},
                     {"type": "Hostname", "address": name},
                 ],
                 "nodeInfo": {
@@ -123,7 +144,7 @@ class Nodes:
                     "systemUUID": name,
                     "bootID": name,
                 },
-                "daemonEndpoints": {"kubeletEndpoint": {"Port": self.kubelet_port}},
+                "daemonEndpoints": {"kubeletEndpoint": {"Port": self.kubelet_ports.get(name, 0)}},
             }
         }
 
@@ -138,6 +159,34 @@ class Nodes:
                     raise
             self.core.patch_node_status(name, self.status(name))
         self.renew_leases()
+        self.publish_devices()
+
+    def publish_devices(self) -> None:
+        """Publish the DeviceClass and each node's ResourceSlice, as a DRA driver does
+        (replacing what an earlier agent published). Skipped when the API does not serve
+        resource.k8s.io/v1 or the nodes have no GPUs."""
+        if not self.shape.gpus:
+            return
+        try:
+            try:
+                self.resource.create_device_class(cast(Any, dra.device_class()))
+            except ApiException as e:
+                if e.status != 409:  # it exists: nothing to change
+                    raise
+            for name in self.names:
+                body = dra.resource_slice(name, self.shape.gpus)
+                try:
+                    self.resource.create_resource_slice(cast(Any, body))
+                except ApiException as e:
+                    if e.status != 409:
+                        raise
+                    old: Any = self.resource.read_resource_slice(body["metadata"]["name"])
+                    body["metadata"]["resourceVersion"] = old.metadata.resource_version
+                    self.resource.replace_resource_slice(body["metadata"]["name"], cast(Any, body))
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            log.warning("resource.k8s.io/v1 is not served: no ResourceSlices published")
 
     def renew_leases(self) -> None:
         for name in self.names:

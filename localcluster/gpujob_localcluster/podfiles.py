@@ -70,7 +70,7 @@ def prepare_volumes(core: client.CoreV1Api, reporter: PodReporter, run: PodRun) 
             )
             continue
         folders[vol["name"]] = folder
-    for c in spec.get("containers", []):
+    for c in [*(spec.get("initContainers") or []), *spec.get("containers", [])]:
         run.mounts[c["name"]] = volumes.container_mounts(c, folders)
 
 

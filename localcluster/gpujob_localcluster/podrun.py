@@ -48,10 +48,20 @@ class ContainerRun:
     env: dict[str, str] = field(default_factory=dict)
     family: set[int] = field(default_factory=set)
     """Every process seen under this container: killed when it ends, like a cgroup."""
+    ended: bool = False
+    """The agent has taken in its last attempt's exit (and decided on a restart)."""
+    kind: str = "regular"
+    """``regular``, ``init`` (runs to completion first) or ``sidecar`` (a native sidecar:
+    an init container with ``restartPolicy: Always``)."""
 
     @property
     def running(self) -> bool:
         return self.proc is not None and self.exit_code is None
+
+    @property
+    def succeeded(self) -> bool:
+        """Its last attempt exited 0 and no restart is pending (a finished init container)."""
+        return self.exit_code == 0 and self.restart_at is None
 
     @property
     def previous_log(self) -> Path:
@@ -90,6 +100,8 @@ class PodRun:
     pod: dict[str, Any]
     ip: str
     folder: Path
+    host_ip: str = "127.0.0.1"
+    """The node's address (a hostNetwork pod's ``ip`` is this one too)."""
     containers: list[ContainerRun] = field(default_factory=list)
     kill_at: float | None = None
     finished: bool = False
@@ -101,6 +113,16 @@ class PodRun:
     mounts: dict[str, list[volumes.Mount]] = field(default_factory=dict)
     conditions: dict[str, tuple[str, str]] = field(default_factory=dict)
     """Condition type -> (status, lastTransitionTime)."""
+    devices: dict[str, list[str]] = field(default_factory=dict)
+    """Container name -> the DRA devices allocated to the claims it names (see dra)."""
+    initialized: bool = False
+    """Every init container is done (sidecars started); the regular containers were started."""
+    init_failed: bool = False
+    """An init container failed for good: the pod fails, its regular containers never run."""
+    winding_down: bool = False
+    """The regular containers are done (or init failed): sidecars are stopped, none restarts."""
+    sidecar_deadline: float | None = None
+    """Monotonic SIGKILL deadline of the sidecars' stop (the pod's grace period)."""
 
     @property
     def key(self) -> str:
@@ -120,3 +142,10 @@ class PodRun:
 
     def alive(self) -> list[ContainerRun]:
         return [c for c in self.containers if c.running]
+
+    def of_kind(self, *kinds: str) -> list[ContainerRun]:
+        """Its containers of the given kinds, in spec order (init containers first)."""
+        return [c for c in self.containers if c.kind in kinds]
+
+    def container(self, name: str) -> ContainerRun | None:
+        return next((c for c in self.containers if c.name == name), None)

@@ -15,6 +15,7 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from gpujob_localcluster import initorder
 from gpujob_localcluster.podrun import ContainerRun, PodRun, now_iso
 from gpujob_localcluster.restarts import ContainerFate, pod_phase
 
@@ -33,15 +34,23 @@ class PodReporter:
 
     def publish(self, run: PodRun) -> None:
         """Patch the pod's status from what the agent knows: phase, conditions, containers."""
-        fates = [
-            ContainerFate(c.running, c.exit_code, c.restart_at is not None) for c in run.containers
-        ]
-        phase = pod_phase(fates)
-        ready = phase == "Running" and all(c.ready for c in run.containers)
+        regulars = run.of_kind("regular")
+        inits = run.of_kind("init", "sidecar")
+        sidecars = run.of_kind("sidecar")
+        fates = [ContainerFate(c.running, c.exit_code, c.restart_at is not None) for c in regulars]
+        phase = pod_phase(
+            fates,
+            initialized=run.initialized,
+            init_failed=run.init_failed,
+            others_alive=any(c.running for c in inits),
+        )
+        # Sidecars' readiness counts towards the pod's, as the kubelet counts it.
+        ready = phase == "Running" and all(c.ready for c in regulars + sidecars)
+        pending = initorder.incomplete(init_fates(run))
         ts = now_iso()
         wanted = {
             "PodReadyToStartContainers": "True",
-            "Initialized": "True",
+            "Initialized": "True" if run.initialized else "False",
             "ContainersReady": "True" if ready else "False",
             "Ready": "True" if ready else "False",
         }
@@ -56,28 +65,30 @@ class PodReporter:
                 "status": status,
                 "lastTransitionTime": run.conditions[ctype][1],
             }
-            if status == "False" and ctype in ("ContainersReady", "Ready"):
+            if status == "False" and ctype == "Initialized":
+                cond["reason"] = "ContainersNotInitialized"
+                cond["message"] = f"containers with incomplete status: [{' '.join(pending)}]"
+            elif status == "False" and ctype in ("ContainersReady", "Ready"):
                 if phase in ("Succeeded", "Failed"):
                     cond["reason"] = "PodCompleted"
                 else:
                     cond["reason"] = "ContainersNotReady"
-                    unready = [c.name for c in run.containers if not c.ready]
+                    unready = [c.name for c in regulars + sidecars if not c.ready]
                     cond["message"] = f"containers with unready status: [{' '.join(unready)}]"
             conds.append(cond)
-        self.patch_status(
-            run.pod,
-            {
-                "phase": phase,
-                "podIP": run.ip,
-                "podIPs": [{"ip": run.ip}],
-                "hostIP": "127.0.0.1",
-                "hostIPs": [{"ip": "127.0.0.1"}],
-                "startTime": run.started_at,
-                "conditions": conds,
-                "containerStatuses": [container_status(c) for c in run.containers],
-            },
-            run,
-        )
+        status_patch: dict[str, Any] = {
+            "phase": phase,
+            "podIP": run.ip,
+            "podIPs": [{"ip": run.ip}],
+            "hostIP": run.host_ip,
+            "hostIPs": [{"ip": run.host_ip}],
+            "startTime": run.started_at,
+            "conditions": conds,
+            "containerStatuses": [container_status(c) for c in regulars],
+        }
+        if inits:
+            status_patch["initContainerStatuses"] = [container_status(c) for c in inits]
+        self.patch_status(run.pod, status_patch, run)
 
     def patch_status(
         self, pod: dict[str, Any], status: dict[str, Any], run: PodRun | None = None
@@ -132,7 +143,9 @@ class PodReporter:
                 "uid": run.uid,
             }
             if container:
-                involved["fieldPath"] = f"spec.containers{{{container}}}"
+                crun = run.container(container)
+                field = "containers" if crun is None or crun.kind == "regular" else "initContainers"
+                involved["fieldPath"] = f"spec.{field}{{{container}}}"
             body = {
                 "metadata": {"generateName": f"{run.name}.", "namespace": run.namespace},
                 "involvedObject": involved,
@@ -153,6 +166,21 @@ class PodReporter:
             log.debug("event %s on %s not recorded: %s", reason, run.key, e.reason)
 
 
+def init_fates(run: PodRun) -> list[initorder.InitFate]:
+    """The pod's init containers as :mod:`initorder` sees them."""
+    return [
+        initorder.InitFate(
+            name=c.name,
+            sidecar=c.kind == "sidecar",
+            attempted=c.attempt > 0,
+            started=c.started,
+            succeeded=c.succeeded,
+            failed=c.ended and c.exit_code not in (None, 0) and c.restart_at is None,
+        )
+        for c in run.of_kind("init", "sidecar")
+    ]
+
+
 def terminated(crun: ContainerRun) -> dict[str, Any]:
     """A container's ``terminated`` state: its last attempt's exit."""
     term: dict[str, Any] = {
@@ -168,7 +196,10 @@ def terminated(crun: ContainerRun) -> dict[str, Any]:
 
 
 def container_status(crun: ContainerRun) -> dict[str, Any]:
-    """A container's entry in ``containerStatuses``: running, waiting to restart, or ended."""
+    """A container's entry in ``containerStatuses`` (or ``initContainerStatuses``): not
+    started yet, running, waiting to restart, or ended."""
+    # A plain init container that exited 0 counts as ready, as the kubelet reports it.
+    ready = crun.succeeded if crun.kind == "init" else crun.ready
     base: dict[str, Any] = {
         "name": crun.name,
         "image": crun.spec.get("image", ""),
@@ -176,9 +207,11 @@ def container_status(crun: ContainerRun) -> dict[str, Any]:
         "restartCount": crun.restart_count,
         "containerID": f"local://{crun.proc.pid if crun.proc else 0}",
         "lastState": crun.last_state,
-        "ready": crun.ready,
+        "ready": ready,
         "started": crun.started,
     }
+    if crun.attempt == 0:  # not started yet: it waits for the init containers before it
+        return {**base, "state": {"waiting": {"reason": "PodInitializing"}}}
     if crun.running:
         return {**base, "state": {"running": {"startedAt": crun.started_at}}}
     if crun.waiting is not None and crun.restart_at is not None:

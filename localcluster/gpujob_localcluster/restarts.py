@@ -62,15 +62,28 @@ class ContainerFate:
     restarting: bool = False
 
 
-def pod_phase(fates: Sequence[ContainerFate]) -> str:
-    """The pod phase from its containers, as the kubelet computes it (no init containers).
+def pod_phase(
+    fates: Sequence[ContainerFate],
+    *,
+    initialized: bool = True,
+    init_failed: bool = False,
+    others_alive: bool = False,
+) -> str:
+    """The pod phase from its regular containers, as the kubelet computes it.
 
-    Running while any container runs or waits for a restart; once every container has
-    ended for good, Failed if any ended non-zero, else Succeeded.
+    Pending until the init containers are done; Failed when one of them failed for good.
+    Then Running while any regular container runs or waits for a restart; once every one
+    has ended for good, Failed if any ended non-zero, else Succeeded. Sidecars never
+    decide the phase, but a pod whose processes (``others_alive``: sidecars being stopped)
+    still run has not reached its end yet.
     """
-    if not fates:
+    if init_failed:
+        return "Pending" if others_alive else "Failed"
+    if not initialized or not fates:
         return "Pending"
     if any(f.running or f.restarting for f in fates):
+        return "Running"
+    if others_alive:
         return "Running"
     return "Failed" if any(f.exit_code for f in fates) else "Succeeded"
 

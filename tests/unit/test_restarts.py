@@ -64,3 +64,18 @@ def test_messages_read_like_the_kubelets() -> None:
         backoff_message(40, "main", "p", "ns", "u1")
         == "back-off 40s restarting failed container=main pod=p_ns(u1)"
     )
+
+
+def test_pod_phase_with_init_containers_and_sidecars() -> None:
+    ok = ContainerFate(False, 0)
+    assert pod_phase([ContainerFate(False)], initialized=False) == "Pending"
+    # An init container failed for good: Failed once the sidecars are stopped.
+    assert pod_phase([ContainerFate(False)], initialized=False, init_failed=True) == "Failed"
+    assert (
+        pod_phase([ContainerFate(False)], init_failed=True, others_alive=True, initialized=False)
+        == "Pending"
+    )
+    # The regular containers decide; a sidecar still being stopped only delays the end.
+    assert pod_phase([ok], others_alive=True) == "Running"
+    assert pod_phase([ok]) == "Succeeded"
+    assert pod_phase([ContainerFate(True)], others_alive=True) == "Running"
