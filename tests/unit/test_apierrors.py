@@ -48,6 +48,7 @@ PSA = (
         (403, "Forbidden", 'workloads.kueue.x-k8s.io is forbidden: User "system:serviceaccount:gpujob:quota-exceeded-sa" cannot create resource "workloads" in API group "kueue.x-k8s.io" in the namespace "ml"', c.OPERATOR_FORBIDDEN, False),
         (403, "Forbidden", 'pods "quota-run-node-0" is forbidden: no PriorityClass with name urgent was found', c.CREATE_REFUSED, False),
         (403, "Forbidden", PSA, c.POD_SECURITY_VIOLATION, True),
+        (403, "Forbidden", 'pods "x" is forbidden: the string value of PreemptionPolicy (Never) must not be provided in pod spec; priority admission controller computed PreemptLowerPriority from the given PriorityClass name', c.INVALID_POD_TEMPLATE, True),
         (403, "Forbidden", 'pods "x" is forbidden: maximum cpu usage per Container is 1, but limit is 2', c.LIMIT_RANGE_VIOLATION, True),
         (403, "Forbidden", 'pods "x" is forbidden: minimum memory usage per Pod is 1Gi, but request is 1Mi', c.LIMIT_RANGE_VIOLATION, True),
         (403, "Forbidden", 'pods "x" is forbidden: cpu max limit to request ratio per Container is 2, but provided ratio is 4.000000', c.LIMIT_RANGE_VIOLATION, True),

@@ -46,6 +46,9 @@ _QUOTA_TRANSIENT: Final = re.compile(
     r"(?:consume|match these scopes): )"
 )
 _MUST_SPECIFY: Final = "must specify "
+# The Priority admission plugin: a pod's priority or preemptionPolicy that contradicts its
+# PriorityClass can never be admitted with that class.
+_PRIORITY_CONFLICT: Final = re.compile(r"must not be provided in pod spec; priority admission")
 _WEBHOOK_DOWN: Final = re.compile(r"failed calling webhook|failed to call webhook", re.I)
 _WEBHOOK_DENIED: Final = re.compile(r"admission webhook .* denied the request", re.I)
 _POLICY_DENIED: Final = re.compile(r"ValidatingAdmissionPolicy .* denied request", re.I)
@@ -159,6 +162,8 @@ def classify(
             return out(c.QUOTA_EXCEEDED, False)
         if _LIMIT_RANGE.search(message):
             return out(c.LIMIT_RANGE_VIOLATION, True)
+        if _PRIORITY_CONFLICT.search(message) and kind == "pod":
+            return out(c.INVALID_POD_TEMPLATE, True)
         return out(c.CREATE_REFUSED, False)
     if code == 409:
         return out(c.API_CONFLICT, False)
