@@ -165,3 +165,59 @@ def test_two_host_network_jobs_share_a_node_on_ports_of_their_own(
         status = wait_job_phase(kube, name, ("Succeeded", "Failed"), timeout=240)
         assert status["phase"] == "Succeeded", status
         assert status["progress"]["step"] == 160
+
+
+DRA_RANK = """
+import os
+devices = os.environ.get("GPUJOB_DRA_DEVICES", "")
+print("rank", os.environ["RANK"], "devices", devices, flush=True)
+assert len(devices.split(",")) == 4, devices
+"""
+
+
+def test_a_gang_gets_its_gpus_through_per_pod_resource_claims(
+    kube: Kube, operator: OperatorProcess
+) -> None:
+    """DRA end to end: the local node agent publishes each node's GPUs as a ResourceSlice
+    (driver gpu.gpujob.dev), each pod gets its own claim from the template, the scheduler
+    allocates them, and the ranks see their devices; no nvidia.com/gpu is requested."""
+    kube.apply(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "four-gpus"},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {
+                                "name": "gpu",
+                                "exactly": {"deviceClassName": "gpu.gpujob.dev", "count": 4},
+                            }
+                        ]
+                    }
+                }
+            },
+        }
+    )
+    body = python_job(
+        "dra",
+        DRA_RANK,
+        gpus=4,
+        resources={"claims": [{"name": "gpus"}]},
+        template={"resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "four-gpus"}]},
+    )
+    kube.apply(body)
+    status = wait_job_phase(kube, "dra", ("Succeeded", "Failed"), timeout=180)
+    assert status["phase"] == "Succeeded", status
+    pods = kube.list("pods", "gpujob.dev/job-name=dra")
+    assert len({p["spec"]["nodeName"] for p in pods}) == 2, "4 GPUs each: one pod per node"
+    claims = set()
+    for pod in pods:
+        trainer = pod["spec"]["containers"][0]
+        assert trainer["resources"] == {"claims": [{"name": "gpus"}]}
+        (claim,) = pod["status"]["resourceClaimStatuses"]
+        claims.add(claim["resourceClaimName"])
+        log = kube.run("logs", pod["metadata"]["name"], check=True).stdout
+        assert "devices gpu-" in log
+    assert len(claims) == 2, "one claim per pod, from the template"
