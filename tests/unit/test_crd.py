@@ -59,7 +59,7 @@ PRESERVE_OK = {
     ),
     "spec.resources.claims[]",
     # Declared only to be refused by name (api/pod/owned.py).
-    *(f"spec.template.{name}" for name in OWNED_FIELDS),
+    *(f"spec.template.{name}{sub}" for name in OWNED_FIELDS for sub in ("", "[]")),
 }
 
 

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from gpujob_operator.api import crd
+from gpujob_operator.api.pod.owned import OWNED_FIELDS
+from gpujob_operator.api.pod.template import MERGED_FIELDS, TRAINER_FIELDS
 
 DOC_PATH = Path("docs") / "api.md"
 HEADER = """# GPUTrainingJob API reference
@@ -77,6 +79,50 @@ def _rules(node: dict[str, Any], path: str) -> Iterator[tuple[str, str]]:
         yield from _rules(node["additionalProperties"], f"{path}[*]")
 
 
+MERGE_ORDER = """## How spec.template becomes a pod
+
+Each pod is built in this order (`lifecycle/builders.py`):
+
+1. Metadata: the template's labels (never `gpujob.dev/*`), then the operator's; the
+   template's annotations.
+2. The trainer container, `containers[0]`, named `trainer`: `spec.image`; `spec.command`
+   (wrapped in torchrun with `launcher: torchrun`) and `spec.args`; env: the operator's
+   rendezvous and `GPUJOB_*` variables, its defaults unless `spec.env` sets the same name,
+   then `spec.env` in order; ports: `metrics-<i>` per local rank and `rendezvous` (hostPorts
+   on the host network), then the template's; resources: `spec.resources` plus
+   `gpusPerNode` x `nvidia.com/gpu` unless `spec.resources.claims` is set; volumeMounts: the
+   template's, then `/dev/shm` with `shmSize`; `terminationMessagePolicy:
+   FallbackToLogsOnError` unless the template sets one; the template's other trainer fields.
+3. The pod spec: `hostname`, `subdomain`, `restartPolicy: Never`; `enableServiceLinks:
+   false`, `terminationGracePeriodSeconds` and (with `hostNetwork`) `dnsPolicy:
+   ClusterFirstWithHostNet` unless the template sets them; every other template field as
+   written; `containers`: the trainer, then the template's; `volumes`: the template's, then
+   the `/dev/shm` volume.
+4. Gang admission: `schedulingGroup` (native gangs) or Kueue's labels.
+
+| template field | lands in the pod at |
+|---|---|
+"""
+
+
+def _merge_rules() -> str:
+    """Where each template field lands, and the fields the operator owns (from the tables
+    the builder and the rules use, so this cannot drift)."""
+    out = [MERGE_ORDER]
+    for name, where in MERGED_FIELDS.items():
+        out.append(f"| `{name}` | `{where}` |\n")
+    for name in TRAINER_FIELDS:
+        out.append(f"| `{name}` | `spec.containers[0].{name}` |\n")
+    out.append("| any other field | `spec.<the same name>` |\n")
+    out.append(
+        "\nFields the operator owns, refused in `spec.template` with the reason:\n\n"
+        "| field | why |\n|---|---|\n"
+    )
+    for name, reason in OWNED_FIELDS.items():
+        out.append(f"| `{name}` | {reason} |\n")
+    return "".join(out) + "\n"
+
+
 def render() -> str:
     """The whole reference as Markdown."""
     version = crd.build_crd()["spec"]["versions"][0]
@@ -87,6 +133,7 @@ def render() -> str:
         for path, typ, limits, desc in _rows(schema[section], section):
             out.append(f"| `{path}` | {typ} | {limits} | {desc} |\n")
         out.append("\n")
+    out.append(_merge_rules())
     out.append(
         "## Validation rules (CEL) the API server enforces\n\n| where | message |\n|---|---|\n"
     )
