@@ -67,7 +67,12 @@ class TimedApiClient(client.ApiClient):
 
     def call_api(self, *args: Any, **kwargs: Any) -> Any:
         method = str(args[0] if args else kwargs.get("method", "")).upper()
-        if method in WRITES and self.may_write is not None and not self.may_write():
+        if (
+            method in WRITES
+            and self.may_write is not None
+            and not _dry_run(args, kwargs)
+            and not self.may_write()
+        ):
             raise Fenced(f"{method}: this replica is not confirmed active (peering)")
         if not kwargs.get("_request_timeout") and len(args) < 6:
             kwargs["_request_timeout"] = (self.timeout, self.timeout)
@@ -75,6 +80,13 @@ class TimedApiClient(client.ApiClient):
 
 
 WRITES: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def _dry_run(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """A dry-run request (``dryRun=All``) changes nothing: a standby may send it (the
+    admission webhook answers on every replica)."""
+    url = str(args[1] if len(args) > 1 else kwargs.get("url", ""))
+    return "dryRun=" in url.partition("?")[2]
 
 
 class JobGone(Exception):
@@ -118,6 +130,21 @@ class Kube:
             if e.status == 409 or namespace_terminating(e):
                 return False
             raise
+
+    async def dry_run_pod(self, namespace: str, body: dict[str, Any], timeout: float) -> None:
+        """Ask the API server to admit ``body`` without creating it (``dryRun=All``), with
+        unknown fields refused (``fieldValidation=Strict``); raises what the server refused.
+        Bounded by ``timeout`` seconds in all, retries included (the admission webhook's
+        answer must come before the API server gives up on the webhook)."""
+        call = asyncio.to_thread(
+            cast(Any, self.core.create_namespaced_pod),
+            namespace,
+            body,
+            dry_run="All",
+            field_validation="Strict",
+            _request_timeout=(timeout, timeout),
+        )
+        await asyncio.wait_for(call, timeout)
 
     async def delete_pod(self, namespace: str, name: str) -> bool:
         """Delete a pod (graceful, background); False when no pod of that name exists (a
