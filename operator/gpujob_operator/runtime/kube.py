@@ -134,17 +134,31 @@ class Kube:
     async def dry_run_pod(self, namespace: str, body: dict[str, Any], timeout: float) -> None:
         """Ask the API server to admit ``body`` without creating it (``dryRun=All``), with
         unknown fields refused (``fieldValidation=Strict``); raises what the server refused.
-        Bounded by ``timeout`` seconds in all, retries included (the admission webhook's
-        answer must come before the API server gives up on the webhook)."""
-        call = asyncio.to_thread(
-            cast(Any, self.core.create_namespaced_pod),
-            namespace,
-            body,
-            dry_run="All",
-            field_validation="Strict",
-            _request_timeout=(timeout, timeout),
+
+        The body goes out as the plain JSON it is: the typed ``create_namespaced_pod``
+        would check it against the client's own models first (and refuse a missing
+        ``claimName`` itself, or drop an unknown field) instead of asking core/v1. Bounded
+        by ``timeout`` seconds in all, retries included: the admission webhook's answer
+        must come before the API server gives up on the webhook.
+        """
+        api = self.api_client
+        request = api.param_serialize(
+            method="POST",
+            resource_path="/api/v1/namespaces/{namespace}/pods",
+            path_params={"namespace": namespace},
+            query_params=[("dryRun", "All"), ("fieldValidation", "Strict")],
+            header_params={"Accept": "application/json", "Content-Type": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
         )
-        await asyncio.wait_for(call, timeout)
+
+        def send() -> None:
+            response = api.call_api(*request, _request_timeout=(timeout, timeout))
+            response.read()
+            if not 200 <= response.status <= 299:
+                raise ApiException.from_response(http_resp=response, body=None, data=None)
+
+        await asyncio.wait_for(asyncio.to_thread(send), timeout)
 
     async def delete_pod(self, namespace: str, name: str) -> bool:
         """Delete a pod (graceful, background); False when no pod of that name exists (a
