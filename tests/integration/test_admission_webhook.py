@@ -115,20 +115,28 @@ def test_with_the_webhook_down_the_job_is_admitted_and_fails_at_run_time(
 ) -> None:
     """failurePolicy Ignore: the registration stays (a killed operator cleans nothing up),
     its server is gone, and the API server admits on the CRD's checks alone; the operator
-    that runs next finds the same mistake when it creates the pods (the backstop)."""
-    manifest = REPO / "tests/data/bad_manifests/webhook-env-field-ref-label-key-invalid.yaml"
+    that runs next finds the same mistakes when it creates the pods (the backstop), with
+    core/v1's message, also where the API client's own models would have refused first."""
+    wrong = {
+        "webhook-env-field-ref-label-key-invalid.yaml": "name part must consist of alphanumeric",
+        "webhook-pvc-volume-without-claim-name.yaml": "persistentVolumeClaim.claimName: Required",
+    }
     webhook_operator.kill()
     assert kube.get("validatingwebhookconfiguration", webhook_operator.webhook_name)
-    res = kube.run("apply", "-f", str(manifest))
-    assert res.returncode == 0, res.stderr
+    names = {}
+    for file, message in wrong.items():
+        manifest = REPO / "tests/data/bad_manifests" / file
+        res = kube.run("apply", "-f", str(manifest))
+        assert res.returncode == 0, res.stderr
+        names[yaml.safe_load(manifest.read_text())["metadata"]["name"]] = message
 
-    name = yaml.safe_load(manifest.read_text())["metadata"]["name"]
     plain = OperatorProcess(kube.kubeconfig, [kube.namespace], tmp_path / "plain.log").start()
     try:
-        status = wait_job_phase(kube, name, ("Failed",), timeout=90)
-        cond = dict(c.find(job_status(kube, name).get("conditions"), c.FAILED) or {})
-        assert cond.get("reason") == c.INVALID_POD_TEMPLATE, cond
-        assert "name part must consist of alphanumeric characters" in cond["message"], cond
-        assert status["failure"]["reason"] == c.INVALID_POD_TEMPLATE
+        for name, message in names.items():
+            status = wait_job_phase(kube, name, ("Failed",), timeout=90)
+            cond = dict(c.find(job_status(kube, name).get("conditions"), c.FAILED) or {})
+            assert cond.get("reason") == c.INVALID_POD_TEMPLATE, cond
+            assert message in cond["message"], cond
+            assert status["failure"]["reason"] == c.INVALID_POD_TEMPLATE
     finally:
         plain.stop()

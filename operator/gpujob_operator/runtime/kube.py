@@ -120,11 +120,9 @@ class Kube:
         (``dryRun=All``): the same refusals (quota, PodSecurity, webhooks, invalid fields),
         nothing created. RBAC-wise it is the same ``create`` verb.
         """
-        extra: dict[str, Any] = {"dry_run": "All"} if dry_run else {}
+        query = [("dryRun", "All")] if dry_run else []
         try:
-            await asyncio.to_thread(
-                self.core.create_namespaced_pod, namespace, cast(Any, body), **extra
-            )
+            await asyncio.to_thread(self._post_pod, namespace, body, query)
             return True
         except ApiException as e:
             if e.status == 409 or namespace_terminating(e):
@@ -134,31 +132,43 @@ class Kube:
     async def dry_run_pod(self, namespace: str, body: dict[str, Any], timeout: float) -> None:
         """Ask the API server to admit ``body`` without creating it (``dryRun=All``), with
         unknown fields refused (``fieldValidation=Strict``); raises what the server refused.
+        Bounded by ``timeout`` seconds in all, retries included: the admission webhook's
+        answer must come before the API server gives up on the webhook.
+        """
+        query = [("dryRun", "All"), ("fieldValidation", "Strict")]
+        await asyncio.wait_for(
+            asyncio.to_thread(self._post_pod, namespace, body, query, timeout), timeout
+        )
 
-        The body goes out as the plain JSON it is: the typed ``create_namespaced_pod``
-        would check it against the client's own models first (and refuse a missing
-        ``claimName`` itself, or drop an unknown field) instead of asking core/v1. Bounded
-        by ``timeout`` seconds in all, retries included: the admission webhook's answer
-        must come before the API server gives up on the webhook.
+    def _post_pod(
+        self,
+        namespace: str,
+        body: dict[str, Any],
+        query: list[tuple[str, str]],
+        timeout: float | None = None,
+    ) -> None:
+        """POST a pod as the plain JSON it is (blocking); raises the server's refusal.
+
+        Not the typed ``create_namespaced_pod``: it checks the body against the client's own
+        models first, so a pod core/v1 would refuse with a message naming the field (a PVC
+        volume without ``claimName``) failed in the client instead, as an error the job
+        loop can only retry, and an unknown field was dropped before the server saw it.
         """
         api = self.api_client
         request = api.param_serialize(
             method="POST",
             resource_path="/api/v1/namespaces/{namespace}/pods",
             path_params={"namespace": namespace},
-            query_params=[("dryRun", "All"), ("fieldValidation", "Strict")],
+            query_params=query,
             header_params={"Accept": "application/json", "Content-Type": "application/json"},
             body=body,
             auth_settings=["BearerToken"],
         )
-
-        def send() -> None:
-            response = api.call_api(*request, _request_timeout=(timeout, timeout))
-            response.read()
-            if not 200 <= response.status <= 299:
-                raise ApiException.from_response(http_resp=response, body=None, data=None)
-
-        await asyncio.wait_for(asyncio.to_thread(send), timeout)
+        limit: dict[str, Any] = {"_request_timeout": (timeout, timeout)} if timeout else {}
+        response = api.call_api(*request, **limit)
+        response.read()
+        if not 200 <= response.status <= 299:
+            raise ApiException.from_response(http_resp=response, body=None, data=None)
 
     async def delete_pod(self, namespace: str, name: str) -> bool:
         """Delete a pod (graceful, background); False when no pod of that name exists (a
