@@ -33,7 +33,6 @@ Segment = str | int
 """One step of a field path: a field name, a list index, or a map key (``[cpu]``)."""
 
 _STEP: Final = re.compile(r"\[(?P<index>[^\]]*)\]|(?P<name>[^.\[\]]+)")
-_TRAINER_SPEC_FIELDS: Final = {"image": "image", "command": "command", "args": "args"}
 
 
 @dataclass(frozen=True)
@@ -98,6 +97,11 @@ def _index_of(items: Any, match: Callable[[Any], bool]) -> int | None:
     return None
 
 
+def _keyed(key: str, value: Any) -> Callable[[Any], bool]:
+    """Matches a list entry (a mapping) whose ``key`` is ``value``."""
+    return lambda item: isinstance(item, Mapping) and item.get(key) == value
+
+
 def _at(items: Any, j: int) -> Any:
     return items[j] if isinstance(items, list) and 0 <= j < len(items) else None
 
@@ -141,7 +145,7 @@ def _map(
         name = (_at(pod_spec.get("volumes"), rest[0]) or {}).get("name")
         if name == SHM_VOLUME and rest[1:3] == ["emptyDir", "sizeLimit"]:
             return ["spec", "template", "shmSize"]
-        i = _index_of(template.get("volumes"), lambda v: v.get("name") == name)
+        i = _index_of(template.get("volumes"), _keyed("name", name))
         return None if i is None else ["spec", "template", "volumes", i, *rest[1:]]
     if not isinstance(field, str):
         return None
@@ -160,8 +164,8 @@ def _trainer(
     field, tail = rest[0], rest[1:]
     if field in ("command", "args"):
         return _argv(field, tail, spec, container)
-    if field in _TRAINER_SPEC_FIELDS:
-        return ["spec", _TRAINER_SPEC_FIELDS[field], *tail]
+    if field == "image":
+        return ["spec", "image", *tail]
     if field == "resources":
         if len(tail) >= 2 and tail[1] == _Keys(api.GPU_RESOURCE):
             return ["spec", "gpusPerNode"]
@@ -170,13 +174,13 @@ def _trainer(
         # The user's entry of that name: the operator drops its own default of a name the
         # user sets, and the API refuses user entries for the names it owns.
         name = (_at(container.get("env"), tail[0]) or {}).get("name")
-        i = _index_of(spec.get("env"), lambda e: e.get("name") == name)
+        i = _index_of(spec.get("env"), _keyed("name", name))
         return None if i is None else ["spec", "env", i, *tail[1:]]
     if field == "securityContext":
         return ["spec", "template", "containerSecurityContext", *tail]
     if field == "volumeMounts" and tail and isinstance(tail[0], int):
         path = (_at(container.get("volumeMounts"), tail[0]) or {}).get("mountPath")
-        i = _index_of(template.get("volumeMounts"), lambda m: m.get("mountPath") == path)
+        i = _index_of(template.get("volumeMounts"), _keyed("mountPath", path))
         return None if i is None else ["spec", "template", "volumeMounts", i, *tail[1:]]
     if field == "ports" and tail and isinstance(tail[0], int):
         port = _at(container.get("ports"), tail[0])
