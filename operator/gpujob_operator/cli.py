@@ -24,7 +24,12 @@ def main(argv: list[str] | None = None) -> int:
         return diagnose.run(args)
     if args.cmd == "operator":
         op_main.run(
-            args.namespace, args.liveness, args.verbose, args.metrics_port, args.metrics_addr
+            args.namespace,
+            args.liveness,
+            args.verbose,
+            args.metrics_port,
+            args.metrics_addr,
+            op_main.webhook_flags(args),
         )
     return 0
 

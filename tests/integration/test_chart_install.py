@@ -12,7 +12,10 @@ Choices (documented here because they shape the test):
 
 from __future__ import annotations
 
+import base64
 import json
+import socket
+import ssl
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -20,14 +23,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.integration.conftest import wait_job_phase
+from tests.support.chart import CHART
 from tests.support.incluster import ChartOperator
 from tests.support.jobs import python_job
 from tests.support.kube import Kube
 from tests.support.waiting import wait_until
 
 SA = "gj-gpujob"  # <release>-gpujob with release "gj"
+REPO = Path(__file__).resolve().parents[2]
+CHECKOUT_PATH = {
+    "name": "PYTHONPATH",
+    "value": ":".join(str(REPO / d) for d in ("operator", "trainer_image", "localcluster")),
+}
+BAD_PVC = REPO / "tests/data/bad_manifests/webhook-pvc-volume-without-claim-name.yaml"
 
 
 def two_node_job(name: str) -> dict[str, Any]:
@@ -38,6 +49,10 @@ class Release(ChartOperator):
     """A helm release of the chart in the test's namespace (``--skip-crds``)."""
 
     def install(self, values: dict[str, Any] | None = None, *extra: str) -> str:
+        # The pod imports this checkout's operator, whatever checkout the shared venv's
+        # editable install points at (a worktree's tests must test the worktree's code).
+        values = dict(values or {})
+        values["operator"] = {**values.get("operator", {}), "extraEnv": [CHECKOUT_PATH]}
         out = super().install(values, "--skip-crds", *extra)
         assert "kubectl get gputrainingjobs" in out  # NOTES.txt tells what to run next
         return out
@@ -108,6 +123,81 @@ def operator_pod(release: Release) -> dict[str, Any]:
     return pod
 
 
+def review(pod_ip: str, ca: bytes, server_name: str, job: dict[str, Any]) -> dict[str, Any]:
+    """POST an AdmissionReview of ``job`` to the operator pod's webhook port, as the API
+    server would: TLS verified against the chart's CA for the Service's DNS name.
+
+    The API server itself cannot reach it here: a Service-based webhook is dialled through
+    the Service's endpoints (or its ClusterIP), and the local cluster has neither (its pods'
+    addresses are loopback ones, which Endpoints refuse, and there is no kube-proxy).
+    """
+    meta = job["metadata"]
+    request = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": str(uuid.uuid4()),
+            "kind": {"group": "gpujob.dev", "version": "v1alpha1", "kind": "GPUTrainingJob"},
+            "resource": {
+                "group": "gpujob.dev",
+                "version": "v1alpha1",
+                "resource": "gputrainingjobs",
+            },
+            "operation": "CREATE",
+            "namespace": meta["namespace"],
+            "name": meta["name"],
+            "userInfo": {"username": "test"},
+            "object": job,
+        },
+    }
+    body = json.dumps(request).encode()
+    head = (
+        f"POST /validate-pods HTTP/1.1\r\nHost: {server_name}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
+    ctx = ssl.create_default_context(cadata=ca.decode())
+    with (
+        socket.create_connection((pod_ip, 9443), timeout=30) as raw,
+        ctx.wrap_socket(raw, server_hostname=server_name) as tls,
+    ):
+        tls.sendall(head + body)
+        chunks = []
+        while chunk := tls.recv(65536):
+            chunks.append(chunk)
+    status, _, rest = b"".join(chunks).partition(b"\r\n")
+    assert b" 200 " in status, status
+    return dict(json.loads(rest.partition(b"\r\n\r\n")[2])["response"])
+
+
+def check_the_charts_webhook(kube: Kube, release: Release, pod: dict[str, Any], ns: str) -> None:
+    """The chart's operator pod serves the webhook with the chart's certificate: a job whose
+    pods core/v1 refuses is denied with the user's field; an upgrade keeps the certificate."""
+    (config,) = [
+        c
+        for c in kube.list("validatingwebhookconfigurations")
+        if c["metadata"]["name"] == f"{SA}-{kube.namespace}"
+    ]
+    (hook,) = config["webhooks"]
+    assert hook["failurePolicy"] == "Ignore"
+    ca = base64.b64decode(hook["clientConfig"]["caBundle"])
+    job = yaml.safe_load(BAD_PVC.read_text())
+    job["metadata"]["namespace"] = ns
+    answer = review(pod["status"]["podIP"], ca, f"{SA}-webhook.{kube.namespace}.svc", job)
+    assert answer["allowed"] is False, answer
+    assert (
+        "spec.template.volumes[0].persistentVolumeClaim.claimName: Required value"
+        in (answer["status"]["message"])
+    )
+    secret = kube.get("secret", f"{SA}-webhook-tls")
+    assert secret is not None
+    res = release.helm("upgrade", release.release, str(CHART), "-n", kube.namespace,
+                       "--reuse-values", "--skip-crds")  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    again = kube.get("secret", f"{SA}-webhook-tls")
+    assert again is not None and again["data"] == secret["data"], "the upgrade rotated the cert"
+
+
 def test_cluster_mode_install_runs_a_job_with_the_charts_rbac(
     kube: Kube, release: Release, other_namespace: str, sa_kubeconfig: Any, tmp_path: Path
 ) -> None:
@@ -118,6 +208,7 @@ def test_cluster_mode_install_runs_a_job_with_the_charts_rbac(
     assert pod["spec"]["serviceAccountName"] == SA
     # The whole cluster is watched: the job lives outside the release namespace.
     run_job_to_success(kube, other_namespace, release)
+    check_the_charts_webhook(kube, release, pod, other_namespace)
     # /metrics where the Service and Prometheus find it: the pod IP (operator.bindAddress).
     with urllib.request.urlopen(f"http://{pod['status']['podIP']}:8081/metrics", timeout=10) as r:
         assert "gpujob_operator_" in r.read().decode()

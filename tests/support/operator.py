@@ -10,6 +10,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpujob_localcluster.pki import Pki
 from gpujob_localcluster.ports import free_port
 from tests.support.incluster import rbac_denials
 from tests.support.waiting import wait_until
@@ -26,11 +27,36 @@ class OperatorProcess:
     proc: subprocess.Popen[bytes] | None = None
     health_port: int = 0
     metrics_port: int = 0
+    webhook: bool = False
+    """Opt-in: serve the admission webhook on 127.0.0.1 (a CA and serving certificate of
+    its own) and register it for the watched namespaces (host mode)."""
+    webhook_port: int = 0
+
+    @property
+    def webhook_name(self) -> str:
+        """The ValidatingWebhookConfiguration this operator registers (host mode)."""
+        return f"gpujob-test-{'-'.join(self.namespaces) or 'all'}"[:253]
+
+    def webhook_args(self) -> list[str]:
+        """The flags that serve and register the webhook, with a serving certificate for
+        IP 127.0.0.1 issued by a CA of this operator's own (made once per log folder)."""
+        pki = Pki(self.log_path.parent / "webhook-pki")
+        served = pki.issue("webhook", "gpujob-webhook", sans=("IP:127.0.0.1",))
+        self.webhook_port = free_port()
+        return [
+            "--webhook-port", str(self.webhook_port),
+            "--webhook-cert", str(served.cert),
+            "--webhook-key", str(served.key),
+            "--webhook-ca", str(pki.ca_cert),
+            "--webhook-register", self.webhook_name,
+        ]  # fmt: skip
 
     def start(self, timeout: float = 60) -> OperatorProcess:
         self.health_port = free_port()
         self.metrics_port = free_port()
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), **self.extra_env}
+        if self.webhook:
+            env.setdefault("GPUJOB_WEBHOOK_ADDR", "127.0.0.1")
         args = [
             sys.executable,
             "-m",
@@ -43,6 +69,8 @@ class OperatorProcess:
         ]
         for ns in self.namespaces:
             args += ["--namespace", ns]
+        if self.webhook:
+            args += self.webhook_args()
         out = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         self.proc = subprocess.Popen(
             args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True

@@ -114,6 +114,12 @@ def test_sample_catalog_is_complete() -> None:
     assert cpu.spec.args[:2] == ["--steps", "200"]
 
 
+def by_webhook(path: Path) -> bool:
+    """A manifest only the admission webhook refuses (``# by: webhook``): its pods'
+    mistakes are core/v1's to find; the model and the CRD accept it."""
+    return "# by: webhook" in path.read_text().split("\napiVersion:", 1)[0].splitlines()
+
+
 def expectations(path: Path) -> dict[str, str]:
     """The ``# expect*:`` header lines of a catalog file."""
     out: dict[str, str] = {}
@@ -137,8 +143,15 @@ def test_bad_manifest_catalog_shape() -> None:
 
 @pytest.mark.parametrize("path", BAD, ids=lambda p: p.stem)
 def test_bad_manifests_are_refused_by_the_model(path: Path) -> None:
+    if by_webhook(path):
+        api.GPUTrainingJob.model_validate(yaml.safe_load(path.read_text()))
+        return
     with pytest.raises(ValidationError):
         api.GPUTrainingJob.model_validate(yaml.safe_load(path.read_text()))
+
+
+def test_the_webhooks_catalog_is_large_enough() -> None:
+    assert len([p for p in BAD if by_webhook(p)]) >= 8
 
 
 def _cel_messages(node: Any) -> Iterator[str]:
@@ -167,11 +180,14 @@ def _expected(path: Path) -> str:
 def test_every_cel_rule_has_a_bad_manifest(message: str) -> None:
     if message in BUILT_IN_TESTS:
         return
-    assert any(message in _expected(p) for p in BAD), f"no bad manifest expects: {message}"
+    crd_only = [p for p in BAD if not by_webhook(p)]
+    assert any(message in _expected(p) for p in crd_only), f"no bad manifest expects: {message}"
 
 
 @pytest.mark.parametrize(
-    "path", [p for p in BAD if any(m in _expected(p) for m in CEL_MESSAGES)], ids=lambda p: p.stem
+    "path",
+    [p for p in BAD if not by_webhook(p) and any(m in _expected(p) for m in CEL_MESSAGES)],
+    ids=lambda p: p.stem,
 )
 def test_the_model_refuses_with_the_servers_message(path: Path) -> None:
     """The pydantic twin of each CEL rule says exactly what the API server says."""

@@ -8,8 +8,18 @@ from typing import Any
 import pytest
 import yaml
 
+from gpujob_operator.lifecycle import podreview
 from gpujob_operator.observability import alerts, dashboards, opfamilies
-from tests.support.chart import CHART, MODES, find, helm, render, template, values_file
+from tests.support.chart import (
+    CHART,
+    MODES,
+    NAMESPACED,
+    find,
+    helm,
+    render,
+    template,
+    values_file,
+)
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
@@ -66,7 +76,11 @@ def test_default_deployment_is_hardened_and_single() -> None:
     assert c["resources"]["requests"] and c["resources"]["limits"]
     for probe in ("livenessProbe", "readinessProbe"):
         assert c[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
-    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"health": 8080, "metrics": 8081}
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {
+        "health": 8080,
+        "metrics": 8081,
+        "webhook": 9443,
+    }
     assert "GPUJOB_PEERING" not in env(objs)
     assert pod["serviceAccountName"] == "gj-gpujob"
 
@@ -176,7 +190,7 @@ def test_monitoring_objects() -> None:
         "targetLabel": "job",
         "replacement": opfamilies.OPERATOR_JOB,
     } in ep["relabelings"]
-    (svc,) = find(objs, "Service")
+    (svc,) = find(objs, "Service", "gj-gpujob-metrics")
     assert svc["spec"]["ports"][0]["name"] == "metrics"
     assert sm["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"]
     (pm,) = find(objs, "PodMonitor")
@@ -374,3 +388,59 @@ def test_a_namespaced_install_forecasts_only_when_granted_the_cluster_read() -> 
     assert env(granted)["GPUJOB_FORECAST_INTERVAL"] == "30"
     denied = render({"forecast": {"clusterRead": False}})
     assert not forecast_role(denied) and env(denied)["GPUJOB_FORECAST_INTERVAL"] == "0"
+
+
+def test_the_admission_webhook_is_on_by_default_with_its_certificate_and_service() -> None:
+    objs = render()
+    (secret,) = find(objs, "Secret")
+    assert secret["type"] == "kubernetes.io/tls"
+    assert set(secret["data"]) == {"ca.crt", "tls.crt", "tls.key"}
+    (svc,) = find(objs, "Service", "gj-gpujob-webhook")
+    assert svc["spec"]["ports"] == [
+        {"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"}
+    ]
+    (config,) = find(objs, "ValidatingWebhookConfiguration")
+    (hook,) = config["webhooks"]
+    assert hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+    assert hook["clientConfig"]["service"] == {
+        "name": "gj-gpujob-webhook",
+        "namespace": svc["metadata"]["namespace"],
+        "path": "/validate-pods",
+        "port": 443,
+    }
+    assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
+    assert hook["timeoutSeconds"] == 10
+    assert hook["matchConditions"][0]["expression"] == podreview.SPEC_CHANGED
+    assert hook["rules"][0]["resources"] == ["gputrainingjobs"]
+    assert "namespaceSelector" not in hook  # cluster mode: every namespace
+    e = env(objs)
+    assert e["GPUJOB_WEBHOOK_PORT"] == "9443" and e["GPUJOB_WEBHOOK_ADDR"] == "$(POD_IP)"
+    assert e["GPUJOB_WEBHOOK_CERT"] == "/etc/gpujob/webhook/tls.crt"
+    pod = deployment(objs)["spec"]["template"]["spec"]
+    assert {"name": "webhook-tls", "secret": {"secretName": "gj-gpujob-webhook-tls"}} in pod[
+        "volumes"
+    ]
+    mount = next(m for m in container(objs)["volumeMounts"] if m["name"] == "webhook-tls")
+    assert mount["readOnly"] is True
+
+
+def test_the_webhook_is_scoped_to_the_watched_namespaces_and_may_fail_closed() -> None:
+    objs = render({**NAMESPACED, "webhook": {"failurePolicy": "Fail"}})
+    (hook,) = find(objs, "ValidatingWebhookConfiguration")[0]["webhooks"]
+    assert hook["failurePolicy"] == "Fail"
+    assert hook["namespaceSelector"] == {
+        "matchExpressions": [
+            {
+                "key": "kubernetes.io/metadata.name",
+                "operator": "In",
+                "values": NAMESPACED["rbac"]["namespaces"],
+            }
+        ]
+    }
+
+
+def test_the_webhook_can_be_turned_off() -> None:
+    objs = render({"webhook": {"enabled": False}})
+    assert not find(objs, "ValidatingWebhookConfiguration") and not find(objs, "Secret")
+    assert not [k for k in env(objs) if k.startswith("GPUJOB_WEBHOOK")]
+    assert "webhook" not in {p["name"] for p in container(objs)["ports"]}

@@ -119,6 +119,17 @@ def test_a_shut_fence_stops_a_write_before_it_is_sent(silent_server: str, write:
         asyncio.run(write(kube))  # type: ignore[operator]
 
 
+def test_a_dry_run_passes_a_shut_fence_and_ends_within_its_own_bound(
+    silent_server: Silent,
+) -> None:
+    """The admission webhook's dry run changes nothing, so a standby replica may send it;
+    a silent server cannot hold it past its bound (retries included)."""
+    kube = kube_at(silent_server, timeout=1000.0, may_write=False)
+    with pytest.raises((TimeoutError, urllib3.exceptions.HTTPError)):
+        asyncio.run(asyncio.wait_for(kube.dry_run_pod("ns", {"metadata": {"name": "p"}}, 0.3), 30))
+    wait_until(lambda: len(silent_server.held) >= 1, 10, "the dry run was sent")
+
+
 def test_only_the_servers_notfound_of_an_object_means_it_does_not_exist() -> None:
     """A Workload read answers 404 also when Kueue's API is not served any more (its CRD
     removed, its version dropped): that must not read as "the Workload was deleted"."""

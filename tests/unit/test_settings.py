@@ -45,6 +45,12 @@ def test_every_variable_is_read() -> None:
             "GPUJOB_OPERATOR_METRICS_ADDR": "127.0.0.1",
             "GPUJOB_FAULT_EXIT_AT": faults.BETWEEN_POD_DELETES,
             "GPUJOB_FORECAST_INTERVAL": "2.5",
+            "GPUJOB_WEBHOOK_PORT": "9443",
+            "GPUJOB_WEBHOOK_ADDR": "127.0.0.1",
+            "GPUJOB_WEBHOOK_CERT": "/tls/tls.crt",
+            "GPUJOB_WEBHOOK_KEY": "/tls/tls.key",
+            "GPUJOB_WEBHOOK_CA": "/tls/ca.crt",
+            "GPUJOB_WEBHOOK_REGISTER": "gpujob-dev",
         }
     )
     assert s == Settings(
@@ -66,8 +72,14 @@ def test_every_variable_is_read() -> None:
         metrics_addr="127.0.0.1",
         fault_exit_at=faults.BETWEEN_POD_DELETES,
         forecast_interval=2.5,
+        webhook_port=9443,
+        webhook_addr="127.0.0.1",
+        webhook_cert="/tls/tls.crt",
+        webhook_key="/tls/tls.key",
+        webhook_ca="/tls/ca.crt",
+        webhook_register="gpujob-dev",
     )
-    assert not s.standalone
+    assert not s.standalone and s.webhook
 
 
 @pytest.mark.parametrize(
@@ -88,6 +100,14 @@ def test_a_bad_value_is_refused_naming_the_variable(name: str, value: str, says:
     with pytest.raises(SettingsError) as err:
         from_env({name: value})
     assert str(err.value).startswith(f"{name}={value!r}: must be {says}")
+
+
+def test_a_webhook_port_needs_its_certificate_and_key() -> None:
+    assert not from_env({}).webhook
+    with pytest.raises(SettingsError, match="GPUJOB_WEBHOOK_PORT=9443: needs GPUJOB_WEBHOOK_CERT"):
+        from_env({"GPUJOB_WEBHOOK_PORT": "9443", "GPUJOB_WEBHOOK_CERT": "/c"})
+    with pytest.raises(SettingsError, match="GPUJOB_WEBHOOK_PORT='-1': must be a port"):
+        from_env({"GPUJOB_WEBHOOK_PORT": "-1"})
 
 
 def test_a_backoff_cap_below_its_base_is_refused() -> None:

@@ -81,7 +81,7 @@ class Refusal:
         return self.reason != c.API_ERROR or self.code is not None
 
 
-def _status_body(body: Any) -> Mapping[str, Any]:
+def status_body(body: Any) -> Mapping[str, Any]:
     """The metav1.Status the server sent, or {} when the body is not one."""
     if isinstance(body, bytes):
         body = body.decode("utf-8", "replace")
@@ -123,7 +123,7 @@ def classify(
     ``kind`` is what was being written (``pod``, ``service``, ...): a 422 on a pod is the
     user's template (InvalidPodTemplate), on anything else the operator's own object.
     """
-    status = _status_body(body)
+    status = status_body(body)
     message = _truncate(str(status.get("message") or f"HTTP {code}"))
     reason = str(status.get("reason") or "")
     hint = _retry_after(status, headers)

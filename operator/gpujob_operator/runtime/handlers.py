@@ -22,7 +22,7 @@ from gpujob_operator import api
 from gpujob_operator.api import children
 from gpujob_operator.lifecycle import gang
 from gpujob_operator.monitoring.scrape import Scraper
-from gpujob_operator.runtime import peers, standby
+from gpujob_operator.runtime import peers, standby, webhook
 from gpujob_operator.runtime.forecaster import Forecaster
 from gpujob_operator.runtime.jobloop import JobLoop
 from gpujob_operator.runtime.kube import Kube
@@ -53,7 +53,9 @@ def install(settings: Settings, namespaces: list[str], identity: str) -> None:
     Decorated handlers register when this module is imported (kopf's way); the one that
     depends on a setting, the Kueue Workload watch, registers here, only where Kueue is
     installed (chart: kueue.enabled): watching an API that is not served, or without RBAC
-    for it, would only fill the log with errors.
+    for it, would only fill the log with errors. The admission webhook's handlers register
+    only with a webhook port and certificate: kopf will not start admission handlers
+    without a server.
     """
     global SETTINGS, IDENTITY
     SETTINGS = settings
@@ -66,6 +68,8 @@ def install(settings: Settings, namespaces: list[str], identity: str) -> None:
             "workloads",
             labels={children.LABEL_JOB_NAME: kopf.PRESENT},
         )(kueue_workload_changed)  # type: ignore[arg-type]
+    if settings.webhook:
+        webhook.install(settings, namespaces, kube)
 
 
 def scraper() -> Scraper:

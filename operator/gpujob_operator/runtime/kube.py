@@ -67,7 +67,12 @@ class TimedApiClient(client.ApiClient):
 
     def call_api(self, *args: Any, **kwargs: Any) -> Any:
         method = str(args[0] if args else kwargs.get("method", "")).upper()
-        if method in WRITES and self.may_write is not None and not self.may_write():
+        if (
+            method in WRITES
+            and self.may_write is not None
+            and not _dry_run(args, kwargs)
+            and not self.may_write()
+        ):
             raise Fenced(f"{method}: this replica is not confirmed active (peering)")
         if not kwargs.get("_request_timeout") and len(args) < 6:
             kwargs["_request_timeout"] = (self.timeout, self.timeout)
@@ -75,6 +80,13 @@ class TimedApiClient(client.ApiClient):
 
 
 WRITES: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def _dry_run(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """A dry-run request (``dryRun=All``) changes nothing: a standby may send it (the
+    admission webhook answers on every replica)."""
+    url = str(args[1] if len(args) > 1 else kwargs.get("url", ""))
+    return "dryRun=" in url.partition("?")[2]
 
 
 class JobGone(Exception):
@@ -108,16 +120,55 @@ class Kube:
         (``dryRun=All``): the same refusals (quota, PodSecurity, webhooks, invalid fields),
         nothing created. RBAC-wise it is the same ``create`` verb.
         """
-        extra: dict[str, Any] = {"dry_run": "All"} if dry_run else {}
+        query = [("dryRun", "All")] if dry_run else []
         try:
-            await asyncio.to_thread(
-                self.core.create_namespaced_pod, namespace, cast(Any, body), **extra
-            )
+            await asyncio.to_thread(self._post_pod, namespace, body, query)
             return True
         except ApiException as e:
             if e.status == 409 or namespace_terminating(e):
                 return False
             raise
+
+    async def dry_run_pod(self, namespace: str, body: dict[str, Any], timeout: float) -> None:
+        """Ask the API server to admit ``body`` without creating it (``dryRun=All``), with
+        unknown fields refused (``fieldValidation=Strict``); raises what the server refused.
+        Bounded by ``timeout`` seconds in all, retries included: the admission webhook's
+        answer must come before the API server gives up on the webhook.
+        """
+        query = [("dryRun", "All"), ("fieldValidation", "Strict")]
+        await asyncio.wait_for(
+            asyncio.to_thread(self._post_pod, namespace, body, query, timeout), timeout
+        )
+
+    def _post_pod(
+        self,
+        namespace: str,
+        body: dict[str, Any],
+        query: list[tuple[str, str]],
+        timeout: float | None = None,
+    ) -> None:
+        """POST a pod as the plain JSON it is (blocking); raises the server's refusal.
+
+        Not the typed ``create_namespaced_pod``: it checks the body against the client's own
+        models first, so a pod core/v1 would refuse with a message naming the field (a PVC
+        volume without ``claimName``) failed in the client instead, as an error the job
+        loop can only retry, and an unknown field was dropped before the server saw it.
+        """
+        api = self.api_client
+        request = api.param_serialize(
+            method="POST",
+            resource_path="/api/v1/namespaces/{namespace}/pods",
+            path_params={"namespace": namespace},
+            query_params=query,
+            header_params={"Accept": "application/json", "Content-Type": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        limit: dict[str, Any] = {"_request_timeout": (timeout, timeout)} if timeout else {}
+        response = api.call_api(*request, **limit)
+        response.read()
+        if not 200 <= response.status <= 299:
+            raise ApiException.from_response(http_resp=response, body=None, data=None)
 
     async def delete_pod(self, namespace: str, name: str) -> bool:
         """Delete a pod (graceful, background); False when no pod of that name exists (a

@@ -21,6 +21,7 @@ from gpujob_operator.runtime.settings import (
     DEFAULT_LIVENESS,
     Settings,
     SettingsError,
+    check_webhook,
     from_env,
 )
 
@@ -31,6 +32,7 @@ def run(
     verbose: bool = False,
     metrics_port: int | None = None,
     metrics_addr: str | None = None,
+    webhook: dict[str, Any] | None = None,
 ) -> None:
     """Start kopf with the gpujob handlers, watching ``namespaces`` or the whole cluster.
 
@@ -44,7 +46,11 @@ def run(
         settings = from_env(os.environ)
     except SettingsError as e:
         sys.exit(f"gpujob operator: {e}")
-    settings = _with_flags(settings, liveness, metrics_port, metrics_addr)
+    settings = _with_flags(settings, liveness, metrics_port, metrics_addr, **(webhook or {}))
+    try:
+        check_webhook(settings.webhook_port, settings.webhook_cert, settings.webhook_key)
+    except SettingsError as e:
+        sys.exit(f"gpujob operator: {e}")
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
@@ -69,10 +75,19 @@ def run(
 
 
 def _with_flags(
-    settings: Settings, liveness: str | None, metrics_port: int | None, metrics_addr: str | None
+    settings: Settings,
+    liveness: str | None,
+    metrics_port: int | None,
+    metrics_addr: str | None,
+    **more: Any,
 ) -> Settings:
     """The settings with the command line's values where it gave any."""
-    flags = {"liveness": liveness, "metrics_port": metrics_port, "metrics_addr": metrics_addr}
+    flags = {
+        "liveness": liveness,
+        "metrics_port": metrics_port,
+        "metrics_addr": metrics_addr,
+        **more,
+    }
     given: dict[str, Any] = {k: v for k, v in flags.items() if v is not None}
     return replace(settings, **given)
 
@@ -115,4 +130,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"address /metrics binds (default: env {opmetrics.ENV_ADDR}, else "
         f"{Settings.metrics_addr})",
     )
+    p.add_argument(
+        "--webhook-port",
+        type=int,
+        default=None,
+        help="serve the admission webhook on this port (HTTPS; 0: off; default: env "
+        "GPUJOB_WEBHOOK_PORT, else off); needs --webhook-cert and --webhook-key",
+    )
+    p.add_argument("--webhook-cert", default=None, help="the webhook's serving certificate (PEM)")
+    p.add_argument("--webhook-key", default=None, help="its private key (PEM)")
+    p.add_argument("--webhook-ca", default=None, help="the CA that signed it (PEM)")
+    p.add_argument(
+        "--webhook-register",
+        default=None,
+        help="host mode: register a ValidatingWebhookConfiguration of this name pointing at "
+        "https://127.0.0.1:PORT, deleted on exit (the chart registers its own)",
+    )
     p.add_argument("--verbose", "-v", action="store_true")
+
+
+def webhook_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The webhook's command-line values, keyed by their settings' names."""
+    names = ("port", "cert", "key", "ca", "register")
+    return {f"webhook_{n}": getattr(args, f"webhook_{n}", None) for n in names}

@@ -26,6 +26,11 @@ before kopf starts. Nothing else in the operator reads the environment.
 | ``GPUJOB_LIVENESS`` | ``http://0.0.0.0:8080/healthz`` | kopf's health endpoint (set empty: none) |
 | ``GPUJOB_OPERATOR_METRICS_PORT`` / ``..._ADDR`` | 8081 / ``0.0.0.0`` | the operator's /metrics |
 | ``GPUJOB_FORECAST_INTERVAL`` | 30 | seconds between start-time forecasts of waiting jobs (0: off) |
+| ``GPUJOB_WEBHOOK_PORT`` | 0 | port of the admission webhook (HTTPS; 0: off) |
+| ``GPUJOB_WEBHOOK_ADDR`` | ``0.0.0.0`` | address the webhook binds |
+| ``GPUJOB_WEBHOOK_CERT`` / ``..._KEY`` | unset | the webhook's serving certificate and key (PEM files; required with a port) |
+| ``GPUJOB_WEBHOOK_CA`` | unset | the CA that signed it (PEM file), for a registration of its own |
+| ``GPUJOB_WEBHOOK_REGISTER`` | unset | host mode: register a ValidatingWebhookConfiguration of this name at ``https://127.0.0.1:<port>`` and delete it on exit (the chart registers its own instead) |
 | ``GPUJOB_FAULT_EXIT_AT`` | unset | tests only: die at a named write boundary |
 """
 
@@ -78,6 +83,21 @@ class Settings:
     forecast_interval: float = 30.0
     """Seconds between start-time forecasts of waiting jobs (``GPUJOB_FORECAST_INTERVAL``);
     0 turns forecasting off."""
+    webhook_port: int = 0
+    """The admission webhook's port; 0: no webhook."""
+    webhook_addr: str = "0.0.0.0"
+    webhook_cert: str | None = None
+    webhook_key: str | None = None
+    webhook_ca: str | None = None
+    webhook_register: str | None = None
+    """Host mode: the name of a ValidatingWebhookConfiguration the operator registers for
+    itself (URL ``https://127.0.0.1:<port>``) and deletes on exit; None: registered by the
+    chart."""
+
+    @property
+    def webhook(self) -> bool:
+        """Whether to serve the admission webhook (a port, a certificate and its key)."""
+        return self.webhook_port > 0
 
     @property
     def standalone(self) -> bool:
@@ -142,6 +162,15 @@ def from_env(env: Mapping[str, str]) -> Settings:
         return backoff.Policy(b, c, default.jitter)
 
     peering = env.get("GPUJOB_PEERING", "").strip()
+    webhook_port = _read(
+        env, "GPUJOB_WEBHOOK_PORT", d.webhook_port, int, "a port 0..65535 (0: off)",
+        lambda v: 0 <= v <= 65535,
+    )  # fmt: skip
+    webhook_files = {
+        name: env.get(f"GPUJOB_WEBHOOK_{name.upper()}", "").strip() or None
+        for name in ("cert", "key", "ca")
+    }
+    check_webhook(webhook_port, webhook_files["cert"], webhook_files["key"])
     liveness = env.get("GPUJOB_LIVENESS", d.liveness or "").strip()
     return Settings(
         default_gang=_read(
@@ -220,6 +249,12 @@ def from_env(env: Mapping[str, str]) -> Settings:
             lambda v: 0 <= v <= 65535,
         ),
         metrics_addr=env.get(opmetrics.ENV_ADDR, "").strip() or d.metrics_addr,
+        webhook_port=webhook_port,
+        webhook_addr=env.get("GPUJOB_WEBHOOK_ADDR", "").strip() or d.webhook_addr,
+        webhook_cert=webhook_files["cert"],
+        webhook_key=webhook_files["key"],
+        webhook_ca=webhook_files["ca"],
+        webhook_register=env.get("GPUJOB_WEBHOOK_REGISTER", "").strip() or None,
         fault_exit_at=_read(
             env,
             faults.ENV,
@@ -229,3 +264,12 @@ def from_env(env: Mapping[str, str]) -> Settings:
             lambda v: v in faults.POINTS,
         ),
     )
+
+
+def check_webhook(port: int, cert: str | None, key: str | None) -> None:
+    """A webhook port needs both certificate files: the API server only calls HTTPS."""
+    if port and not (cert and key):
+        raise SettingsError(
+            f"GPUJOB_WEBHOOK_PORT={port}: needs GPUJOB_WEBHOOK_CERT and GPUJOB_WEBHOOK_KEY "
+            "(PEM files of the webhook's serving certificate)"
+        )

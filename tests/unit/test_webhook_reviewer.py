@@ -1,0 +1,76 @@
+"""The webhook's reviewer: the dry run's outcomes turned into verdicts, never a denial of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from kubernetes.client.rest import ApiException
+
+from gpujob_operator.runtime.webhook import Reviewer
+
+JOB: dict[str, Any] = {
+    "metadata": {"name": "j", "namespace": "ns"},
+    "spec": {"image": "img:1", "command": ["python", "-m", "t"], "nodes": 2},
+}
+
+
+class FakeKube:
+    def __init__(self, outcome: BaseException | None = None, delay: float = 0.0) -> None:
+        self.outcome = outcome
+        self.delay = delay
+        self.sent: list[tuple[str, dict[str, Any], float]] = []
+
+    async def dry_run_pod(self, namespace: str, body: dict[str, Any], timeout: float) -> None:
+        self.sent.append((namespace, body, timeout))
+        await asyncio.sleep(self.delay)
+        if self.outcome is not None:
+            raise self.outcome
+
+
+def review(kube: FakeKube, job: dict[str, Any] = JOB, timeout: float = 5.0) -> Any:
+    return asyncio.run(Reviewer(lambda: kube, timeout).review(job))  # type: ignore[arg-type, return-value]
+
+
+def invalid(field: str, message: str) -> ApiException:
+    e = ApiException(status=422, reason="Unprocessable Entity")
+    e.body = json.dumps(
+        {
+            "kind": "Status",
+            "code": 422,
+            "reason": "Invalid",
+            "message": f'Pod "x" is invalid: {field}: {message}',
+            "details": {"causes": [{"field": field, "message": message}]},
+        }
+    )
+    return e
+
+
+def test_both_ranks_are_dry_run_in_the_jobs_namespace_within_the_bound() -> None:
+    kube = FakeKube()
+    assert review(kube).allowed
+    assert [(ns, t) for ns, _, t in kube.sent] == [("ns", 5.0), ("ns", 5.0)]
+    assert [b["metadata"]["name"] for _, b, _ in kube.sent] == [
+        "j-node-0-admission",
+        "j-node-1-admission",
+    ]
+
+
+def test_an_invalid_pod_is_denied_once_with_the_users_field() -> None:
+    v = review(FakeKube(invalid("spec.containers[0].image", "Required value")))
+    assert not v.allowed and v.code == 422
+    assert v.message.split("\n")[1:] == ["spec.image: Required value"]  # both ranks, one line
+
+
+def test_a_slow_or_unreachable_api_server_admits_with_a_warning() -> None:
+    slow = review(FakeKube(TimeoutError()), timeout=0.05)
+    assert slow.allowed and "no answer to the dry run in 0.05s" in slow.warnings[0]
+    down = review(FakeKube(ConnectionRefusedError("refused")))
+    assert down.allowed and "APIUnreachable" in down.warnings[0]
+
+
+def test_a_spec_the_model_refuses_is_left_to_the_crd() -> None:
+    kube = FakeKube()
+    assert review(kube, {**JOB, "spec": {"image": ""}}).allowed
+    assert not kube.sent
