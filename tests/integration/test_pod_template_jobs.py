@@ -204,6 +204,7 @@ def test_a_gang_gets_its_gpus_through_per_pod_resource_claims(
         "dra",
         DRA_RANK,
         gpus=4,
+        gpusFrom="ResourceClaims",
         resources={"claims": [{"name": "gpus"}]},
         template={"resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "four-gpus"}]},
     )
@@ -221,3 +222,26 @@ def test_a_gang_gets_its_gpus_through_per_pod_resource_claims(
         log = kube.run("logs", pod["metadata"]["name"], check=True).stdout
         assert "devices gpu-" in log
     assert len(claims) == 2, "one claim per pod, from the template"
+
+
+def test_a_helper_container_that_never_exits_does_not_keep_the_job_running(
+    kube: Kube, operator: OperatorProcess
+) -> None:
+    """A regular container beside the trainer (not a native sidecar) keeps its pod Running
+    forever under restartPolicy Never; the job still ends when the trainers do, and those
+    pods go (they would hold their GPUs), whatever cleanPodPolicy says."""
+    helper = py("fuse", "import time\nwhile True: time.sleep(1)")
+    body = python_job(
+        "helper",
+        "print('trained', flush=True)",
+        template={"containers": [helper]},
+        runPolicy={"cleanPodPolicy": "None"},
+    )
+    kube.apply(body)
+    status = wait_job_phase(kube, "helper", ("Succeeded", "Failed"), timeout=120)
+    assert status["phase"] == "Succeeded", status
+    wait_until(
+        lambda: not kube.list("pods", "gpujob.dev/job-name=helper"),
+        60,
+        "the pods whose helper container kept them running deleted",
+    )

@@ -54,6 +54,7 @@ PSA = (
         (403, "Forbidden", 'pods "x" is forbidden: cpu max limit to request ratio per Container is 2, but provided ratio is 4.000000', c.LIMIT_RANGE_VIOLATION, True),
         (422, "Invalid", 'Pod "x" is invalid: metadata.annotations: Too long: may not be more than 262144 bytes', c.INVALID_POD_TEMPLATE, True),
         (400, "BadRequest", "the body of the request was in an unknown format", c.CREATE_REFUSED, True),
+        (400, "BadRequest", 'Pod in version "v1" cannot be handled as a Pod: strict decoding error: unknown field "spec.containers[0].livenessProbe.initialDelaySecond"', c.INVALID_POD_TEMPLATE, True),
         (403, "Forbidden", 'admission webhook "deny.example.com" denied the request: no GPUs on Fridays', c.ADMISSION_WEBHOOK_DENIED, False),
         (400, "BadRequest", 'admission webhook "v.example.com" denied the request without explanation', c.ADMISSION_WEBHOOK_DENIED, False),
         (403, "Forbidden", 'admission webhook "budget.example.com" denied the request: team quota-team exceeded quota: GPU budget spent for today', c.ADMISSION_WEBHOOK_DENIED, False),

@@ -90,10 +90,16 @@ def test_defaults_the_user_did_not_set() -> None:
 
 def test_claims_replace_the_gpu_extended_resource() -> None:
     claims = [{"name": "gpus"}]
-    res = pod_of(gpusPerNode=4, resources={"claims": claims})["spec"]["containers"][0]
-    assert res["resources"] == {"claims": claims}
-    plain = pod_of(gpusPerNode=4)["spec"]["containers"][0]["resources"]
-    assert plain["limits"][api.GPU_RESOURCE] == "4"
+    res = pod_of(gpusPerNode=4, gpusFrom="ResourceClaims", resources={"claims": claims})
+    assert res["spec"]["containers"][0]["resources"] == {"claims": claims}
+    # A claim for something else (an RDMA NIC) leaves the device plugin's GPUs in place.
+    nic = pod_of(gpusPerNode=4, resources={"claims": [{"name": "rdma"}]})
+    resources = nic["spec"]["containers"][0]["resources"]
+    assert resources["limits"][api.GPU_RESOURCE] == "4" and resources["claims"] == [
+        {"name": "rdma"}
+    ]
+    with pytest.raises(ValidationError, match=r"spec\.gpusFrom ResourceClaims needs"):
+        api.parse_spec({"image": "x", "command": ["python", "t.py"], "gpusFrom": "ResourceClaims"})
 
 
 def test_host_network_gives_each_job_a_block_of_host_ports() -> None:
@@ -129,7 +135,11 @@ def test_host_network_gives_each_job_a_block_of_host_ports() -> None:
 
 def test_host_network_ports_as_written_with_spec() -> None:
     pod = pod_of(
-        template={"hostNetwork": True, "dnsPolicy": "Default"},
+        template={
+            "hostNetwork": True,
+            "dnsPolicy": "None",
+            "dnsConfig": {"nameservers": ["10.96.0.10"]},
+        },
         training={"hostNetworkPorts": "Spec", "metricsPort": 9500, "masterPort": 29600},
     )
     ports = {p["name"]: p for p in pod["spec"]["containers"][0]["ports"]}
@@ -140,7 +150,7 @@ def test_host_network_ports_as_written_with_spec() -> None:
         "protocol": "TCP",
     }
     assert ports["rendezvous"]["hostPort"] == 29600
-    assert pod["spec"]["dnsPolicy"] == "Default", "a user's dnsPolicy wins"
+    assert pod["spec"]["dnsPolicy"] == "None", "a user's dnsPolicy wins"
 
 
 def test_block_size_grows_with_the_ranks_and_stays_aligned() -> None:
@@ -173,6 +183,7 @@ def test_scrape_targets_follow_the_pods_ports() -> None:
     [
         ({"restartPolicy": "Always"}, "spec.template.restartPolicy is set by the operator"),
         ({"nodeName": "n1"}, "use nodeSelector or affinity"),
+        ({"hostNetwork": True, "dnsPolicy": "ClusterFirst"}, "must be ClusterFirstWithHostNet"),
         ({"containers": [{"name": "trainer", "image": "x"}]}, "the operator's trainer container"),
         (
             {"initContainers": [{"name": "s", "resources": {"requests": {api.GPU_RESOURCE: 1}}}]},
@@ -188,7 +199,10 @@ def test_owned_fields_are_refused_with_their_reason(template: dict[str, Any], me
 def test_quantities_reach_the_pod_as_strings() -> None:
     """YAML numbers (cpu: 4) are strings in the pod: the typed client refuses numbers there."""
     pod = pod_of(
-        resources={"requests": {"cpu": 4, "example.com/fpga": 1}, "limits": {"cpu": 5, "example.com/fpga": 1}},
+        resources={
+            "requests": {"cpu": 4, "example.com/fpga": 1},
+            "limits": {"cpu": 5, "example.com/fpga": 1},
+        },
         env=[
             {
                 "name": "M",
@@ -212,3 +226,27 @@ def test_quantities_reach_the_pod_as_strings() -> None:
     assert spec["hostNetwork"] is True and isinstance(
         spec["containers"][0]["ports"][0]["hostPort"], int
     )
+
+
+def _running_pod(trainer_exit: int, helpers: int) -> dict[str, Any]:
+    pod = pod_of(template={"containers": [{"name": f"h{i}", "image": "x"} for i in range(helpers)]})
+    pod["status"] = {
+        "phase": "Running",
+        "containerStatuses": [
+            {"name": "trainer", "state": {"terminated": {"exitCode": trainer_exit}}},
+            *({"name": f"h{i}", "state": {"running": {}}} for i in range(helpers)),
+        ],
+    }
+    return pod
+
+
+@pytest.mark.parametrize(("code", "phase"), [(0, "Succeeded"), (3, "Failed")])
+def test_a_helper_container_does_not_hide_the_trainers_exit(code: int, phase: str) -> None:
+    from gpujob_operator.lifecycle.observations import observe_pod
+
+    seen = observe_pod(_running_pod(code, helpers=1))
+    assert (seen.phase, seen.lingering, seen.active) == (phase, True, False)
+    assert seen.exit_code == code
+    # Without helpers the kubelet's phase stands (a sidecar is stopped by the kubelet).
+    alone = observe_pod(_running_pod(code, helpers=0))
+    assert (alone.phase, alone.lingering) == ("Running", False)

@@ -218,6 +218,13 @@ _SPEC_RULES: Final = (
             or s.monitoring.warmup_steps < s.training.total_steps
         ),
     ),
+    R.Rule(
+        "!has(self.gpusFrom) || self.gpusFrom != 'ResourceClaims' || (has(self.resources) && "
+        "has(self.resources.claims) && size(self.resources.claims) > 0)",
+        "spec.gpusFrom ResourceClaims needs spec.resources.claims: the claims that bring the "
+        "trainer its GPUs",
+        lambda s: s.gpus_from != "ResourceClaims" or bool(s.resources and s.resources.claims),
+    ),
 )
 
 
@@ -293,6 +300,13 @@ class GPUTrainingJobSpec(_Ruled):
         ge=0,
         le=64,
         description="nvidia.com/gpu requested and limited per pod; 0 runs on CPU.",
+    )
+    gpus_from: Literal["DevicePlugin", "ResourceClaims"] = Field(
+        default="DevicePlugin",
+        description="Where the trainer's GPUs come from. DevicePlugin: gpusPerNode x "
+        "nvidia.com/gpu requested and limited. ResourceClaims: the claims in "
+        "spec.resources.claims (Dynamic Resource Allocation) bring them and no nvidia.com/gpu "
+        "is requested; gpusPerNode still counts them (MFU, goodput, status.totalGPUs).",
     )
     resources: ResourceRequirements | None = Field(
         default=None, description="Per-pod resources besides GPUs (core/v1 requests/limits)."

@@ -221,8 +221,8 @@ def _resources(spec: api.GPUTrainingJobSpec) -> dict[str, Any]:
     requests = dict(spec.resources.requests or {}) if spec.resources else {}
     limits = dict(spec.resources.limits or {}) if spec.resources else {}
     claims = [api.dump(c) for c in spec.resources.claims or ()] if spec.resources else []
-    if spec.gpus_per_node > 0 and not claims:
-        # Extended resources must have requests == limits. With claims, DRA gives the GPUs.
+    if spec.gpus_per_node > 0 and spec.gpus_from == "DevicePlugin":
+        # Extended resources must have requests == limits.
         requests[api.GPU_RESOURCE] = str(spec.gpus_per_node)
         limits[api.GPU_RESOURCE] = str(spec.gpus_per_node)
     out: dict[str, Any] = {}

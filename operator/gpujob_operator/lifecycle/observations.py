@@ -37,6 +37,9 @@ class ObservedPod:
     attempt: int
     phase: str = "Pending"
     terminating: bool = False
+    lingering: bool = False
+    """The trainer has exited but a further container of ``spec.template.containers`` keeps
+    the pod running: ``phase`` is the trainer's outcome, and the pod goes at the end."""
     container: str | None = None
     exit_code: int | None = None
     reason: str | None = None
@@ -78,6 +81,11 @@ DISRUPTION_TARGET: Final = "DisruptionTarget"
 """The pod condition Kubernetes sets before it takes a pod away (scheduler preemption, an
 eviction by `kubectl drain`, the taint manager, the kubelet under node pressure, pod GC)."""
 PREEMPTION_BY_SCHEDULER: Final = "PreemptionByScheduler"
+
+
+def _has_helpers(pod: Mapping[str, Any]) -> bool:
+    """Regular containers beside the trainer (native sidecars are stopped by the kubelet)."""
+    return len((pod.get("spec") or {}).get("containers") or ()) > 1
 
 
 def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
@@ -130,11 +138,22 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
         elif cond.get("type") == DISRUPTION_TARGET and cond.get("status") == "True":
             disruption = str(cond.get("reason") or DISRUPTION_TARGET)
             disruption_message = cond.get("message")
+    phase = str(status.get("phase") or "Pending")
+    lingering = False
+    trainer_done = (main or {}).get("name") == builders.CONTAINER_NAME and (
+        (main or {}).get("state") or {}
+    ).get("terminated")
+    if trainer_done and phase not in TERMINATED_PHASES and _has_helpers(pod):
+        # Under restartPolicy Never a pod runs while any container runs: a helper container
+        # would hide the trainer's exit from the gang's restart and the job's end.
+        phase = "Succeeded" if int_or_none(trainer_done.get("exitCode")) == 0 else "Failed"
+        lingering = True
     return ObservedPod(
         name=name,
         node_rank=node_rank,
         attempt=attempt,
-        phase=str(status.get("phase") or "Pending"),
+        phase=phase,
+        lingering=lingering,
         terminating=bool(meta.get("deletionTimestamp")),
         container=container,
         exit_code=exit_code,

@@ -170,6 +170,9 @@ def classify(
     if code == 401:
         return out(c.API_UNAUTHORIZED, False)
     if code == 400:
+        # Strict field validation: a field core/v1 does not know, from a pass-through.
+        if kind == "pod" and "strict decoding error" in message:
+            return out(c.INVALID_POD_TEMPLATE, True)
         return out(c.CREATE_REFUSED, True)
     return out(c.API_ERROR, False)
 

@@ -38,9 +38,11 @@ def finish(pp: PlanningPass, succeeded: bool, reason: str, message: str) -> None
 
 
 def cleanup(pp: PlanningPass) -> None:
-    """cleanPodPolicy at the end; stale pods go whatever the policy."""
+    """cleanPodPolicy at the end; stale pods, and pods whose trainer exited while a further
+    container keeps them running (holding their GPUs), go whatever the policy."""
     policy = pp.spec.run_policy.clean_pod_policy
     pp.delete(pp.stale)
+    pp.delete([p for p in pp.pods if p.lingering])
     if policy == "All":
         pp.delete(pp.pods)
     elif policy == "Running":

@@ -118,9 +118,14 @@ class Kube:
 
         ``dry_run`` asks the server to admit and validate it without persisting
         (``dryRun=All``): the same refusals (quota, PodSecurity, webhooks, invalid fields),
-        nothing created. RBAC-wise it is the same ``create`` verb.
+        nothing created. RBAC-wise it is the same ``create`` verb. Unknown fields are
+        refused (``fieldValidation=Strict``), never dropped: the template's pass-through
+        fields keep what the CRD does not know, and a misspelt probe field silently dropped
+        would change what the pod does.
         """
-        query = [("dryRun", "All")] if dry_run else []
+        query = [("fieldValidation", "Strict")]
+        if dry_run:
+            query.insert(0, ("dryRun", "All"))
         try:
             await asyncio.to_thread(self._post_pod, namespace, body, query)
             return True

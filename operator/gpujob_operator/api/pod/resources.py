@@ -194,8 +194,7 @@ class ResourceRequirements(_Ruled):
         default=None,
         max_length=16,
         description="core/v1 ResourceClaims of the trainer container, each naming an entry of "
-        "spec.template.resourceClaims (Dynamic Resource Allocation). With claims the GPUs come "
-        "through them: the operator requests no nvidia.com/gpu, and spec.gpusPerNode still "
-        "says how many GPUs a pod gets.",
+        "spec.template.resourceClaims (Dynamic Resource Allocation); with spec.gpusFrom "
+        "ResourceClaims they bring the trainer's GPUs.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )

@@ -95,6 +95,17 @@ class PodTemplate(OwnedFields):
 
     RULES: ClassVar = (
         *OWNED_RULES,
+        R.Rule(
+            "!has(self.hostNetwork) || !self.hostNetwork || !has(self.dnsPolicy) || "
+            "self.dnsPolicy in ['ClusterFirstWithHostNet', 'None']",
+            "spec.template.dnsPolicy with hostNetwork must be ClusterFirstWithHostNet (the "
+            "default) or None: ranks find rank 0 through the cluster's DNS, which ClusterFirst "
+            "and Default skip on the host network",
+            lambda m: (
+                not m.host_network or m.dns_policy in (None, "ClusterFirstWithHostNet", "None")
+            ),
+            field_path=".dnsPolicy",
+        ),
         R.qualified_keys("labels", "spec.template.labels"),
         R.Rule(
             "!has(self.labels) || self.labels.all(k, !k.startsWith('gpujob.dev/'))",
