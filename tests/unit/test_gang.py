@@ -593,3 +593,35 @@ def test_a_workload_created_after_denials_ends_their_run() -> None:
     sim.refused = None
     sim.reconcile()
     assert sim.kueue_workload() is not None and "admissionDenial" not in sim.status
+
+
+def test_kueue_pod_set_carries_init_containers_pod_resources_and_claims() -> None:
+    """Kueue charges what the scheduler will: sidecars, pod-level resources, DRA claims."""
+    job = kueue_job(
+        template={
+            "initContainers": [
+                {
+                    "name": "log",
+                    "image": "x",
+                    "restartPolicy": "Always",
+                    "command": ["run"],
+                    "resources": {"requests": {"cpu": "1"}},
+                }
+            ],
+            "resources": {"requests": {"memory": "8Gi"}},
+            "resourceClaims": [{"name": "nic", "resourceClaimTemplateName": "rdma"}],
+        }
+    )
+    sim = GangSim(job)
+    (wl,) = sim.reconcile().ensure_objects
+    spec = wl["spec"]["podSets"][0]["template"]["spec"]
+    assert spec["initContainers"] == [
+        {
+            "name": "log",
+            "image": "x",
+            "restartPolicy": "Always",
+            "resources": {"requests": {"cpu": "1"}},
+        }
+    ]
+    assert spec["resources"] == {"requests": {"memory": "8Gi"}}
+    assert spec["resourceClaims"] == [{"name": "nic", "resourceClaimTemplateName": "rdma"}]

@@ -75,3 +75,32 @@ def test_no_probe_for_one_pod_or_no_resources() -> None:
     for p in pods:
         p["spec"]["containers"][0].pop("resources", None)
     assert gangprobe.probe_pod(pods) is None
+
+
+def test_probe_counts_init_containers_sidecars_and_pod_level_resources() -> None:
+    pods = gang(2)
+    for p in pods:
+        p["spec"]["initContainers"] = [
+            {"name": "fetch", "image": "x", "resources": {"requests": {"cpu": "1"}}},
+            {
+                "name": "log",
+                "image": "x",
+                "restartPolicy": "Always",
+                "resources": {"requests": {"memory": "64Mi"}},
+            },
+        ]
+        p["spec"]["resources"] = {"requests": {"cpu": "3"}}
+    probe = gangprobe.probe_pod(pods)
+    assert probe is not None
+    init = {c["name"]: c["resources"]["requests"] for c in probe["spec"]["initContainers"]}
+    assert init == {"fetch": {"cpu": "2"}, "log": {"memory": str(128 * 2**20)}}
+    assert probe["spec"]["resources"]["requests"] == {"cpu": "6"}
+
+
+def test_probe_with_pod_level_resources_only() -> None:
+    pods = gang(2)
+    for p in pods:
+        p["spec"]["containers"][0].pop("resources", None)
+        p["spec"]["resources"] = {"limits": {"memory": "1Gi"}}
+    probe = gangprobe.probe_pod(pods)
+    assert probe is not None and probe["spec"]["resources"]["limits"] == {"memory": str(2 * 2**30)}

@@ -170,8 +170,10 @@ def test_waiting_jobs_queue_by_creation_and_others_do_not_wait() -> None:
         job("late", created="2026-11-30T00:05:00Z"),
         job("early", created="2026-11-30T00:01:00Z"),
         job("running", "Running"),
-        job("suspended", suspend=True),
+        job("suspended", runPolicy={"suspend": True}),
         job("cpu-only", gpus=0),
+        # GPUs from DRA claims: not in the nvidia.com/gpu pools the forecast models.
+        job("dra", gpusFrom="ResourceClaims", resources={"claims": [{"name": "gpus"}]}),
         job("kueue", labels={api.KUEUE_QUEUE_LABEL: "team"}),
     ]
     view = node_view(NOW, jobs, [node("n1")], [], "None")

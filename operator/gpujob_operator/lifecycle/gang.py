@@ -200,12 +200,27 @@ def kueue_workload_name(job: Mapping[str, Any]) -> str:
 def _pod_set_template(pod: Mapping[str, Any]) -> dict[str, Any]:
     """What Kueue needs of a pod: containers with their requests, and placement constraints."""
     spec = pod["spec"]
-    containers = [
-        {k: v for k, v in ctr.items() if k in ("name", "image", "resources")}
-        for ctr in spec["containers"]
-    ]
-    keep = ("nodeSelector", "tolerations", "affinity", "priorityClassName", "schedulerName")
-    out = {"containers": containers, "restartPolicy": "Never"}
+
+    def slim(ctr: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            k: v for k, v in ctr.items() if k in ("name", "image", "resources", "restartPolicy")
+        }
+
+    out: dict[str, Any] = {"containers": [slim(c) for c in spec["containers"]]}
+    if spec.get("initContainers"):
+        # Kueue charges init containers and sidecars as the scheduler does.
+        out["initContainers"] = [slim(c) for c in spec["initContainers"]]
+    out["restartPolicy"] = "Never"
+    keep = (
+        "nodeSelector",
+        "tolerations",
+        "affinity",
+        "priorityClassName",
+        "schedulerName",
+        "resources",
+        "resourceClaims",
+        "runtimeClassName",
+    )
     out.update({k: spec[k] for k in keep if k in spec})
     return {"spec": out}
 

@@ -61,14 +61,28 @@ def format_quantity(value: Fraction) -> str:
     return f"{-(-value.numerator * 10**9 // value.denominator)}n"
 
 
-def _sum(pods: Sequence[Mapping[str, Any]], container: str, field: str) -> dict[str, str]:
+_CONTAINER_LISTS: Final = ("containers", "initContainers")
+
+
+def _resources_of(pod: Mapping[str, Any], where: tuple[str, str | None]) -> Mapping[str, Any]:
+    """``resources`` of one container (list key, name) or, with no list, of the pod itself."""
+    spec = pod.get("spec") or {}
+    key, name = where
+    if name is None:
+        return spec.get("resources") or {}
+    for c in spec.get(key) or []:
+        if c.get("name") == name:
+            return c.get("resources") or {}
+    return {}
+
+
+def _sum(
+    pods: Sequence[Mapping[str, Any]], where: tuple[str, str | None], field: str
+) -> dict[str, str]:
     total: dict[str, Fraction] = {}
     for pod in pods:
-        for c in (pod.get("spec") or {}).get("containers") or []:
-            if c.get("name") != container:
-                continue
-            for name, q in ((c.get("resources") or {}).get(field) or {}).items():
-                total[name] = total.get(name, Fraction(0)) + parse_quantity(q)
+        for name, q in (_resources_of(pod, where).get(field) or {}).items():
+            total[name] = total.get(name, Fraction(0)) + parse_quantity(q)
     return {name: format_quantity(v) for name, v in total.items()}
 
 
@@ -81,13 +95,22 @@ def probe_pod(pods: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     if len(pods) < 2:
         return None
     probe = copy.deepcopy(dict(pods[0]))
+    spec = probe.get("spec") or {}
+    # Every container (init containers and sidecars count toward quota too), then the
+    # pod-level resources (PodLevelResources), each summed over the gang.
+    places: list[tuple[dict[str, Any], tuple[str, str | None]]] = [
+        (c.get("resources") or {}, (key, c.get("name")))
+        for key in _CONTAINER_LISTS
+        for c in spec.get(key) or []
+    ]
+    if spec.get("resources"):
+        places.append((spec["resources"], ("resources", None)))
     try:
         found = False
-        for c in (probe.get("spec") or {}).get("containers") or []:
-            res = c.get("resources") or {}
+        for res, where in places:
             for field in ("requests", "limits"):
                 if res.get(field):
-                    res[field] = _sum(pods, c.get("name"), field)
+                    res[field] = _sum(pods, where, field)
                     found = True
     except ValueError:
         return None

@@ -137,7 +137,7 @@ def created(obj: Obj) -> str:
 def is_waiting(job: Obj, mechanism: str) -> bool:
     """A job waiting for GPUs: Pending (not Kueue), or Kueue and not admitted yet."""
     status = job.get("status") or {}
-    if (job.get("spec") or {}).get("suspend"):
+    if ((job.get("spec") or {}).get("runPolicy") or {}).get("suspend"):
         return False
     if mechanism == api.GANG_KUEUE:
         gang_status = status.get("gang") or {}
@@ -275,7 +275,8 @@ def _node_waiter(
         pod = builders.build_pod(job, 0, 0, spec)
     except (ValueError, KeyError):
         return None
-    if spec.gpus_per_node == 0:
+    if spec.gpus_per_node == 0 or spec.gpus_from != "DevicePlugin":
+        # No GPUs, or GPUs from DRA claims: the pools here are nvidia.com/gpu allocatable.
         return None
     wanted = {k: pod["spec"].get(k) for k in PLACEMENT_FIELDS}
     sig = json.dumps(wanted, sort_keys=True)
