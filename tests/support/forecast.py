@@ -19,8 +19,11 @@ from tests.support.operator import OperatorProcess
 from tests.support.waiting import wait_until
 
 STEP_SECONDS = 0.5
-A_STEPS, B_STEPS = 60, 200
-"""a ends ~30 s after it starts, b ~100 s: 70 s apart, twice the tolerance."""
+A_STEPS, B_STEPS = 120, 260
+"""a ends ~60 s after it starts, b ~130 s: 70 s apart, twice the tolerance. a must outlast
+the forecasts read while it runs (third's, its Event, fourth's bounds: a few seconds each,
+up to 30 s each on a loaded machine); with 30 s, CI once saw a end and third start before
+fourth's bounded forecast was read."""
 TOLERANCE = 35.0
 """Seconds a start may differ from its forecast: the holder's ETA (a 2 s scrape, a rate over
 a window), then its pods' exit, the quota or GPUs handed on, the scheduler's backoff for a
@@ -28,7 +31,7 @@ pod it failed to place (up to 10 s) and the next gang's pods running, on a loade
 machine (CI once saw 29 s). Half the 70 s between the two holders' ends, so a forecast taken
 from the wrong holder fails."""
 WARMUP_STEPS = 4
-"""Steps before a holder's ETA is measured (the default, 20, is 10 s of a's 30 s)."""
+"""Steps before a holder's ETA is measured (the default, 20, is 10 s: it comes sooner)."""
 ENV = {"GPUJOB_FORECAST_INTERVAL": "1"}
 POLL = 1.0
 """Seconds between polls: each is a kubectl process, and two cores run the whole cluster."""
