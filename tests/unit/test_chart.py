@@ -444,3 +444,22 @@ def test_the_webhook_can_be_turned_off() -> None:
     assert not find(objs, "ValidatingWebhookConfiguration") and not find(objs, "Secret")
     assert not [k for k in env(objs) if k.startswith("GPUJOB_WEBHOOK")]
     assert "webhook" not in {p["name"] for p in container(objs)["ports"]}
+
+
+def test_the_webhook_can_use_a_secret_of_its_own() -> None:
+    """GitOps renders (no lookup) and cert-manager: no generated certificate, CA injected."""
+    objs = render({"webhook": {"existingSecret": "gpujob-webhook-cert"}})
+    assert not find(objs, "Secret")
+    (config,) = find(objs, "ValidatingWebhookConfiguration")
+    assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from-secret"].endswith(
+        "/gpujob-webhook-cert"
+    )
+    assert "caBundle" not in config["webhooks"][0]["clientConfig"]
+    pod = deployment(objs)["spec"]["template"]["spec"]
+    assert {"name": "webhook-tls", "secret": {"secretName": "gpujob-webhook-cert"}} in pod[
+        "volumes"
+    ]
+    given = render({"webhook": {"existingSecret": "mine", "caBundle": "Q0E="}})
+    (config,) = find(given, "ValidatingWebhookConfiguration")
+    assert config["webhooks"][0]["clientConfig"]["caBundle"] == "Q0E="
+    assert "annotations" not in config["metadata"]

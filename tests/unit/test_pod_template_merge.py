@@ -245,8 +245,38 @@ def test_a_helper_container_does_not_hide_the_trainers_exit(code: int, phase: st
     from gpujob_operator.lifecycle.observations import observe_pod
 
     seen = observe_pod(_running_pod(code, helpers=1))
-    assert (seen.phase, seen.lingering, seen.active) == (phase, True, False)
+    # Judged by the trainer, and still active: the pod holds its node's GPUs until deleted.
+    assert (seen.phase, seen.lingering, seen.active) == (phase, True, True)
     assert seen.exit_code == code
     # Without helpers the kubelet's phase stands (a sidecar is stopped by the kubelet).
     alone = observe_pod(_running_pod(code, helpers=0))
     assert (alone.phase, alone.lingering) == ("Running", False)
+
+
+def test_a_helpers_own_failure_does_not_fail_a_rank_that_trained() -> None:
+    from gpujob_operator.lifecycle.observations import observe_pod
+
+    pod = _running_pod(0, helpers=1)
+    pod["status"]["phase"] = "Failed"
+    pod["status"]["containerStatuses"][1]["state"] = {"terminated": {"exitCode": 2}}
+    seen = observe_pod(pod)
+    assert (seen.phase, seen.lingering, seen.active) == ("Succeeded", False, False)
+
+
+@pytest.mark.parametrize("how", ["deleted", "disrupted", "evicted"])
+def test_a_rank_lost_with_its_helpers_is_not_a_finished_rank(how: str) -> None:
+    """A trainer that exits on the SIGTERM of a deletion, drain or preemption is lost, not done."""
+    from gpujob_operator.lifecycle.observations import observe_pod
+
+    pod = _running_pod(0, helpers=1)
+    if how == "deleted":
+        pod["metadata"]["deletionTimestamp"] = "2026-12-05T00:00:00Z"
+    elif how == "disrupted":
+        pod["status"]["conditions"] = [
+            {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
+        ]
+    else:
+        pod["status"].update(phase="Failed", reason="Evicted")
+    seen = observe_pod(pod)
+    assert not seen.lingering
+    assert seen.phase == ("Failed" if how == "evicted" else "Running")

@@ -140,3 +140,6 @@ def test_the_webhook_configuration() -> None:
     assert hook["namespaceSelector"]["matchExpressions"][0]["values"] == ["a", "b"]
     everywhere = podreview.webhook_configuration("g", {"url": "u"})
     assert "namespaceSelector" not in everywhere["webhooks"][0]
+    # kopf's --namespace globs cannot be a selector: the webhook then reviews everywhere.
+    globbed = podreview.webhook_configuration("g", {"url": "u"}, ["team-*", "ml"])
+    assert "namespaceSelector" not in globbed["webhooks"][0]

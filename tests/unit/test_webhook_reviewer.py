@@ -22,7 +22,9 @@ class FakeKube:
         self.delay = delay
         self.sent: list[tuple[str, dict[str, Any], float]] = []
 
-    async def dry_run_pod(self, namespace: str, body: dict[str, Any], timeout: float) -> None:
+    async def dry_run_pod(
+        self, namespace: str, body: dict[str, Any], timeout: float, executor: Any = None
+    ) -> None:
         self.sent.append((namespace, body, timeout))
         await asyncio.sleep(self.delay)
         if self.outcome is not None:
@@ -50,7 +52,8 @@ def invalid(field: str, message: str) -> ApiException:
 def test_both_ranks_are_dry_run_in_the_jobs_namespace_within_the_bound() -> None:
     kube = FakeKube()
     assert review(kube).allowed
-    assert [(ns, t) for ns, _, t in kube.sent] == [("ns", 5.0), ("ns", 5.0)]
+    assert [ns for ns, _, _ in kube.sent] == ["ns", "ns"]
+    assert all(4.0 < t <= 5.0 for _, _, t in kube.sent), "what is left of the 5 s budget"
     assert [b["metadata"]["name"] for _, b, _ in kube.sent] == [
         "j-node-0-admission",
         "j-node-1-admission",
@@ -74,3 +77,28 @@ def test_a_spec_the_model_refuses_is_left_to_the_crd() -> None:
     kube = FakeKube()
     assert review(kube, {**JOB, "spec": {"image": ""}}).allowed
     assert not kube.sent
+
+
+def test_an_update_that_leaves_the_pods_as_they_were_is_not_judged_again() -> None:
+    """A suspend or a TTL edit of a job whose pods a tightened policy would now refuse."""
+    kube = FakeKube(invalid("spec.containers[0].image", "Invalid value"))
+    old = {**JOB, "spec": {**JOB["spec"], "runPolicy": {"ttlSecondsAfterFinished": 60}}}
+    new = {**JOB, "spec": {**JOB["spec"], "runPolicy": {"ttlSecondsAfterFinished": 600}}}
+    verdict = asyncio.run(Reviewer(lambda: kube, 5.0).review(new, old))  # type: ignore[arg-type]
+    assert verdict.allowed and kube.sent == []
+    changed = {**JOB, "spec": {**JOB["spec"], "image": "img:2"}}
+    verdict = asyncio.run(Reviewer(lambda: kube, 5.0).review(changed, old))  # type: ignore[arg-type]
+    assert not verdict.allowed and len(kube.sent) == 2
+
+
+def test_reviews_past_the_concurrency_bound_are_admitted_with_a_warning() -> None:
+    kube = FakeKube(delay=0.5)
+
+    async def burst() -> list[Any]:
+        reviewer = Reviewer(lambda: kube, 0.2)  # type: ignore[arg-type]
+        return await asyncio.gather(*(reviewer.review(JOB) for _ in range(4)))
+
+    verdicts = asyncio.run(burst())
+    assert all(v.allowed for v in verdicts)
+    assert len(kube.sent) == 4, "4 slots: the other dry runs never started"
+    assert any("too many reviews in flight" in " ".join(v.warnings) for v in verdicts)

@@ -146,3 +146,11 @@ needs granted (forecast.clusterRead: auto grants it in cluster mode only).
   resources: ["{{ if include "gpujob.namespaced" . }}kopfpeerings{{ else }}clusterkopfpeerings{{ end }}"]
   verbs: ["get", "list", "watch", "patch"]
 {{- end }}
+
+{{/*
+The webhook's TLS Secret: the user's (webhook.existingSecret, e.g. cert-manager's) or the one
+the chart generates.
+*/}}
+{{- define "gpujob.webhookSecret" -}}
+{{- .Values.webhook.existingSecret | default (printf "%s-webhook-tls" (include "gpujob.fullname" .)) -}}
+{{- end }}

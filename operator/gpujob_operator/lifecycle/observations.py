@@ -65,8 +65,9 @@ class ObservedPod:
 
     @property
     def active(self) -> bool:
-        """Not yet terminated (Pending, Running or Unknown)."""
-        return self.phase not in TERMINATED_PHASES
+        """Not yet terminated (Pending, Running or Unknown), or lingering: still on its
+        node, holding its GPUs, though its trainer has exited."""
+        return self.lingering or self.phase not in TERMINATED_PHASES
 
 
 def int_or_none(value: Any) -> int | None:
@@ -143,11 +144,19 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
     trainer_done = (main or {}).get("name") == builders.CONTAINER_NAME and (
         (main or {}).get("state") or {}
     ).get("terminated")
-    if trainer_done and phase not in TERMINATED_PHASES and _has_helpers(pod):
-        # Under restartPolicy Never a pod runs while any container runs: a helper container
-        # would hide the trainer's exit from the gang's restart and the job's end.
+    if (
+        trainer_done
+        and _has_helpers(pod)
+        and not meta.get("deletionTimestamp")
+        and not disruption
+        and not status.get("reason")
+    ):
+        # With helper containers the trainer's exit is the rank's outcome: under
+        # restartPolicy Never a helper would keep the pod Running after it (hiding a crash
+        # and the job's end), and a helper's own failure would fail a rank that trained.
+        # Not for a pod being deleted, disrupted or evicted: that is a lost rank.
+        lingering = phase not in TERMINATED_PHASES
         phase = "Succeeded" if int_or_none(trainer_done.get("exitCode")) == 0 else "Failed"
-        lingering = True
     return ObservedPod(
         name=name,
         node_rank=node_rank,

@@ -193,7 +193,9 @@ def webhook_configuration(
         "sideEffects": "None",
         "timeoutSeconds": WEBHOOK_TIMEOUT_SECONDS,
     }
-    if namespaces:
+    if namespaces and not any(set(ns) & set("*?[") for ns in namespaces):
+        # kopf's --namespace takes globs (team-*), which a selector cannot say: with one of
+        # those the webhook reviews every namespace (it only validates, so that is safe).
         webhook["namespaceSelector"] = {
             "matchExpressions": [
                 {

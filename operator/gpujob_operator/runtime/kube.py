@@ -9,6 +9,8 @@ because the level-based job loop re-applies the same plan after any crash.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import json
 import logging
 from collections.abc import Callable
@@ -134,16 +136,24 @@ class Kube:
                 return False
             raise
 
-    async def dry_run_pod(self, namespace: str, body: dict[str, Any], timeout: float) -> None:
+    async def dry_run_pod(
+        self,
+        namespace: str,
+        body: dict[str, Any],
+        timeout: float,
+        executor: concurrent.futures.Executor | None = None,
+    ) -> None:
         """Ask the API server to admit ``body`` without creating it (``dryRun=All``), with
         unknown fields refused (``fieldValidation=Strict``); raises what the server refused.
         Bounded by ``timeout`` seconds in all, retries included: the admission webhook's
-        answer must come before the API server gives up on the webhook.
+        answer must come before the API server gives up on the webhook. ``executor``: the
+        worker threads to block in (the webhook's own, so reviews never starve the job
+        loops of the default pool).
         """
         query = [("dryRun", "All"), ("fieldValidation", "Strict")]
-        await asyncio.wait_for(
-            asyncio.to_thread(self._post_pod, namespace, body, query, timeout), timeout
-        )
+        loop = asyncio.get_running_loop()
+        call = functools.partial(self._post_pod, namespace, body, query, timeout)
+        await asyncio.wait_for(loop.run_in_executor(executor, call), timeout)
 
     def _post_pod(
         self,

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import kopf
 from kubernetes import client
@@ -40,23 +41,35 @@ from gpujob_operator.runtime.settings import Settings
 log = logging.getLogger("gpujob.webhook")
 
 
+MAX_CONCURRENT_DRY_RUNS: Final = 4
+"""Dry runs in flight at once, in the webhook's own threads: a burst of applies against a
+slow API server queues here (and is admitted with a warning past the budget) instead of
+taking the threads the job loops' API calls run in."""
+
+
 class Reviewer:
-    """Reviews one admission request at a time (concurrent requests are independent)."""
+    """Reviews admission requests; at most :data:`MAX_CONCURRENT_DRY_RUNS` dry runs at once."""
 
     def __init__(self, kube: Callable[[], Kube], timeout: float = podreview.DRY_RUN_TIMEOUT):
         self.kube = kube
         self.timeout = timeout
+        self.slots = asyncio.Semaphore(MAX_CONCURRENT_DRY_RUNS)
+        self.executor = concurrent.futures.ThreadPoolExecutor(
+            MAX_CONCURRENT_DRY_RUNS, thread_name_prefix="gpujob-webhook"
+        )
 
-    async def review(self, job: Mapping[str, Any]) -> podreview.Verdict:
-        """The verdict on a job as submitted (its raw object, CRD defaults applied)."""
-        raw_spec = job.get("spec")
-        if not isinstance(raw_spec, Mapping):
-            return podreview.ALLOW
-        try:
-            spec = api.parse_spec(raw_spec)
-        except ValidationError:
+    async def review(
+        self, job: Mapping[str, Any], old: Mapping[str, Any] | None = None
+    ) -> podreview.Verdict:
+        """The verdict on a job as submitted (its raw object, CRD defaults applied); on an
+        update (``old``), pods the change leaves as they were are not judged again: a
+        namespace's policy tightened since would otherwise block a suspend or a TTL edit."""
+        pods = _pods(job)
+        if pods is None:
             return podreview.ALLOW  # the CRD's own checks answer for the spec's fields
-        pods = podreview.review_pods(job, spec)
+        if old is not None and _pods(old) == pods:
+            return podreview.ALLOW
+        raw_spec = job["spec"]
         namespace = str((job.get("metadata") or {}).get("namespace") or "default")
         verdicts = await asyncio.gather(*(self._dry_run(namespace, p, raw_spec) for p in pods))
         return podreview.merge(verdicts)
@@ -64,8 +77,18 @@ class Reviewer:
     async def _dry_run(
         self, namespace: str, pod: dict[str, Any], raw_spec: Mapping[str, Any]
     ) -> podreview.Verdict:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
         try:
-            await self.kube().dry_run_pod(namespace, pod, self.timeout)
+            await asyncio.wait_for(self.slots.acquire(), self.timeout)
+        except TimeoutError:
+            refusal = refusals.Refusal(
+                c.API_UNREACHABLE, False, f"too many reviews in flight for {self.timeout:g}s"
+            )
+            return podreview.judge(refusal, {}, raw_spec, pod)
+        try:
+            left = max(deadline - loop.time(), 0.1)
+            await self.kube().dry_run_pod(namespace, pod, left, self.executor)
             return podreview.ALLOW
         except TimeoutError:
             refusal = refusals.Refusal(
@@ -76,6 +99,20 @@ class Reviewer:
             refusal = refusals.classify_exception(e)
             body = getattr(e, "body", None) if isinstance(e, ApiException) else None
             return podreview.judge(refusal, refusals.status_body(body), raw_spec, pod)
+        finally:
+            self.slots.release()
+
+
+def _pods(job: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """The dry-run pods of a job as submitted, None when its spec does not parse."""
+    raw_spec = job.get("spec")
+    if not isinstance(raw_spec, Mapping):
+        return None
+    try:
+        spec = api.parse_spec(raw_spec)
+    except ValidationError:
+        return None
+    return podreview.review_pods(job, spec)
 
 
 def install(settings: Settings, namespaces: list[str], kube: Callable[[], Kube]) -> None:
@@ -96,7 +133,9 @@ def install(settings: Settings, namespaces: list[str], kube: Callable[[], Kube])
         if operation == "UPDATE" and old is not None and dict(old).get("spec") == job.get("spec"):
             return  # the matchCondition skips these; a registration without one may not
         try:
-            verdict = await reviewer.review(job)
+            verdict = await reviewer.review(
+                job, dict(old) if operation == "UPDATE" and old else None
+            )
         except Exception as e:
             log.exception("admission review of %s failed; admitted", _name(job))
             warnings.append(f"the job's pods could not be checked ({type(e).__name__}: {e})")
@@ -151,6 +190,7 @@ class _RegisteringServer(kopf.WebhookServer):
         self.config_name = name
         self.namespaces = namespaces
         self.kube = kube
+        self._registration: asyncio.Task[None] | None = None
 
     async def __call__(self, fn: Any) -> AsyncIterator[Any]:
         async for client_config in super().__call__(fn):
@@ -159,9 +199,28 @@ class _RegisteringServer(kopf.WebhookServer):
             body = podreview.webhook_configuration(
                 self.config_name, {"url": url, "caBundle": ca}, self.namespaces
             )
-            await asyncio.to_thread(register, self.kube(), body)
-            log.info("webhook %s registered at %s", self.config_name, url)
+            self._registration = asyncio.create_task(self._register(body, url))
             yield client_config
+
+    async def _register(self, body: dict[str, Any], url: str) -> None:
+        """Register, retrying with backoff: a refusal (RBAC, a 5xx) must not stop kopf's
+        server task, which would stop the operator."""
+        delay = 1.0
+        while True:
+            try:
+                await asyncio.to_thread(register, self.kube(), body)
+                log.info("webhook %s registered at %s", self.config_name, url)
+                return
+            except Exception as e:  # logged and retried: the operator keeps running
+                log.warning(
+                    "webhook %s could not be registered (%s); retry in %.0fs "
+                    "(it needs get/create/update/delete on validatingwebhookconfigurations)",
+                    self.config_name,
+                    e,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 60.0)
 
 
 def _ca_bundle(path: Any) -> str:
