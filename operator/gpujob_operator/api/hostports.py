@@ -26,6 +26,21 @@ BLOCK: Final = 16
 """Blocks are aligned, so two jobs' blocks are either the same or apart."""
 
 
+METRICS_PORT_PREFIX: Final = "metrics-"
+"""Local rank i's container port is named ``metrics-<i>``: the builder names it, the
+scraper reads each rank's port back from the pod by that name."""
+
+
+def metrics_port_name(local_rank: int) -> str:
+    return f"{METRICS_PORT_PREFIX}{local_rank}"
+
+
+def metrics_port_rank(name: str) -> int | None:
+    """The local rank a container port's name stands for (None: not a metrics port)."""
+    suffix = name.removeprefix(METRICS_PORT_PREFIX)
+    return int(suffix) if suffix != name and suffix.isdigit() else None
+
+
 @dataclass(frozen=True)
 class RankPorts:
     """Where local rank i serves metrics (``metrics + i``) and rank 0 its rendezvous."""

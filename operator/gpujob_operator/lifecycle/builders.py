@@ -48,7 +48,7 @@ from gpujob_operator.api.children import (
     pod_name,
     selector_labels,
 )
-from gpujob_operator.api.hostports import RankPorts, rank_ports
+from gpujob_operator.api.hostports import RankPorts, metrics_port_name, rank_ports
 from gpujob_operator.api.pod.template import MERGED_FIELDS, TRAINER_FIELDS
 from gpujob_trainer import contract
 from gpujob_trainer.contract import ENV_METRICS_ADDR
@@ -243,7 +243,7 @@ def container_ports(spec: api.GPUTrainingJobSpec, ports: RankPorts) -> list[dict
     back from the pod.
     """
     out = [
-        {"name": f"metrics-{i}", "containerPort": ports.metrics + i, "protocol": "TCP"}
+        {"name": metrics_port_name(i), "containerPort": ports.metrics + i, "protocol": "TCP"}
         for i in range(spec.procs_per_node)
     ]
     out.append({"name": RENDEZVOUS_PORT_NAME, "containerPort": ports.master, "protocol": "TCP"})

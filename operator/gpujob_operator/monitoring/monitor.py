@@ -26,6 +26,7 @@ from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import LABEL_NODE_RANK, controller_uid, owned
 from gpujob_operator.api.display import format_hang
 from gpujob_operator.api.events import Event
+from gpujob_operator.api.hostports import metrics_port_rank
 from gpujob_operator.monitoring import guard, hysteresis
 from gpujob_operator.monitoring.analysis import Analysis, analyze
 from gpujob_operator.monitoring.analysis_settings import Settings
@@ -73,11 +74,10 @@ def _declared_metrics_ports(pod: Mapping[str, Any]) -> dict[int, int]:
     out: dict[int, int] = {}
     for container in (pod.get("spec") or {}).get("containers") or ():
         for port in container.get("ports") or ():
-            name = str(port.get("name") or "")
-            if name.startswith("metrics-") and name[8:].isdigit():
-                value = port.get("containerPort")
-                if isinstance(value, int) and 0 < value < 65536:
-                    out.setdefault(int(name[8:]), value)
+            rank = metrics_port_rank(str(port.get("name") or ""))
+            value = port.get("containerPort")
+            if rank is not None and isinstance(value, int) and 0 < value < 65536:
+                out.setdefault(rank, value)
     return out
 
 
