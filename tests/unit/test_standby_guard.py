@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -250,3 +251,46 @@ def test_a_guard_that_cannot_read_keeps_the_loops_and_lets_the_fence_shut() -> N
     asyncio.run(run_guard(api, done, fence, seen, lifetime=0.4))
     assert True in opened, "open after the first read"
     assert not seen.stops and not seen.demotes, "an outage alone neither stops nor exits"
+
+
+def test_a_read_that_straddles_a_freeze_is_not_trusted_and_the_freeze_still_counts() -> None:
+    """Frozen (SIGSTOP) while a read was on its way, the guard got its peers as they were
+    before the freeze. Before, it judged on that (alone: active), and its next look, an
+    ordinary sleep later, no longer knew of the freeze: a replaced replica came back working
+    beside its successor. The freeze is played here by blocking the event loop mid-read."""
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    def touched(priority: int) -> dict[str, Any]:
+        return {
+            "priority": priority,
+            "lifetime": 1,
+            "lastseen": dt.datetime.now(dt.UTC).isoformat(),
+        }
+
+    def frozen_mid_read() -> dict[str, Any]:
+        answer = {ME: touched(-20)}  # as it left the API server, before the freeze
+        blocked = threading.Event()
+
+        def freeze() -> None:
+            blocked.set()
+            time.sleep(1.6)  # longer than the keep-alive's lifetime: a successor took over
+
+        loops[0].call_soon_threadsafe(freeze)
+        assert blocked.wait(10)
+        return answer
+
+    def thawed() -> dict[str, Any]:  # kopf touched again before the guard looked
+        return {ME: touched(-20), NEW: touched(-30)}
+
+    api = ScriptedPeering([lambda: {ME: touched(-20)}, frozen_mid_read, thawed])
+    fence, seen = standby.Fence(), Seen()
+
+    async def main() -> None:
+        loops.append(asyncio.get_running_loop())
+        await run_guard(api, lambda: bool(seen.demotes) or api.calls >= 12, fence, seen, lifetime=1)
+
+    asyncio.run(main())
+    assert seen.demotes == [1], (
+        "the thawed replica restarts instead of working beside its successor"
+    )
+    assert not fence.open()

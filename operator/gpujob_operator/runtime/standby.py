@@ -191,61 +191,112 @@ async def guard(
     active again.
 
     Survives every error of a read (a refused connection, a reset, a timeout, not only an
-    ``ApiException``); the task that runs it is supervised by the caller, which ends the
+    ``ApiException``); a read during which the process stood still is not trusted (its
+    answer may predate the stall). The task that runs it is supervised by the caller, which ends the
     process should the guard ever end.
     """
     active, confirmed = True, False
     last_read = time.monotonic()
     deadline: dt.datetime | None = None
-    frozen = False
     loop = asyncio.get_running_loop()
-    while True:
-        started = time.monotonic()
-        statuses: list[dict[str, Any]] | None
-        try:
-            statuses = await loop.run_in_executor(_READER, read_statuses, api, name, namespaces)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # any failure of a read is "unread", never the end of the guard
-            log.warning("standby guard could not read the peering object: %s", _why(e))
-            statuses = None
-        now = dt.datetime.now(dt.UTC)
-        verdict = judge(
-            statuses, me, priority, now, started - last_read, lifetime, deadline, frozen
-        )
-        if verdict is None:
-            frozen = frozen or await _slept_late(interval)
-            continue
-        last_read, deadline = started, verdict.deadline or deadline
-        frozen = False
-        if verdict.active != active:
-            log.warning(
-                "peering: this replica (%s) is now %s: %s",
+    stalls = Stalls(interval)
+    ticker = asyncio.create_task(stalls.watch(), name="standby stall watch")
+    try:
+        while True:
+            started = time.monotonic()
+            statuses: list[dict[str, Any]] | None
+            try:
+                statuses = await loop.run_in_executor(_READER, read_statuses, api, name, namespaces)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # any failure of a read is "unread", never the end of the guard
+                log.warning("standby guard could not read the peering object: %s", _why(e))
+                statuses = None
+            if statuses is not None and stalls.since(started):
+                # The process stood still while the answer was on its way: it may describe
+                # the peers as they were before (a replica frozen mid-read would judge
+                # itself live on it, and its next look would no longer see the freeze).
+                log.info("standby guard: this process stalled during a read; reading again")
+                statuses = None
+            now = dt.datetime.now(dt.UTC)
+            verdict = judge(
+                statuses,
                 me,
-                "active" if verdict.active else "standby",
-                verdict.why,
+                priority,
+                now,
+                started - last_read,
+                lifetime,
+                deadline,
+                stalls.since(last_read),
             )
-        if not verdict.active:
-            fence.until = 0.0
-            stopped = stop_loops()
-            if stopped:
-                log.info("standby: stopped %d job loops (%s)", stopped, verdict.why)
-            if confirmed:
-                demote()
-                confirmed = False  # once: the process is on its way out
-        else:
-            fence.until = started + verdict.fence_seconds
-            confirmed = True
-        active = verdict.active
-        frozen = await _slept_late(interval)
+            if verdict is not None:
+                last_read, deadline = started, verdict.deadline or deadline
+                active, confirmed = _act(
+                    verdict, active, confirmed, me, started, fence, stop_loops, demote
+                )
+            await asyncio.sleep(interval)
+    finally:
+        ticker.cancel()
 
 
-async def _slept_late(interval: float) -> bool:
-    """Sleep one interval; True when it ended more than an interval late: the process (and
-    its kopf keep-alive) did not run meanwhile (SIGSTOP, a starved or paused host)."""
-    before = time.monotonic()
-    await asyncio.sleep(interval)
-    return time.monotonic() - before > 2 * interval
+def _act(
+    verdict: Judgement,
+    active: bool,
+    confirmed: bool,
+    me: str,
+    started: float,
+    fence: Fence,
+    stop_loops: Callable[[], int],
+    demote: Callable[[], None],
+) -> tuple[bool, bool]:
+    """Carry out one judgement; the new (active, confirmed)."""
+    if verdict.active != active:
+        log.warning(
+            "peering: this replica (%s) is now %s: %s",
+            me,
+            "active" if verdict.active else "standby",
+            verdict.why,
+        )
+    if verdict.active:
+        fence.until = started + verdict.fence_seconds
+        return True, True
+    fence.until = 0.0
+    stopped = stop_loops()
+    if stopped:
+        log.info("standby: stopped %d job loops (%s)", stopped, verdict.why)
+    if confirmed:
+        demote()  # once: the process is on its way out
+    return False, False
+
+
+class Stalls:
+    """When this process last stood still (SIGSTOP, a paused VM, a starved host): its event
+    loop ran nothing for longer than a guard interval, so neither did kopf's keep-alive.
+
+    A ticker records the end of each stall; :meth:`since` also counts a stall still under
+    way (the ticker overdue), so the answer does not depend on whether the guard or the
+    ticker runs first after a thaw.
+    """
+
+    def __init__(self, interval: float) -> None:
+        self.tick = max(interval / 2, 0.05)
+        self.lag = max(interval, 0.5)
+        """Lateness that counts as a stall: floored, so event-loop jitter on a loaded host
+        never does."""
+        self.last_tick = time.monotonic()
+        self.ended = float("-inf")
+
+    async def watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick)
+            now = time.monotonic()
+            if now - self.last_tick > self.tick + self.lag:
+                self.ended = now
+            self.last_tick = now
+
+    def since(self, t: float) -> bool:
+        """Whether the process stood still at some time after monotonic ``t``."""
+        return self.ended > t or time.monotonic() - self.last_tick > self.tick + self.lag
 
 
 def _why(e: BaseException) -> str:
