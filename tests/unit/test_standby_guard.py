@@ -294,3 +294,21 @@ def test_a_read_that_straddles_a_freeze_is_not_trusted_and_the_freeze_still_coun
         "the thawed replica restarts instead of working beside its successor"
     )
     assert not fence.open()
+
+
+def test_a_successor_seen_before_a_freeze_counts_though_this_replicas_kopf_removed_it() -> None:
+    """Thawed, this replica's own kopf handles the peering events it queued before the
+    freeze: it finds its successor's entry dead in them, removes it, and touches its own.
+    The guard's next look then shows this replica alone and fresh; the successor seen live
+    at the last look still counts, so the proven lapse stops this replica."""
+    alone_again = [{ME: entry(-20, 0)}]
+    before = NOW - dt.timedelta(seconds=3)
+    verdict = standby.judge(
+        alone_again, ME, -20, NOW, 15, 20, before, frozen=True, peer_before=True
+    )
+    assert verdict is not None and not verdict.active and "since its last look" in verdict.why
+    # Each kopf removed the other's entry: nobody is left in the object at all.
+    emptied = standby.judge([{}], ME, -20, NOW, 15, 20, before, frozen=True, peer_before=True)
+    assert emptied is not None and not emptied.active and "removed as dead" in emptied.why
+    # Nobody was there before either: a replica alone that was frozen goes on.
+    assert active(alone_again, away=15, last_deadline=before, frozen=True)

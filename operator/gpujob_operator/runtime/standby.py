@@ -98,6 +98,8 @@ class Judgement:
     """How long after the read the write fence may stay open."""
     deadline: dt.datetime | None = None
     """This replica's keep-alive deadline as read (``lastseen + lifetime``), for the next look."""
+    peer_live: bool = False
+    """Another peer was live in this look (a possible successor), for the next look."""
 
 
 def judge(
@@ -109,6 +111,7 @@ def judge(
     lifetime: float,
     last_deadline: dt.datetime | None = None,
     frozen: bool = False,
+    peer_before: bool = False,
     margin: float = INTERVAL_SECONDS,
 ) -> Judgement | None:
     """Whether this replica may work now, and why (pure: the guard's whole decision).
@@ -117,10 +120,13 @@ def judge(
     and the fence, not refreshed, shuts by itself. ``away_for`` is how long since the last
     read that could (or since the guard started); ``last_deadline`` is this replica's
     keep-alive deadline seen then; ``frozen``: the guard itself did not run for a while
-    (its sleep overshot), so neither did this process's kopf keep-alive.
+    (its sleep overshot), so neither did this process's kopf keep-alive; ``peer_before``:
+    another peer was live at the last look.
 
     Fail closed where a successor may have taken over, that is where another peer is live
-    and this replica's keep-alive lapsed:
+    now or was at the last look, and this replica's keep-alive lapsed (a successor seen
+    before the lapse may be missing now: thawed, this replica's own kopf removes the peers
+    it finds dead in the events it queued before the freeze):
     - its entry is lapsed now;
     - its entry is gone though it was there at the last look (a successor's kopf removes
       the peers it finds dead);
@@ -143,7 +149,7 @@ def judge(
         for s in statuses
         for k, v in s.items()
     )
-    if others:
+    if others or peer_before:
         why = None
         shortest_touch = max(1.0, lifetime - 10)
         if mine is not None and mine <= now:
@@ -159,13 +165,15 @@ def judge(
         elif mine is None and last_deadline is None and away_for > lifetime:
             why = f"this replica could not see its peers for {away_for:.0f}s"
         if why is not None:
-            return Judgement(False, f"{why} and a live peer may have taken over", deadline=mine)
+            return Judgement(
+                False, f"{why} and a live peer may have taken over", deadline=mine, peer_live=others
+            )
     if not all(peers.is_active(s, me, priority, now) for s in statuses):
-        return Judgement(False, "another replica is active", deadline=mine)
+        return Judgement(False, "another replica is active", deadline=mine, peer_live=others)
     fence = lifetime / 2
     if mine is not None:
         fence = min(fence, (mine - now).total_seconds() - margin)
-    return Judgement(True, "no live peer outranks this replica", max(fence, 0.0), mine)
+    return Judgement(True, "no live peer outranks this replica", max(fence, 0.0), mine, others)
 
 
 _READER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="standby-guard")
@@ -198,6 +206,7 @@ async def guard(
     active, confirmed = True, False
     last_read = time.monotonic()
     deadline: dt.datetime | None = None
+    peer_seen = False
     loop = asyncio.get_running_loop()
     stalls = Stalls(interval)
     ticker = asyncio.create_task(stalls.watch(), name="standby stall watch")
@@ -228,9 +237,11 @@ async def guard(
                 lifetime,
                 deadline,
                 stalls.since(last_read),
+                peer_seen,
             )
             if verdict is not None:
                 last_read, deadline = started, verdict.deadline or deadline
+                peer_seen = verdict.peer_live
                 active, confirmed = _act(
                     verdict, active, confirmed, me, started, fence, stop_loops, demote
                 )
