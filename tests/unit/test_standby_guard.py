@@ -312,3 +312,18 @@ def test_a_successor_seen_before_a_freeze_counts_though_this_replicas_kopf_remov
     assert emptied is not None and not emptied.active and "removed as dead" in emptied.why
     # Nobody was there before either: a replica alone that was frozen goes on.
     assert active(alone_again, away=15, last_deadline=before, frozen=True)
+
+
+def test_a_stall_that_ended_before_a_read_is_not_one_during_it() -> None:
+    """Thawed, the guard may run before the stall ticker: it records the stall itself
+    before reading, so its first read after the thaw is trusted (not thrown away while
+    the thawed replica's kopf already outranks its successor), and the stall still counts
+    for the look that follows the last one before it."""
+    stalls = standby.Stalls(2.0)
+    before_freeze = time.monotonic()
+    stalls.last_tick = before_freeze - 10  # the ticker has not run for 10 s: frozen
+    assert stalls.since(before_freeze), "a stall under way counts before anyone records it"
+    stalls.check()
+    read_started = time.monotonic()
+    assert stalls.since(before_freeze)
+    assert not stalls.since(read_started)

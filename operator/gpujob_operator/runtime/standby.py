@@ -119,9 +119,10 @@ def judge(
     None when the peering objects could not be read (``statuses`` None): nothing changes,
     and the fence, not refreshed, shuts by itself. ``away_for`` is how long since the last
     read that could (or since the guard started); ``last_deadline`` is this replica's
-    keep-alive deadline seen then; ``frozen``: the guard itself did not run for a while
-    (its sleep overshot), so neither did this process's kopf keep-alive; ``peer_before``:
-    another peer was live at the last look.
+    keep-alive deadline seen then; ``frozen``: the process stood still (its event loop ran
+    nothing for longer than a guard interval) at some time since the last look, so for a
+    while neither did its kopf keep-alive; ``peer_before``: another peer was live at the
+    last look.
 
     Fail closed where a successor may have taken over, that is where another peer is live
     now or was at the last look, and this replica's keep-alive lapsed (a successor seen
@@ -133,7 +134,9 @@ def judge(
     - its keep-alive was touched again only after the deadline seen at the last look (a
       thaw: kopf may touch before the guard looks), where that proves a lapse: the looks
       were closer than kopf's shortest keep-alive period (at most one touch in between),
-      or the process was frozen (no touch at all in between);
+      or the process stood still since (taken as a lapse: after a thaw, the usual case,
+      kopf touched nothing while frozen; a stall within a long spell without reads does
+      not strictly rule out touches around it, and then this errs on the side of a restart);
     - no keep-alive of its own was ever seen and it could not look for a lifetime.
     All compare times this replica's own kopf wrote, on its own clock. A guard that merely
     could not read while kopf kept touching has not been replaced; alone, a replica that
@@ -200,8 +203,9 @@ async def guard(
 
     Survives every error of a read (a refused connection, a reset, a timeout, not only an
     ``ApiException``); a read during which the process stood still is not trusted (its
-    answer may predate the stall). The task that runs it is supervised by the caller, which ends the
-    process should the guard ever end.
+    answer may predate the stall) and is made again at once. The task that runs it is
+    supervised by the caller, which ends the process should the guard (or its stall ticker)
+    ever end.
     """
     active, confirmed = True, False
     last_read = time.monotonic()
@@ -212,6 +216,9 @@ async def guard(
     ticker = asyncio.create_task(stalls.watch(), name="standby stall watch")
     try:
         while True:
+            if ticker.done():  # without it every stall would look under way: never active
+                raise RuntimeError(f"the standby stall ticker ended: {ticker!r}")
+            stalls.check()  # a stall that ended before this read is not one during it
             started = time.monotonic()
             statuses: list[dict[str, Any]] | None
             try:
@@ -226,7 +233,7 @@ async def guard(
                 # the peers as they were before (a replica frozen mid-read would judge
                 # itself live on it, and its next look would no longer see the freeze).
                 log.info("standby guard: this process stalled during a read; reading again")
-                statuses = None
+                continue
             now = dt.datetime.now(dt.UTC)
             verdict = judge(
                 statuses,
@@ -284,26 +291,30 @@ class Stalls:
     """When this process last stood still (SIGSTOP, a paused VM, a starved host): its event
     loop ran nothing for longer than a guard interval, so neither did kopf's keep-alive.
 
-    A ticker records the end of each stall; :meth:`since` also counts a stall still under
-    way (the ticker overdue), so the answer does not depend on whether the guard or the
-    ticker runs first after a thaw.
+    A ticker records the end of each stall, and so does the guard (:meth:`check`) before
+    each read; :meth:`since` also counts a stall still under way (the ticker overdue), so
+    the answer does not depend on whether the guard or the ticker runs first after a thaw.
     """
 
     def __init__(self, interval: float) -> None:
         self.tick = max(interval / 2, 0.05)
         self.lag = max(interval, 0.5)
-        """Lateness that counts as a stall: floored, so event-loop jitter on a loaded host
-        never does."""
+        """Lateness past a tick that counts as a stall: a guard interval (2 s in production),
+        at least 0.5 s, well above the event-loop lag of a loaded host."""
         self.last_tick = time.monotonic()
         self.ended = float("-inf")
 
     async def watch(self) -> None:
         while True:
             await asyncio.sleep(self.tick)
-            now = time.monotonic()
-            if now - self.last_tick > self.tick + self.lag:
-                self.ended = now
-            self.last_tick = now
+            self.check()
+
+    def check(self) -> None:
+        """Record a stall that has just ended (the last tick came too long ago)."""
+        now = time.monotonic()
+        if now - self.last_tick > self.tick + self.lag:
+            self.ended = now
+        self.last_tick = now
 
     def since(self, t: float) -> bool:
         """Whether the process stood still at some time after monotonic ``t``."""
