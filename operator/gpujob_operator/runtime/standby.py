@@ -312,13 +312,17 @@ class Stalls:
     def check(self) -> None:
         """Record a stall that has just ended (the last tick came too long ago)."""
         now = time.monotonic()
-        if now - self.last_tick > self.tick + self.lag:
+        if self._late(now):
             self.ended = now
         self.last_tick = now
 
     def since(self, t: float) -> bool:
         """Whether the process stood still at some time after monotonic ``t``."""
-        return self.ended > t or time.monotonic() - self.last_tick > self.tick + self.lag
+        return self.ended > t or self._late(time.monotonic())
+
+    def _late(self, now: float) -> bool:
+        """The last tick came too long before ``now``: a stall (ended now, or under way)."""
+        return now - self.last_tick > self.tick + self.lag
 
 
 def _why(e: BaseException) -> str:
