@@ -3,12 +3,13 @@ windows (rank and fake NVML series as exposition text, parsed like a scrape)."""
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 
 import pytest
 
 from gpujob_operator import api
-from gpujob_operator.monitoring import expfmt
+from gpujob_operator.monitoring import diagnose, expfmt
 from gpujob_operator.monitoring.analysis import Analysis
 from gpujob_operator.monitoring.analysis_settings import Settings
 from gpujob_operator.monitoring.frame import NEEDED, _canonical, frame, frame_payload
@@ -16,6 +17,7 @@ from gpujob_operator.monitoring.guard import admit
 from gpujob_operator.monitoring.latency import BOUNDS, quantile
 from gpujob_operator.monitoring.rows import R_FLOPS, R_PEAK
 from gpujob_operator.monitoring.transfer import PCIE_BUSY_BYTES
+from gpujob_operator.monitoring.update import MonitorUpdate
 from gpujob_operator.monitoring.verdict import (
     COMMUNICATION_BOUND,
     COMPUTE_BOUND,
@@ -131,10 +133,25 @@ def test_progress_has_step_latency_and_time_per_sample() -> None:
     p = a.progress
     step = sum(RankSim(0).phases.values())  # 0.1 s, in the (0.05, 0.1] bucket
     assert 0.05 < p["stepSecondsP50"] <= step and p["stepSecondsP50"] <= p["stepSecondsP95"]
-    assert p["secondsPerSample"] == pytest.approx(1 / p["samplesPerSecond"], rel=1e-3)
-    assert set(api.Progress.model_validate(p).model_dump(by_alias=True, exclude_none=True)) == set(
-        p
+    # The time per sample is derived where it is shown (diagnose's table), from the throughput.
+    update = MonitorUpdate(
+        now=0.0, progress=p, bottleneck=None, gpus={}, conditions=[], events=[], analysis=a
     )
+    table = io.StringIO()
+    diagnose.render_text(update, table)
+    assert f"; {1000 / p['samplesPerSecond']:.3g} ms per sample" in table.getvalue()
+    assert_fits_the_status(p)
+
+
+def assert_fits_the_status(p: dict[str, object]) -> None:
+    """Every key of the analysis' progress survives the status schema: in status.progress,
+    but the ETA's basis, which goes to status.operatorState.rateSince."""
+    public = {k: v for k, v in p.items() if k != "rateSince"}
+    dumped = api.Progress.model_validate(public).model_dump(by_alias=True, exclude_none=True)
+    assert set(dumped) == set(public)
+    if "rateSince" in p:
+        state = api.parse_status({"operatorState": {"rateSince": p["rateSince"]}}).operator_state
+        assert state is not None and state.rate_since is not None
 
 
 # ---- MFU and ComputeBound ---------------------------------------------------------------
@@ -150,9 +167,7 @@ def test_mfu_from_the_flops_counter_and_the_exported_peak() -> None:
     assert p["peakTFLOPSPerGPU"] == 0.1 and "mfuUnavailable" not in p
     assert a.verdict is not None and a.verdict.verdict == HEALTHY  # 85% compute: below 90%
     assert [b.mfu for b in a.verdict.breakdown] == [pytest.approx(0.2133, abs=1e-4)] * 2
-    assert set(api.Progress.model_validate(p).model_dump(by_alias=True, exclude_none=True)) == set(
-        p
-    )
+    assert_fits_the_status(p)
 
 
 def test_the_jobs_peak_overrides_the_trainers_and_stands_in_for_none() -> None:

@@ -84,7 +84,7 @@ def test_status_times_are_rfc3339_z_and_unknown_status_keys_ignored() -> None:
     st = api.parse_status(
         {
             "startTime": "2026-01-02T03:04:05Z",
-            "totalGPUs": 16,
+            "gang": {"gpus": {"requested": 16}},
             "bottleneck": {"verdict": "Straggler", "rank": 13, "gpuUUID": "GPU-1"},
             "kopf": {"progress": {}},
         }
@@ -93,7 +93,7 @@ def test_status_times_are_rfc3339_z_and_unknown_status_keys_ignored() -> None:
     out = api.dump(st)
     assert out == {
         "startTime": "2026-01-02T03:04:05Z",
-        "totalGPUs": 16,
+        "gang": {"gpus": {"requested": 16}},
         "bottleneck": {"verdict": "Straggler", "rank": 13, "gpuUUID": "GPU-1"},
     }
 

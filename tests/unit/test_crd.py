@@ -12,6 +12,7 @@ import yaml
 from gpujob_operator import api
 from gpujob_operator.api import crd, display
 from gpujob_operator.api.pod.owned import OWNED_FIELDS
+from gpujob_operator.api.statusupgrade import MOVES
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = crd.build_crd()
@@ -60,6 +61,9 @@ PRESERVE_OK = {
     "spec.resources.claims[]",
     # Declared only to be refused by name (api/pod/owned.py).
     *(f"spec.template.{name}{sub}" for name in OWNED_FIELDS for sub in ("", "[]")),
+    # The previous version's status paths, kept for one release so the operator can read
+    # them once and move them (api/statusupgrade.py).
+    *("status." + ".".join(old) for old, _ in MOVES),
 }
 
 
@@ -113,7 +117,8 @@ def test_printer_columns() -> None:
     assert cols["Goodput"]["priority"] == 1 and cols["Goodput"]["jsonPath"].endswith(".goodput")
     assert cols["Status"]["jsonPath"] == ".status.phase"
     assert cols["Nodes"]["jsonPath"] == ".spec.nodes"
-    assert cols["GPUs"]["jsonPath"] == ".status.totalGPUs"
+    assert cols["GPUs"]["jsonPath"] == ".status.gang.gpus.requested"
+    assert cols["Restarts"]["jsonPath"] == ".status.gang.restarts"
     assert cols["Progress"]["jsonPath"] == ".status.display.progress"
     assert cols["ETA"]["jsonPath"] == ".status.display.eta"
     assert cols["Age"] == {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
@@ -223,18 +228,17 @@ def test_status_has_what_kubectl_get_and_the_issue_need() -> None:
         "observedGeneration",
         "conditions",
         "phase",
-        "replicas",
-        "restarts",
+        "gang",
         "startTime",
         "completionTime",
         "progress",
         "bottleneck",
-        "gpus",
         "failure",
-        "totalGPUs",
         "display",
     ):
         assert key in props, key
+    assert set(props["gang"]["properties"]) >= {"attempt", "restarts", "replicas", "gpus"}
+    assert "requested" in props["gang"]["properties"]["gpus"]["properties"]
     assert set(props["progress"]["properties"]) >= {
         "step",
         "totalSteps",

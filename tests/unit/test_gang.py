@@ -13,6 +13,7 @@ import pytest
 
 from gpujob_operator import api
 from gpujob_operator.api import conditions as c
+from gpujob_operator.api.status import attempt_of
 from gpujob_operator.lifecycle import gang, observations, planner
 from gpujob_operator.lifecycle.planner import Plan
 from tests.unit.test_planner import Sim, cond, make_job
@@ -45,7 +46,7 @@ class GangSim(Sim):
 
     def plan(self, log_tails: dict[str, str] | None = None) -> Plan:
         name = self.job["metadata"]["name"]
-        attempt = int((self.job.get("status") or {}).get("attempt") or 0)
+        attempt = attempt_of(self.job.get("status") or {})
         obs = observations.GangObservation(
             default=self.default,
             native_version=self.native_version,
@@ -118,6 +119,13 @@ class GangSim(Sim):
         }
 
 
+def admission(status: dict[str, Any]) -> dict[str, Any]:
+    """``status.gang``'s admission part: the mechanism and what admission reported (the
+    attempt, restarts, pods, GPUs and start forecast left out)."""
+    own = ("attempt", "restarts", "nextAttemptTime", "replicas", "gpus", "startForecast")
+    return {k: v for k, v in (status.get("gang") or {}).items() if k not in own}
+
+
 def native_job(**spec: Any) -> dict[str, Any]:
     return make_job(nodes=2, gpusPerNode=4, scheduling={"gang": "Native"}, **spec)
 
@@ -165,7 +173,7 @@ def test_the_recorded_mechanism_sticks_when_a_queue_label_is_added_later() -> No
     sim.default = api.GANG_NATIVE
     p = sim.reconcile()
     assert p.delete_pods == [] and p.ensure_objects == []
-    assert sim.status["gang"] == {"mechanism": "None"} and sim.status["phase"] == "Running"
+    assert admission(sim.status) == {"mechanism": "None"} and sim.status["phase"] == "Running"
 
 
 def test_api_refuses_an_unknown_gang_mechanism() -> None:
@@ -191,7 +199,11 @@ def test_native_creates_workload_and_attempt_pod_group_before_pods_and_joins_the
     for obj in (wl, pg):
         assert obj["metadata"]["ownerReferences"][0]["uid"] == "u1"
     assert all(x["spec"]["schedulingGroup"] == {"podGroupName": "bert-a0"} for x in p.create_pods)
-    assert sim.status["gang"] == {"mechanism": "Native", "workload": "bert", "podGroup": "bert-a0"}
+    assert admission(sim.status) == {
+        "mechanism": "Native",
+        "workload": "bert",
+        "podGroup": "bert-a0",
+    }
 
 
 def test_a_gang_restart_gets_a_fresh_pod_group_and_drops_the_old_one() -> None:
@@ -258,7 +270,7 @@ def test_none_mechanism_leaves_pods_alone() -> None:
     p = sim.reconcile()
     assert p.ensure_objects == [] and len(p.create_pods) == 2
     assert all("schedulingGroup" not in x["spec"] for x in p.create_pods)
-    assert sim.status["gang"] == {"mechanism": "None"}
+    assert admission(sim.status) == {"mechanism": "None"}
 
 
 # ---- Kueue ---------------------------------------------------------------------------------------
@@ -309,8 +321,8 @@ def test_preemption_is_a_reason_hands_quota_back_and_the_job_resumes() -> None:
     assert p.status_patches == []  # the quota goes back only once the pods are gone
     running = cond_of(sim)
     assert running["reason"] == c.PREEMPTED and sim.status["phase"] == "Pending"
-    assert sim.status["restarts"] == 0 and "failure" not in sim.status
-    assert sim.status["gang"]["preemptions"] == 1 and sim.status["attempt"] == 1
+    assert sim.status["gang"]["restarts"] == 0 and "failure" not in sim.status
+    assert sim.status["gang"]["preemptions"] == 1 and sim.status["gang"]["attempt"] == 1
 
     sim.gc()
     p = sim.reconcile()
@@ -489,7 +501,7 @@ def running_kueue_gang() -> GangSim:
     sim.reconcile()
     sim.run_all()
     sim.reconcile()
-    assert sim.status["phase"] == "Running" and sim.status["attempt"] == 0
+    assert sim.status["phase"] == "Running" and sim.status["gang"]["attempt"] == 0
     return sim
 
 
@@ -501,14 +513,14 @@ def test_a_workload_deleted_while_the_gang_runs_counts_like_an_eviction() -> Non
     assert sorted(p.delete_pods) == ["bert-node-0", "bert-node-1"]
     assert p.ensure_objects == []  # no second Workload while the old pods hold the GPUs
     st = sim.status
-    assert st["attempt"] == 1 and st["restarts"] == 0 and "failure" not in st
+    assert st["gang"]["attempt"] == 1 and st["gang"]["restarts"] == 0 and "failure" not in st
     assert st["gang"]["preemptions"] == 1 and st["phase"] == "Pending"
     running = cond_of(sim)
     assert running["reason"] == c.WORKLOAD_DELETED and name in running["message"]
     assert [(e.type, e.reason) for e in p.events] == [("Warning", c.WORKLOAD_DELETED)]
     # While the pods terminate: nothing new, no second Warning, no second count.
     p = sim.reconcile()
-    assert p.ensure_objects == [] and p.events == [] and sim.status["attempt"] == 1
+    assert p.ensure_objects == [] and p.events == [] and sim.status["gang"]["attempt"] == 1
     sim.gc()
     (wl,) = sim.reconcile().ensure_objects
     assert wl["metadata"]["name"] == name and cond_of(sim)["reason"] == c.WORKLOAD_DELETED
@@ -521,7 +533,7 @@ def test_a_workload_deleted_while_the_gang_runs_counts_like_an_eviction() -> Non
     assert {x["metadata"]["labels"]["gpujob.dev/attempt"] for x in p.create_pods} == {"1"}
     sim.run_all()
     sim.reconcile()
-    assert sim.status["phase"] == "Running" and sim.status["attempt"] == 1
+    assert sim.status["phase"] == "Running" and sim.status["gang"]["attempt"] == 1
 
 
 @pytest.mark.parametrize("job", [native_job(), kueue_job()], ids=["native", "kueue"])
@@ -540,7 +552,7 @@ def test_a_failed_read_never_deletes_the_gangs_pods(job: dict[str, Any]) -> None
     assert p.delete_pods == [] and p.create_pods == [] and p.ensure_objects == []
     assert p.requeue_after is not None and p.requeue_after <= 10
     st = sim.status
-    assert st["phase"] == "Running" and st["attempt"] == 0
+    assert st["phase"] == "Running" and st["gang"]["attempt"] == 0
     assert st["conditions"] == before["conditions"]
     assert {k: v for k, v in st["gang"].items() if k != "readError"} == before["gang"]
     assert "403" in st["gang"]["readError"]
@@ -569,7 +581,7 @@ def test_a_webhook_denying_the_kueue_workload_is_retried_for_its_window_then_fai
     assert p.ensure_objects == [] and p.requeue_after == 8
     running = cond_of(sim)
     assert running["reason"] == c.ADMISSION_WEBHOOK_DENIED and "retried until" in running["message"]
-    assert sim.status["admissionDenial"]["target"].startswith("Workload ")
+    assert sim.status["operatorState"]["admissionDenial"]["target"].startswith("Workload ")
     sim.now = t0 + timedelta(seconds=30)
     sim.reconcile()
     assert sim.status["phase"] == "Failed"
@@ -592,7 +604,9 @@ def test_a_workload_created_after_denials_ends_their_run() -> None:
     sim.reconcile()  # the retry: this time the Workload is created
     sim.refused = None
     sim.reconcile()
-    assert sim.kueue_workload() is not None and "admissionDenial" not in sim.status
+    assert sim.kueue_workload() is not None and "admissionDenial" not in (
+        sim.status.get("operatorState") or {}
+    )
 
 
 def test_kueue_pod_set_carries_init_containers_pod_resources_and_claims() -> None:

@@ -17,7 +17,7 @@ from gpujob_operator.api import conditions as c
 from gpujob_operator.lifecycle import backoff
 from gpujob_operator.observability.opmetrics import METRICS
 from gpujob_operator.runtime import jobloop
-from tests.unit.test_planner import Sim, make_job
+from tests.unit.test_planner import Sim, apply_merge_patch, make_job
 
 
 class TruthKube:
@@ -35,7 +35,7 @@ class TruthKube:
         return True
 
     async def patch_status(self, ns: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
-        self.status = {**self.status, **copy.deepcopy(patch)}
+        self.status = apply_merge_patch(self.status, copy.deepcopy(patch))
         return {"metadata": {"uid": "u1", "resourceVersion": "9"}, "status": self.status}
 
     async def create_pod(self, ns: str, body: dict[str, Any], dry_run: bool = False) -> bool:

@@ -1,4 +1,4 @@
-"""The goodput ledger over a scripted run with known answers, and the finished job's summary.
+"""The goodput ledger over a scripted run with known answers, and what it tells of the run.
 
 Every pass reads the ledger back from its status form (as an operator does after a restart),
 so nothing but the status carries the accounting from one pass to the next.
@@ -15,7 +15,6 @@ import pytest
 from gpujob_operator import api
 from gpujob_operator.api import conditions as c
 from gpujob_operator.lifecycle import goodput as g
-from gpujob_operator.lifecycle import jobsummary
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 GPUS = 16
@@ -80,7 +79,8 @@ class Run:
 
     def __init__(self, segments: list[Segment]) -> None:
         self.segments = segments
-        self.stored: dict[str, Any] | None = None
+        self.stored: tuple[dict[str, Any], dict[str, Any]] | None = None
+        """``status.goodput`` and ``status.operatorState.goodput`` as last written."""
         self.writes = 0
 
     def states(self) -> list[tuple[float, g.JobState]]:
@@ -137,8 +137,11 @@ class Run:
             samples_per_second=RATE if stepping else None,
         )
 
+    def read(self) -> g.Ledger | None:
+        return g.from_status(*self.stored) if self.stored is not None else None
+
     def account(self, now: datetime, state: g.JobState) -> None:
-        old = g.from_status(self.stored)
+        old = self.read()
         new = g.advance(old, state, now, T0)
         if old is None or g.due(old, new):
             self.stored = g.to_status(new, GPUS)
@@ -149,7 +152,7 @@ class Run:
             if skip is not None and skip[0] <= at < skip[1]:
                 continue  # the operator is down: nobody accounts
             self.account(T0 + timedelta(seconds=at), state)
-        ledger = g.from_status(self.stored)
+        ledger = self.read()
         assert ledger is not None
         return ledger
 
@@ -168,7 +171,7 @@ def test_a_scripted_run_lands_in_each_bucket() -> None:
     assert ledger.total == pytest.approx(total, abs=1.0), "every second counted once"
     assert ledger.ratio == pytest.approx(EXPECTED_MIN["productive"] * 60 / total, abs=0.005)
     assert ledger.cause is None and ledger.until == T0 + timedelta(seconds=run.end)
-    status = g.to_status(ledger, GPUS)
+    status, _ = g.to_status(ledger, GPUS)
     lost = (total - EXPECTED_MIN["productive"] * 60) * GPUS / 3600
     assert status["lostGPUHours"] == pytest.approx(lost, abs=6 * TOLERANCE * GPUS / 3600)
     # The ledger is written on changes and every REFRESH_SECONDS, not on every pass.
@@ -211,31 +214,32 @@ def test_a_long_gap_is_charged_to_the_state_after_it() -> None:
 
 def test_verdict_shares_and_the_worst_rank() -> None:
     ledger = Run(script()).play()
-    shares = {v["verdict"]: v for v in jobsummary.verdict_shares(ledger.verdict_seconds)}
+    shares = {v["verdict"]: v for v in g.verdict_shares(ledger.verdict_seconds)}
     published = (120 + 100 + 20 + 60 + 3 * 40 + 100 + 50) * 60  # stepping and stalled
     assert sum(ledger.verdict_seconds.values()) == pytest.approx(published, abs=TOLERANCE)
     assert shares["InputBound"]["seconds"] == pytest.approx(120 * 60, abs=TOLERANCE)
     assert shares["Straggler"]["seconds"] == pytest.approx(100 * 60, abs=TOLERANCE)
     assert shares["Stalled"]["share"] == pytest.approx(20 * 60 / published, abs=0.005)
-    order = [v["verdict"] for v in jobsummary.verdict_shares(ledger.verdict_seconds)]
+    order = [v["verdict"] for v in g.verdict_shares(ledger.verdict_seconds)]
     assert order[:3] == ["Healthy", "InputBound", "Straggler"], "longest first"
-    assert jobsummary.worst_rank(ledger.rank_seconds) == (3, pytest.approx(7200, abs=120))
+    assert g.worst_rank(ledger.rank_seconds) == (3, pytest.approx(7200, abs=120))
 
 
-def test_the_summary_of_a_finished_run() -> None:
+def test_what_the_goodput_tells_of_a_finished_run() -> None:
     run = Run(script())
     ledger = run.play()
-    progress = {"step": 12345, "mfu": 0.41}
-    s = jobsummary.build(ledger, progress, GPUS, 3, T0 + timedelta(seconds=run.end))
-    assert s["wallSeconds"] == pytest.approx(run.end)
-    assert s["goodputRatio"] == round(ledger.ratio or 0, 4)
+    s, cursor = g.to_status(ledger, GPUS)
+    since = c.parse_time(s["since"])
+    assert since is not None
+    wall = (T0 + timedelta(seconds=run.end) - since).total_seconds()  # completionTime - since
+    assert wall == pytest.approx(run.end)
+    assert s["ratio"] == round(ledger.ratio or 0, 4)
     assert s["meanSamplesPerSecond"] == pytest.approx(RATE, rel=0.01)
     assert "meanTokensPerSecond" not in s, "no token count was exported"
-    assert s["lastMFU"] == 0.41 and s["steps"] == 12345 and s["restarts"] == 3
     assert s["worstRank"] == 3
     assert s["gpuHours"] == pytest.approx(sum(EXPECTED_MIN.values()) * 60 * GPUS / 3600, abs=1)
-    api.JobSummary.model_validate(s)
-    api.Goodput.model_validate(g.to_status(ledger, GPUS))
+    api.Goodput.model_validate(s)
+    api.parse_status({"goodput": s, "operatorState": {"goodput": cursor}})
 
 
 def test_the_ledger_is_bounded() -> None:
@@ -248,10 +252,10 @@ def test_the_ledger_is_bounded() -> None:
     assert len(ledger.verdict_seconds) == g.MAX_VERDICTS
     assert len(ledger.rank_seconds) == g.MAX_RANKS
     assert min(int(r) for r in ledger.rank_seconds) >= 40 - 1 - g.MAX_RANKS, "longest kept"
-    again = g.from_status(g.to_status(ledger, 8))
+    public, cursor = g.to_status(ledger, 8)
+    again = g.from_status(public, cursor)
     assert again is not None and again.verdict_seconds == pytest.approx(ledger.verdict_seconds)
-    s = jobsummary.build(ledger, None, 8, 0, now)
-    assert len(s["verdicts"]) <= jobsummary.MAX_LISTED_VERDICTS
+    assert len(public["verdicts"]) <= g.MAX_VERDICTS
 
 
 def test_a_job_seen_first_while_running_is_accounted_from_then() -> None:
@@ -261,10 +265,12 @@ def test_a_job_seen_first_while_running_is_accounted_from_then() -> None:
 
 
 def test_unreadable_status_starts_afresh() -> None:
-    assert g.from_status({"since": "yesterday"}) is None
-    assert g.from_status(None) is None
-    odd = {"since": "2026-03-01T12:00:00Z", "accountedUntil": "2026-03-01T12:00:00Z"}
-    ledger = g.from_status({**odd, "cause": "nap", "seconds": {"queued": "x", "nap": 4}})
+    until = {"accountedUntil": "2026-03-01T12:00:00Z"}
+    assert g.from_status({"since": "yesterday"}, until) is None
+    assert g.from_status(None, None) is None
+    since = {"since": "2026-03-01T12:00:00Z"}
+    odd = {**since, "seconds": {"queued": "x", "nap": 4}}
+    ledger = g.from_status(odd, {**until, "cause": "nap"})
     assert ledger is not None and ledger.cause is None and ledger.seconds == {}
 
 
@@ -285,21 +291,22 @@ def test_suspended_time_is_queued_and_a_finished_ledger_stays() -> None:
 # ---- through the planner ----------------------------------------------------------------
 
 
-def test_the_planner_accounts_a_job_and_keeps_its_summary() -> None:
+def test_the_planner_accounts_a_job_and_keeps_what_it_tells_of_the_run() -> None:
     from tests.unit.test_planner import Sim, make_job
 
     job = make_job(nodes=2, gpusPerNode=8)
     job["metadata"]["creationTimestamp"] = c.format_time(T0)
     sim = Sim(job)
     sim.reconcile()
-    assert sim.status["goodput"]["cause"] == "queued"
+    assert sim.status["operatorState"]["goodput"]["cause"] == "queued"
     sim.now += timedelta(minutes=10)
     for pod in sim.pods.values():
         pod["spec"]["nodeName"] = "gpu-a"
     sim.run_all()
     sim.reconcile()
     goodput = sim.status["goodput"]
-    assert goodput["seconds"]["queued"] == 600.0 and goodput["cause"] == "startup"
+    assert goodput["seconds"]["queued"] == 600.0
+    assert sim.status["operatorState"]["goodput"]["cause"] == "startup"
     # The monitor's write: the first step, a verdict naming a rank, the phase shares.
     sim.now += timedelta(minutes=5)
     sim.status["progress"] = {
@@ -307,10 +314,11 @@ def test_the_planner_accounts_a_job_and_keeps_its_summary() -> None:
         "lastStepTime": c.format_time(sim.now),
         "samplesPerSecond": 50.0,
         "checkpointRatio": 0.1,
+        "mfu": 0.41,
     }
     sim.status["bottleneck"] = {"verdict": "Straggler", "rank": 3}
     sim.reconcile()
-    assert sim.status["goodput"]["cause"] == "productive"
+    assert sim.status["operatorState"]["goodput"]["cause"] == "productive"
     assert sim.status["goodput"]["seconds"]["startup"] == 300.0
     sim.now += timedelta(minutes=60)
     sim.succeed_all()
@@ -319,17 +327,23 @@ def test_the_planner_accounts_a_job_and_keeps_its_summary() -> None:
     assert st["phase"] == "Succeeded" and "bottleneck" not in st
     assert st["goodput"]["seconds"]["productive"] == pytest.approx(3600 * 0.9)
     assert st["goodput"]["seconds"]["checkpoint"] == pytest.approx(360)
-    assert 0 < st["goodput"]["ratio"] <= 1 and "cause" not in st["goodput"]
+    assert 0 < st["goodput"]["ratio"] <= 1 and "cause" not in st["operatorState"]["goodput"]
     assert st["display"]["goodput"] == f"{100 * st['goodput']['ratio']:.1f}%", "kubectl get -o wide"
-    summary = st["summary"]
-    assert summary["wallSeconds"] == 75 * 60
+    summary = st["goodput"]
+    done, since = c.parse_time(st["completionTime"]), c.parse_time(summary["since"])
+    assert done is not None and since is not None
+    assert (done - since).total_seconds() == 75 * 60, "the wall time: completionTime - since"
     assert summary["verdicts"] == [{"verdict": "Straggler", "seconds": 3600.0, "share": 1.0}]
     assert summary["worstRank"] == 3 and summary["meanSamplesPerSecond"] == 50.0
     assert summary["lostGPUHours"] == pytest.approx((900 + 360) * 16 / 3600, abs=0.01)
+    # The run's last MFU, its steps and its restarts stay where they always are.
+    assert st["progress"]["mfu"] == 0.41 and st["progress"]["step"] == 10
+    assert st["gang"]["restarts"] == 0
     api.GPUTrainingJobStatus.model_validate(st)
     sim.now += timedelta(hours=5)
     sim.reconcile()
-    assert sim.status["summary"] == summary and sim.status["goodput"] == st["goodput"]
+    assert sim.status["goodput"] == summary
+    assert sim.status["operatorState"]["goodput"] == st["operatorState"]["goodput"]
 
 
 def test_a_quiet_pass_writes_no_ledger_until_it_is_due() -> None:
@@ -339,8 +353,11 @@ def test_a_quiet_pass_writes_no_ledger_until_it_is_due() -> None:
     sim.reconcile()
     sim.reconcile()  # the pods exist: nothing changes from here
     first = dict(sim.status["goodput"])
+    cursor = dict(sim.status["operatorState"]["goodput"])
     sim.now += timedelta(seconds=g.REFRESH_SECONDS - 1)
-    assert sim.plan().status["goodput"] == first, "nothing changed: no write"
+    quiet = sim.plan().status
+    assert quiet["goodput"] == first, "nothing changed: no write"
+    assert quiet["operatorState"]["goodput"] == cursor, "nor of the cursor"
     sim.now += timedelta(seconds=1)
     assert sim.plan().status["goodput"]["seconds"]["queued"] == g.REFRESH_SECONDS
 

@@ -86,12 +86,15 @@ def test_healthy_then_input_bound_with_events_and_conditions() -> None:
     last = seen[-1]
     assert cond(last, c.BOTTLENECK_DETECTED)["status"] == c.TRUE
     assert cond(last, c.BOTTLENECK_DETECTED)["reason"] == INPUT_BOUND
+    progress = dict(last.progress)
+    rate = progress.pop("rateSince", None)  # the ETA's basis: status.operatorState.rateSince
     api.GPUTrainingJobStatus.model_validate(
         {
-            "progress": last.progress,
+            "progress": progress,
             "bottleneck": last.bottleneck,
-            "gpus": last.gpus,
+            "gang": {"gpus": last.gpus},
             "conditions": last.conditions,
+            "operatorState": {"rateSince": rate} if rate is not None else None,
         }
     )
 

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import urllib.request
+from typing import Any
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpujob_operator.observability import opfamilies, opmetrics
 
-STATUS = {
+STATUS: dict[str, Any] = {
     "phase": "Running",
-    "restarts": 2,
-    "totalGPUs": 16,
     "startTime": "2026-05-01T10:00:00Z",
-    "replicas": {"desired": 2, "running": 2, "pending": 0, "succeeded": 0, "failed": 0},
+    "gang": {
+        "restarts": 2,
+        "replicas": {"desired": 2, "running": 2, "pending": 0, "succeeded": 0, "failed": 0},
+        "gpus": {"requested": 16, "meanUtilizationRatio": 0.42},
+    },
     "conditions": [
         {"type": "Running", "status": "True"},
         {"type": "MetricsAvailable", "status": "True"},
@@ -30,7 +33,6 @@ STATUS = {
         "loss": 0.25,
     },
     "bottleneck": {"verdict": "InputBound", "severity": "Warning"},
-    "gpus": {"requested": 16, "meanUtilizationRatio": 0.42},
 }
 
 
@@ -79,6 +81,19 @@ def test_a_status_becomes_job_series_labelled_by_namespace_and_job() -> None:
         v: get(s, "gpujob_job_bottleneck_verdict", **key, verdict=v) for v in opfamilies.VERDICTS
     }
     assert verdicts == {v: float(v == "InputBound") for v in opfamilies.VERDICTS}
+
+
+def test_a_status_of_the_previous_shape_gives_the_same_series() -> None:
+    """A job the previous version wrote, not planned by this one yet (restarts, totalGPUs,
+    replicas and gpus at the top of its status), is exported as it will be once moved."""
+    legacy = {k: v for k, v in STATUS.items() if k != "gang"}
+    gang = STATUS["gang"]
+    legacy.update(restarts=2, totalGPUs=16, replicas=gang["replicas"], gpus=gang["gpus"])
+    old, new = fresh(), fresh()
+    old.update("ns", "j", legacy)
+    new.update("ns", "j", STATUS)
+    assert samples(old) == samples(new)
+    assert get(samples(old), "gpujob_job_restarts_total", namespace="ns", job_name="j") == 2
 
 
 def test_absent_values_are_absent_series_not_zeros() -> None:
@@ -148,7 +163,7 @@ GOODPUT = {
 def test_goodput_becomes_a_ratio_and_gpu_seconds_by_cause() -> None:
     m = fresh()
     m.update("team-a", "resnet", {**STATUS, "goodput": GOODPUT})
-    m.update("team-b", "old", {"phase": "Running", "totalGPUs": 8})
+    m.update("team-b", "old", {"phase": "Running", "gang": {"gpus": {"requested": 8}}})
     s = samples(m)
     key = {"namespace": "team-a", "job_name": "resnet"}
     assert get(s, "gpujob_job_goodput_ratio", **key) == 0.75

@@ -16,6 +16,7 @@ from gpujob_operator import api
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.events import Event
 from gpujob_operator.api.patches import minimal_patch
+from gpujob_operator.api.statusupgrade import MOVES, is_legacy
 from gpujob_operator.lifecycle import backoff, observations, planner, restarts
 from gpujob_operator.lifecycle.observations import ObservedPod, observe_pod
 from gpujob_operator.lifecycle.planner import Plan
@@ -180,10 +181,10 @@ def test_new_job_creates_service_and_all_pods_of_attempt_0() -> None:
     st = sim.status
     assert st["phase"] == "Pending"
     assert st["observedGeneration"] == 1
-    assert st["attempt"] == 0 and st["restarts"] == 0
-    assert st["totalGPUs"] == 24
+    assert st["gang"]["attempt"] == 0 and st["gang"]["restarts"] == 0
+    assert st["gang"]["gpus"]["requested"] == 24
     assert st["startTime"] == "2026-03-01T12:00:00Z"
-    assert st["replicas"] == {
+    assert st["gang"]["replicas"] == {
         "desired": 3,
         "created": 0,
         "pending": 0,
@@ -196,7 +197,10 @@ def test_new_job_creates_service_and_all_pods_of_attempt_0() -> None:
     p2 = sim.reconcile()
     assert not p2.create_pods and p2.create_service is None
     assert cond(sim.status, c.CREATED)["status"] == "True"
-    assert sim.status["replicas"]["created"] == 3 and sim.status["replicas"]["pending"] == 3
+    assert (
+        sim.status["gang"]["replicas"]["created"] == 3
+        and sim.status["gang"]["replicas"]["pending"] == 3
+    )
     assert cond(sim.status, c.RUNNING)["reason"] == c.PODS_PENDING
 
 
@@ -249,7 +253,7 @@ def test_running_when_every_rank_runs() -> None:
     sim.reconcile()
     assert sim.status["phase"] == "Running"
     assert cond(sim.status, c.RUNNING)["reason"] == c.ALL_RANKS_RUNNING
-    assert sim.status["replicas"]["running"] == 2
+    assert sim.status["gang"]["replicas"]["running"] == 2
     sim.reconcile()
     assert sim.reasons().count(c.ALL_RANKS_RUNNING) == 1
 
@@ -268,7 +272,7 @@ def test_succeeded_when_every_rank_exits_0() -> None:
     assert cond(st, c.RUNNING)["status"] == "False"
     assert st["completionTime"] == "2026-03-01T12:01:00Z"
     assert p.delete_pods == [], "cleanPodPolicy Running: nothing left running"
-    assert st["replicas"]["succeeded"] == 2
+    assert st["gang"]["replicas"]["succeeded"] == 2
     sim.now += timedelta(hours=1)
     p = sim.reconcile()
     assert not p.create_pods and not p.delete_pods and not p.delete_job
@@ -296,7 +300,7 @@ def test_failed_rank_restarts_the_whole_gang_after_old_pods_are_gone() -> None:
     assert sorted(p.delete_pods) == ["bert-node-0", "bert-node-1", "bert-node-2"]
     assert not p.create_pods
     assert st["phase"] == "Restarting"
-    assert (st["attempt"], st["restarts"]) == (1, 1)
+    assert (st["gang"]["attempt"], st["gang"]["restarts"]) == (1, 1)
     assert cond(st, c.RESTARTING)["reason"] == c.GANG_RESTART
     assert "restart 1/3" in cond(st, c.RESTARTING)["message"]
     assert cond(st, c.RUNNING)["reason"] == c.RANK_FAILED
@@ -317,7 +321,7 @@ def test_failed_rank_restarts_the_whole_gang_after_old_pods_are_gone() -> None:
     sim.gc("bert-node-0", "bert-node-1")
     p = sim.reconcile()
     assert not p.create_pods and not p.delete_pods
-    assert sim.status["restarts"] == 1
+    assert sim.status["gang"]["restarts"] == 1
     assert cond(sim.status, c.RUNNING)["reason"] == c.WAITING_FOR_OLD_PODS
 
     sim.gc()
@@ -328,7 +332,7 @@ def test_failed_rank_restarts_the_whole_gang_after_old_pods_are_gone() -> None:
     sim.run_all()
     sim.reconcile()
     st = sim.status
-    assert st["phase"] == "Running" and st["restarts"] == 1
+    assert st["phase"] == "Running" and st["gang"]["restarts"] == 1
     assert cond(st, c.RESTARTING)["status"] == "False"
     assert st["failure"]["attempt"] == 0, "the last failure stays for the record"
 
@@ -351,7 +355,7 @@ def test_backoff_limit_exceeded_fails_with_the_root_cause() -> None:
     assert "bert-node-1 (node rank 1) failed: exit code 137 (OOMKilled)" in failed["message"]
     assert st["failure"]["reason"] == "OOMKilled" and st["failure"]["exitCode"] == 137
     assert st["failure"]["attempt"] == 1
-    assert st["restarts"] == 1
+    assert st["gang"]["restarts"] == 1
     assert st["completionTime"] == "2026-03-01T12:00:30Z"
     assert p.delete_pods == ["bert-node-0"], "cleanPodPolicy Running deletes the live rank"
     assert c.BACKOFF_LIMIT_EXCEEDED in sim.reasons()
@@ -384,7 +388,7 @@ def test_retryable_exit_codes(
     assert sim.status["phase"] == phase
     assert reason in sim.reasons()
     if phase == "Failed":
-        assert sim.status["restarts"] == 0
+        assert sim.status["gang"]["restarts"] == 0
         assert "is not in retryableExitCodes" in cond(sim.status, c.FAILED)["message"]
 
 
@@ -439,7 +443,7 @@ def test_externally_deleted_pod_counts_as_lost() -> None:
     sim.pods["bert-node-0"]["metadata"]["deletionTimestamp"] = c.format_time(T0)
     sim.reconcile()
     assert sim.status["failure"]["pod"] == "bert-node-0"
-    assert sim.status["restarts"] == 1
+    assert sim.status["gang"]["restarts"] == 1
 
 
 def disrupt(sim: Sim, name: str, reason: str, message: str = "") -> None:
@@ -473,7 +477,7 @@ def test_a_disrupted_pod_restarts_the_gang_without_using_the_backoff_limit(
     p = sim.reconcile()
     st = sim.status
     assert st["phase"] == "Restarting", st
-    assert (st["attempt"], st["restarts"]) == (1, 0)
+    assert (st["gang"]["attempt"], st["gang"]["restarts"]) == (1, 0)
     assert st["gang"]["preemptions"] == 1
     running = cond(st, c.RUNNING)
     assert running["reason"] == shown and cond(st, c.RESTARTING)["reason"] == shown
@@ -488,7 +492,7 @@ def test_a_disrupted_pod_restarts_the_gang_without_using_the_backoff_limit(
     assert [x["metadata"]["labels"]["gpujob.dev/attempt"] for x in p.create_pods] == ["1"] * 2
     sim.run_all()
     sim.reconcile()
-    assert sim.status["phase"] == "Running" and sim.status["restarts"] == 0
+    assert sim.status["phase"] == "Running" and sim.status["gang"]["restarts"] == 0
 
 
 def test_a_disrupted_pod_that_vanished_before_a_pass_saw_it_is_still_a_disruption() -> None:
@@ -500,7 +504,7 @@ def test_a_disrupted_pod_that_vanished_before_a_pass_saw_it_is_still_a_disruptio
     del sim.pods["bert-node-1"]
     sim.reconcile()
     st = sim.status
-    assert st["phase"] == "Restarting" and st["restarts"] == 0, st
+    assert st["phase"] == "Restarting" and st["gang"]["restarts"] == 0, st
     assert cond(st, c.RUNNING)["reason"] == c.PREEMPTED
     # a remembered disruption of an earlier attempt explains nothing now
     sim.gc()
@@ -531,7 +535,7 @@ def test_pod_missing_before_the_gang_was_complete_is_just_created() -> None:
     sim.pods[pod["metadata"]["name"]] = pod
     p2 = sim.reconcile()
     assert [x["metadata"]["name"] for x in p2.create_pods] == ["bert-node-1"]
-    assert sim.status["restarts"] == 0
+    assert sim.status["gang"]["restarts"] == 0
 
 
 def test_a_stall_without_evidence_restarts_once_the_wait_for_it_is_over() -> None:
@@ -560,7 +564,7 @@ def test_stall_restarts_only_when_asked_and_confirmed() -> None:
     sim.status["conditions"].append(detected)
     p = sim.reconcile()
     assert not p.delete_pods and sim.status["phase"] == "Running", "one scrape kills no gang"
-    assert sim.status["restarts"] == 0
+    assert sim.status["gang"]["restarts"] == 0
 
     sim.status["conditions"] = c.set_condition(
         sim.status["conditions"], c.STALLED, "True", c.STALL_CONFIRMED, "2 scrapes", T0
@@ -581,7 +585,7 @@ def test_stall_restarts_only_when_asked_and_confirmed() -> None:
     assert "403 Forbidden" in sim.status["failure"]["message"]
     assert cond(sim.status, c.STALLED)["status"] == "False"
     assert cond(sim.status, c.STALLED)["reason"] == c.GANG_RESTART
-    assert sim.status["restarts"] == 1
+    assert sim.status["gang"]["restarts"] == 1
 
 
 def test_any_gang_restart_clears_stalled_so_one_incident_counts_once() -> None:
@@ -593,13 +597,13 @@ def test_any_gang_restart_clears_stalled_so_one_incident_counts_once() -> None:
     )
     sim.fail("bert-node-1", code=134)
     sim.reconcile()
-    assert sim.status["restarts"] == 1 and sim.status["failure"]["reason"] != "Stalled"
+    assert sim.status["gang"]["restarts"] == 1 and sim.status["failure"]["reason"] != "Stalled"
     assert cond(sim.status, c.STALLED)["status"] == "False"
     sim.gc()
     sim.reconcile()
     sim.run_all()
     sim.reconcile()
-    assert sim.status["phase"] == "Running" and sim.status["restarts"] == 1
+    assert sim.status["phase"] == "Running" and sim.status["gang"]["restarts"] == 1
 
 
 def test_suspend_clears_stalled() -> None:
@@ -616,7 +620,7 @@ def test_suspend_clears_stalled() -> None:
     sim.reconcile()
     sim.run_all()
     sim.reconcile()
-    assert sim.status["phase"] == "Running" and sim.status["restarts"] == 0
+    assert sim.status["phase"] == "Running" and sim.status["gang"]["restarts"] == 0
 
 
 # ---- suspend / resume --------------------------------------------------------------------
@@ -630,11 +634,11 @@ def test_suspend_deletes_pods_and_resume_creates_a_new_attempt() -> None:
     assert sorted(p.delete_pods) == ["bert-node-0", "bert-node-1"]
     assert st["phase"] == "Suspended"
     assert cond(st, c.SUSPENDED)["status"] == "True"
-    assert st["attempt"] == 1 and st["restarts"] == 0
+    assert st["gang"]["attempt"] == 1 and st["gang"]["restarts"] == 0
     # Pods killed by the suspension fail; that is no reason to restart anything.
     sim.fail("bert-node-0", code=143)
     p = sim.reconcile()
-    assert not p.create_pods and sim.status["restarts"] == 0
+    assert not p.create_pods and sim.status["gang"]["restarts"] == 0
     sim.gc()
     assert not sim.reconcile().create_pods, "no pods while suspended"
     assert sim.reasons().count(c.SUSPENDED_REASON) == 1
@@ -650,7 +654,7 @@ def test_suspend_deletes_pods_and_resume_creates_a_new_attempt() -> None:
         "reason": c.RESUMED,
     }
     assert st["startTime"] == "2026-03-01T14:00:00Z", "resume restarts the deadline clock"
-    assert st["phase"] == "Pending" and st["restarts"] == 0
+    assert st["phase"] == "Pending" and st["gang"]["restarts"] == 0
     assert c.RESUMED in sim.reasons()
 
 
@@ -660,7 +664,7 @@ def test_resume_waits_for_pods_still_terminating() -> None:
     sim.reconcile()
     sim.job["spec"]["runPolicy"] = {"suspend": False}
     p = sim.reconcile()
-    assert not p.create_pods and sim.status["restarts"] == 0
+    assert not p.create_pods and sim.status["gang"]["restarts"] == 0
     sim.gc()
     assert len(sim.reconcile().create_pods) == 2
 
@@ -670,7 +674,7 @@ def test_created_suspended_makes_no_pods() -> None:
     p = sim.reconcile()
     assert not p.create_pods and not p.delete_pods
     assert sim.status["phase"] == "Suspended"
-    assert "startTime" not in sim.status and sim.status["attempt"] == 0
+    assert "startTime" not in sim.status and sim.status["gang"]["attempt"] == 0
 
 
 # ---- deadline and TTL -------------------------------------------------------------------
@@ -731,7 +735,7 @@ def test_operator_restart_between_status_write_and_deletes_counts_once() -> None
     sim.job["status"] = p.status  # written; then the operator died before deleting
     again = sim.plan()  # a new operator process: no memory, same inputs
     assert sorted(again.delete_pods) == ["bert-node-0", "bert-node-1"]
-    assert again.status["restarts"] == 1 and again.status["attempt"] == 1
+    assert again.status["gang"]["restarts"] == 1 and again.status["gang"]["attempt"] == 1
     assert c.GANG_RESTART not in [e.reason for e in again.events]
 
 
@@ -744,7 +748,91 @@ def test_operator_restart_after_deletes_creates_the_next_attempt_once() -> None:
     fresh.service = True
     p = fresh.reconcile()
     assert [x["metadata"]["labels"]["gpujob.dev/attempt"] for x in p.create_pods] == ["1", "1"]
-    assert fresh.status["restarts"] == 1
+    assert fresh.status["gang"]["restarts"] == 1
+
+
+def previous_shape(status: dict[str, Any]) -> dict[str, Any]:
+    """``status`` as the previous version wrote it: every moved field at its old path, and
+    the derived fields it kept beside them (statusupgrade.MOVES, read backwards)."""
+    old = copy.deepcopy(status)
+    for was, now in reversed(MOVES):  # totalGPUs first: gpus then takes requested along
+        if now is None:
+            continue
+        parent: dict[str, Any] = old
+        for key in now[:-1]:
+            parent = parent.get(key) or {}
+        if parent.get(now[-1]) is None:
+            continue
+        value = parent[now[-1]] if now[-1] == "requested" else parent.pop(now[-1])
+        target = old if len(was) == 1 else old.setdefault(was[0], {})
+        target[was[-1]] = copy.deepcopy(value)
+    for part in ("gang", "operatorState"):
+        for key in [k for k, v in (old.get(part) or {}).items() if v in ({}, None)]:
+            del old[part][key]
+        if not old.get(part):
+            old.pop(part, None)
+    old["restartsWithoutProgress"] = len(old.get("attemptsWithoutProgress") or [])
+    old["summary"] = {"wallSeconds": 60.0, "restarts": old.get("restarts", 0)}
+    old.setdefault("progress", {})["secondsPerSample"] = 0.01
+    return old
+
+
+def test_a_status_of_the_previous_version_is_planned_alike_and_moved_to_the_new_shape() -> None:
+    """An operator upgrade: the job's status is still in the previous version's shape (its
+    bookkeeping, attempt and GPUs at the top level). The planner reads it as it reads the
+    same status in this version's shape, and its status comes out in this shape, the old
+    fields deleted by the patch."""
+    sim = running_sim(nodes=2, runPolicy={"backoffLimit": 5})
+    sim.job["metadata"]["creationTimestamp"] = c.format_time(T0)
+    sim.status["progress"] = {"step": 600, "furthestStep": 600, "totalSteps": 1000}
+    sim.reconcile()
+    sim.now += timedelta(seconds=30)
+    sim.fail("bert-node-1")
+    sim.reconcile()  # attempt 1, restart 1; attempt 0 passed step 0: progress
+    sim.gc()
+    sim.reconcile()
+    sim.run_all()
+    sim.reconcile()
+    sim.status["progress"] = {"step": 590, "furthestStep": 600, "totalSteps": 1000}
+    sim.status["gang"]["gpus"] = {"requested": 16, "observed": 16, "product": "H100"}
+    sim.status["gang"]["startForecast"] = {"confidence": "Exact", "forecastErrorSeconds": 4.0}
+    sim.status.setdefault("operatorState", {})["rateSince"] = {
+        "time": c.format_time(sim.now),
+        "step": 580,
+        "attempt": 1,
+    }
+    sim.now += timedelta(seconds=30)
+    sim.fail("bert-node-0")
+    new_shape = copy.deepcopy(sim.job)
+    assert is_legacy(new_shape["status"]) is False
+    st = new_shape["status"]
+    assert st["gang"]["attempt"] == 1 and st["operatorState"]["goodput"]["accountedUntil"]
+    sim.job["status"] = previous_shape(st)
+    assert is_legacy(sim.job["status"]) and "gang" in sim.job["status"]
+    assert sim.job["status"]["attempt"] == 1 and sim.job["status"]["totalGPUs"] == 16
+    assert "operatorState" not in sim.job["status"]
+    assert sim.job["status"]["goodput"]["accountedUntil"]
+    assert sim.job["status"]["progress"]["rateSince"]["step"] == 580
+
+    alike = planner.plan(
+        new_shape, sim.observed(), sim.now, service_exists=True, restart_backoff=sim.restart_backoff
+    )
+    read = sim.reconcile()  # the patch it applies deletes each old field (checked there)
+    assert read == alike, "planned as the same status in this shape"
+    out = sim.status
+    assert not is_legacy(out)
+    for was, _ in MOVES:
+        assert was[-1] not in (out if len(was) == 1 else out.get(was[0]) or {}), was
+    assert (out["phase"], out["gang"]["attempt"], out["gang"]["restarts"]) == ("Restarting", 2, 2)
+    assert out["gang"]["gpus"] == {"requested": 16, "observed": 16, "product": "H100"}
+    assert out["gang"]["startForecast"]["forecastErrorSeconds"] == 4.0
+    assert out["operatorState"]["attemptsWithoutProgress"] == [1]
+    assert out["operatorState"]["furthestStepAtAttemptStart"] == 600
+    assert "rateSince" not in out["operatorState"], "the ended attempt's basis goes"
+    assert set(out["goodput"]) >= {"since", "seconds", "ratio", "gpuHours", "lostGPUHours"}
+    assert "accountedUntil" in out["operatorState"]["goodput"]
+    assert out["goodput"]["since"] == c.format_time(T0), "the ledger goes on, not afresh"
+    api.parse_status(out)
 
 
 def test_attempt_is_derived_from_pod_labels_when_status_lags() -> None:
@@ -753,7 +841,7 @@ def test_attempt_is_derived_from_pod_labels_when_status_lags() -> None:
     for pod in sim.pods.values():
         pod["metadata"]["labels"]["gpujob.dev/attempt"] = "2"
     p = sim.plan()
-    assert p.status["attempt"] == 2
+    assert p.status["gang"]["attempt"] == 2
     assert not p.create_pods and not p.delete_pods
 
 
@@ -939,6 +1027,8 @@ def test_success_completes_the_progress_it_carries() -> None:
         "percent": 95.0,
         "etaSeconds": 12.0,
         "resumedFromStep": 150,
+    }
+    sim.job["status"]["operatorState"] = {
         "rateSince": {"time": "2026-03-01T11:00:00Z", "step": 160, "attempt": 0},
     }
     sim.succeed_all()
@@ -952,6 +1042,7 @@ def test_success_completes_the_progress_it_carries() -> None:
         "furthestStep": 200,
         "resumedFromStep": 150,
     }
+    assert "rateSince" not in result.status.get("operatorState", {})
     assert result.status["display"]["progress"] == "100.0%"
 
 
@@ -986,7 +1077,10 @@ def test_a_recreated_job_never_counts_the_old_jobs_succeeded_pods(orphaned: bool
     assert running["reason"] == c.POD_NAME_TAKEN
     assert "bert-node-0" in running["message"]
     assert ("orphaned" in running["message"]) == orphaned
-    assert sim.status["replicas"]["created"] == 0 and sim.status["replicas"]["succeeded"] == 0
+    assert (
+        sim.status["gang"]["replicas"]["created"] == 0
+        and sim.status["gang"]["replicas"]["succeeded"] == 0
+    )
     assert sim.reasons() == [c.POD_NAME_TAKEN]
     sim.reconcile()
     assert sim.reasons() == [c.POD_NAME_TAKEN]  # warned once
@@ -998,7 +1092,7 @@ def test_a_recreated_job_never_counts_the_old_jobs_succeeded_pods(orphaned: bool
     sim.reconcile()
     sim.succeed_all()
     sim.reconcile()
-    assert sim.status["phase"] == "Succeeded" and sim.status["restarts"] == 0
+    assert sim.status["phase"] == "Succeeded" and sim.status["gang"]["restarts"] == 0
 
 
 def test_old_pods_vanishing_are_no_pod_lost_of_the_recreated_job() -> None:
@@ -1014,8 +1108,8 @@ def test_old_pods_vanishing_are_no_pod_lost_of_the_recreated_job() -> None:
     sim.run_all()
     sim.reconcile()
     assert sim.status["phase"] == "Running"
-    assert sim.status["restarts"] == 0 and c.POD_LOST not in sim.reasons()
-    assert sim.status["attempt"] == 0
+    assert sim.status["gang"]["restarts"] == 0 and c.POD_LOST not in sim.reasons()
+    assert sim.status["gang"]["attempt"] == 0
 
 
 def test_a_stored_spec_the_model_refuses_fails_the_job_once_with_invalid_spec() -> None:

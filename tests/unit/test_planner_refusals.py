@@ -29,6 +29,11 @@ INVALID = refusals.Refusal(
 )
 
 
+def state(status: dict[str, Any]) -> dict[str, Any]:
+    """``status.operatorState``: the operator's bookkeeping (absent when it keeps none)."""
+    return dict(status.get("operatorState") or {})
+
+
 def refused(
     r: refusals.Refusal, target: str, since_s: float, retry_s: float, tries: int = 1
 ) -> refusals.Refused:
@@ -54,7 +59,7 @@ def test_a_transient_refusal_shows_its_reason_and_message_and_waits_for_the_retr
     for type_ in (c.CREATED, c.RUNNING):
         assert cond(st, type_)["reason"] == c.QUOTA_EXCEEDED
         assert "exceeded quota: gpu" in cond(st, type_)["message"]
-    assert st["phase"] == "Pending" and st["nextAttemptTime"] == "2026-03-01T12:00:02Z"
+    assert st["phase"] == "Pending" and st["gang"]["nextAttemptTime"] == "2026-03-01T12:00:02Z"
     warning = [e for e in sim.events if e.reason == c.QUOTA_EXCEEDED]
     assert len(warning) == 1 and warning[0].type == "Warning"
     assert "creating pod bert-node-1 was refused (403): pods" in warning[0].message
@@ -79,7 +84,7 @@ def test_when_the_retry_is_due_the_whole_gang_is_planned_and_success_clears_it()
     sim.reconcile()
     assert cond(sim.status, c.CREATED)["reason"] == c.PODS_CREATED
     assert cond(sim.status, c.RUNNING)["reason"] == c.PODS_PENDING
-    assert "nextAttemptTime" not in sim.status
+    assert "nextAttemptTime" not in sim.status["gang"]
     sim.run_all()
     sim.reconcile()
     assert sim.status["phase"] == "Running"
@@ -131,7 +136,7 @@ def test_a_permanent_refusal_fails_the_job_with_its_reason_and_keeps_no_pod() ->
     assert st["failure"]["reason"] == c.INVALID_POD_TEMPLATE
     assert st["failure"]["pod"] == "bert-node-1"
     assert "metadata.annotations" in st["failure"]["message"]
-    assert "nextAttemptTime" not in st
+    assert "nextAttemptTime" not in st["gang"]
     assert [e.type for e in sim.events if e.reason == c.INVALID_POD_TEMPLATE] == ["Warning"]
     # A finished job ignores what the shell still remembers.
     assert not sim.reconcile().create_pods
@@ -164,11 +169,14 @@ def test_gang_restarts_back_off_exponentially_and_status_says_when() -> None:
         sim.fail("bert-node-1", code=1)
         failed_at = sim.now
         sim.reconcile()
-        assert sim.status["restarts"] == restart
-        nat = c.parse_time(sim.status["nextAttemptTime"])
+        assert sim.status["gang"]["restarts"] == restart
+        nat = c.parse_time(sim.status["gang"]["nextAttemptTime"])
         assert nat is not None
         waits.append((nat - failed_at).total_seconds())
-        assert f"at {sim.status['nextAttemptTime']}" in cond(sim.status, c.RESTARTING)["message"]
+        assert (
+            f"at {sim.status['gang']['nextAttemptTime']}"
+            in cond(sim.status, c.RESTARTING)["message"]
+        )
         sim.gc()
         p = sim.reconcile()
         assert not p.create_pods and p.requeue_after == waits[-1]
@@ -178,7 +186,7 @@ def test_gang_restarts_back_off_exponentially_and_status_says_when() -> None:
         p = sim.reconcile()
         assert len(p.create_pods) == 2
         sim.reconcile()
-        assert "nextAttemptTime" not in sim.status
+        assert "nextAttemptTime" not in sim.status["gang"]
         sim.run_all()
         sim.reconcile()
         assert sim.status["phase"] == "Running"
@@ -209,7 +217,7 @@ def test_a_quota_that_requires_limits_fails_the_job_and_says_what_to_set() -> No
     p = sim.reconcile()
     assert not p.create_pods and not p.requeue_after
     st = sim.status
-    assert st["phase"] == "Failed" and "nextAttemptTime" not in st
+    assert st["phase"] == "Failed" and "nextAttemptTime" not in st["gang"]
     failed = cond(st, c.FAILED)
     assert failed["reason"] == c.QUOTA_REQUIREMENTS_UNMET == st["failure"]["reason"]
     assert "ResourceQuota compute-resources requires every container" in failed["message"]
@@ -235,7 +243,10 @@ def test_a_webhooks_denial_is_retried_and_the_condition_says_until_when() -> Non
     assert "GPU budget of team ml spent" in message
     assert "retried until 2026-03-01T12:01:00Z (spec.runPolicy.admissionRetrySeconds: 60" in message
     assert "retrying at 2026-03-01T12:00:02Z" in message
-    assert st["admissionDenial"] == {"since": "2026-03-01T12:00:00Z", "target": "pod bert-node-1"}
+    assert st["operatorState"]["admissionDenial"] == {
+        "since": "2026-03-01T12:00:00Z",
+        "target": "pod bert-node-1",
+    }
     sim.now += timedelta(seconds=2)
     assert len(sim.reconcile().create_pods) == 2  # the retry is due: the gang is tried again
 
@@ -257,7 +268,7 @@ def test_a_webhooks_denial_fails_the_job_once_retried_for_its_window() -> None:
     assert "GPU budget of team ml spent" in failed["message"]
     assert "denied since 2026-03-01T12:00:00Z and retried for 60s" in failed["message"]
     assert "admissionRetrySeconds: 60): giving up" in failed["message"]
-    assert "admissionDenial" not in st
+    assert "admissionDenial" not in state(st)
 
 
 def test_a_window_of_zero_fails_at_the_first_denial() -> None:
@@ -282,7 +293,7 @@ def test_an_operator_restart_does_not_restart_the_denials_window() -> None:
     sim.refused = None
     sim.now = T0 + timedelta(seconds=50)
     sim.reconcile()
-    assert sim.status["admissionDenial"]["since"] == "2026-03-01T12:00:00Z"
+    assert sim.status["operatorState"]["admissionDenial"]["since"] == "2026-03-01T12:00:00Z"
     # The new process's first retry is denied: its own run starts now, the status's earlier.
     sim.pods.clear()
     sim.refused = refused(DENIED, "pod bert-node-0", 50, 52)
@@ -300,16 +311,16 @@ def test_created_pods_or_another_refusal_end_the_run_of_denials() -> None:
     sim.reconcile()
     sim.refused = refused(QUOTA, "pod bert-node-1", 1, 3)
     sim.reconcile()
-    assert "admissionDenial" not in sim.status  # a full quota is no webhook's denial
+    assert "admissionDenial" not in state(sim.status)  # a full quota is no webhook's denial
     sim.refused = refused(DENIED, "pod bert-node-1", 2, 4)
     sim.reconcile()
-    assert sim.status["admissionDenial"]["since"] == "2026-03-01T12:00:02Z"
+    assert sim.status["operatorState"]["admissionDenial"]["since"] == "2026-03-01T12:00:02Z"
     sim.now = T0 + timedelta(seconds=4)
     sim.reconcile()
     sim.refused = None  # every create went through
     sim.reconcile()
     assert cond(sim.status, c.CREATED)["reason"] == c.PODS_CREATED
-    assert "admissionDenial" not in sim.status
+    assert "admissionDenial" not in state(sim.status)
 
 
 def restarted(sim: Sim) -> None:
@@ -322,7 +333,7 @@ def test_a_restart_resumes_the_backoff_from_the_status_instead_of_trying_at_once
     refused_whole_gang(sim, QUOTA)
     sim.refused = refused(QUOTA, "pod bert-node-1", 0, 30, tries=4)
     sim.reconcile()
-    record = sim.status["createBackoff"]
+    record = sim.status["operatorState"]["createBackoff"]
     assert record["tries"] == 4 and record["retryAt"] == "2026-03-01T12:00:30Z"
     assert record["since"] == "2026-03-01T12:00:00Z" and record["reason"] == c.QUOTA_EXCEEDED
     api.parse_status(sim.status)
@@ -331,7 +342,7 @@ def test_a_restart_resumes_the_backoff_from_the_status_instead_of_trying_at_once
     sim.now = T0 + timedelta(seconds=10)
     p = sim.reconcile()
     assert not p.create_pods and p.requeue_after == 20.0
-    assert sim.status["createBackoff"] == record
+    assert sim.status["operatorState"]["createBackoff"] == record
     assert cond(sim.status, c.CREATED)["reason"] == c.QUOTA_EXCEEDED
     assert len(sim.events) == events  # the same refusal, not a new Warning
     sim.now = T0 + timedelta(seconds=29)
@@ -339,7 +350,7 @@ def test_a_restart_resumes_the_backoff_from_the_status_instead_of_trying_at_once
     sim.now = T0 + timedelta(seconds=30)
     assert len(sim.reconcile().create_pods) == 2
     # The shell's next refusal continues the run: the 5th try, twice the 4th's delay.
-    prev = refusals.resume(sim.status["createBackoff"])
+    prev = refusals.resume(sim.status["operatorState"]["createBackoff"])
     assert prev is not None and prev.tries == 4
     nxt = refusals.next_refused(prev, "pod bert-node-1", QUOTA, sim.now, backoff.RETRY.delay(5))
     assert nxt.tries == 5 and nxt.since == T0
@@ -352,7 +363,7 @@ def test_a_shell_that_tried_does_not_resume_a_stale_record() -> None:
     sim.refused = refused(QUOTA, "pod bert-node-1", 0, 30, tries=4)
     sim.reconcile()
     p = planner_plan(sim, resume_backoff=False)
-    assert "createBackoff" not in p.status
+    assert "createBackoff" not in state(p.status)
 
 
 def planner_plan(sim: Sim, *, resume_backoff: bool) -> Any:
@@ -375,7 +386,7 @@ def test_the_gangs_grace_start_is_kept_across_a_restart() -> None:
     sim.now = T0 + timedelta(seconds=grace - 1)
     p = sim.reconcile()
     assert not p.delete_pods and not p.create_pods and p.requeue_after == 1.0
-    assert sim.status["createBackoff"]["since"] == "2026-03-01T12:00:00Z"
+    assert sim.status["operatorState"]["createBackoff"]["since"] == "2026-03-01T12:00:00Z"
     sim.now = T0 + timedelta(seconds=grace)
     p = sim.reconcile()
     assert p.delete_pods == ["bert-node-0"] and c.GANG_RELEASED in sim.reasons()
@@ -385,12 +396,12 @@ def test_the_record_ends_once_every_pod_exists_or_the_job_finishes() -> None:
     sim = Sim(make_job(nodes=2, gpusPerNode=8))
     refused_whole_gang(sim, QUOTA)
     sim.reconcile()
-    assert "createBackoff" in sim.status
+    assert "createBackoff" in state(sim.status)
     sim.now += timedelta(seconds=2)
     sim.reconcile()  # the retry creates both pods
     restarted(sim)
     sim.reconcile()
-    assert "createBackoff" not in sim.status
+    assert "createBackoff" not in state(sim.status)
     assert cond(sim.status, c.CREATED)["reason"] == c.PODS_CREATED
 
 
@@ -408,11 +419,11 @@ def test_a_suspension_ends_the_run_of_denials_so_a_resume_gets_a_whole_window() 
     later merged with the old start and failed the job at once."""
     sim = denied_job(60)
     sim.reconcile()
-    assert "admissionDenial" in sim.status
+    assert "admissionDenial" in state(sim.status)
     sim.job["spec"]["runPolicy"]["suspend"] = True
     sim.refused = None
     sim.reconcile()
-    assert "admissionDenial" not in sim.status and "createBackoff" not in sim.status
+    assert "admissionDenial" not in state(sim.status) and "createBackoff" not in state(sim.status)
     sim.job["spec"]["runPolicy"]["suspend"] = False
     sim.now = T0 + timedelta(days=2)
     assert len(sim.reconcile().create_pods) == 2
@@ -420,4 +431,4 @@ def test_a_suspension_ends_the_run_of_denials_so_a_resume_gets_a_whole_window() 
     sim.refused = refused(DENIED, "pod bert-node-0", 2 * 86400, 2 * 86400 + 2)
     sim.reconcile()
     assert sim.status["phase"] not in ("Failed", "Suspended"), sim.status
-    assert sim.status["admissionDenial"]["since"] == "2026-03-03T12:00:00Z"
+    assert sim.status["operatorState"]["admissionDenial"]["since"] == "2026-03-03T12:00:00Z"

@@ -21,10 +21,19 @@ from gpujob_operator.monitoring.progress import ProgressMemory, smoothed_step_ra
 from gpujob_operator.monitoring.scrape_result import ScrapeResult, ScrapeTarget
 from gpujob_operator.monitoring.window import Window
 from gpujob_trainer import contract
+from tests.unit.test_planner import apply_merge_patch
 
 T0 = 1_800_000_000.0
 INTERVAL = 15.0
 SETTINGS = Settings(warmup_steps=20, min_scrapes=3, scrape_interval_seconds=INTERVAL)
+SPEC: dict[str, Any] = {
+    "image": "trainer:1",
+    "command": ["python", "-m", "train"],
+    "nodes": 2,
+    "training": {"totalSteps": 1000},
+    "monitoring": {"warmupSteps": 20},
+}
+"""The job the monitor tests watch (the metrics task seeds its monitor with `carry`)."""
 
 
 @dataclass
@@ -217,21 +226,24 @@ def test_a_new_attempt_shows_the_last_step_until_its_first_step_then_never_below
 
 
 def test_a_basis_of_an_earlier_attempt_is_not_used() -> None:
-    status = {**old_attempt_status(), "rateSince": {"time": iso(T0), "step": 100, "attempt": 1}}
-    assert ProgressMemory.from_status(status, attempt=2).basis is None
-    kept = ProgressMemory.from_status(status, attempt=1).basis
+    rate_since = {"time": iso(T0), "step": 100, "attempt": 1}  # status.operatorState.rateSince
+    mon = JobMonitor(SPEC)
+    mon.carry(old_attempt_status(), 2, rate_since)
+    assert mon.progress_memory.basis is None
+    mon.carry(old_attempt_status(), 1, rate_since)
+    kept = mon.progress_memory.basis
     assert kept is not None and (kept.time, kept.step) == (T0, 100)
 
 
 def test_an_operator_restart_keeps_the_basis_and_the_furthest_step() -> None:
     # The status as the last operator wrote it: basis at step 100 five minutes earlier.
     status = {
-        "step": 300,
-        "furthestStep": 900,
-        "totalSteps": 1000,
-        "rateSince": {"time": iso(T0 - 300), "step": 100, "attempt": 3},
+        "progress": {"step": 300, "furthestStep": 900, "totalSteps": 1000},
+        "operatorState": {"rateSince": {"time": iso(T0 - 300), "step": 100, "attempt": 3}},
     }
-    run = Run([Rank(0, steps=300), Rank(1, steps=300)], ProgressMemory.from_status(status, 3))
+    mon = JobMonitor(SPEC)
+    mon.carry(status["progress"], 3, status["operatorState"]["rateSince"])
+    run = Run([Rank(0, steps=300), Rank(1, steps=300)], mon.progress_memory)
     p = run.scrape(10)  # the first scrape of the new operator: 310 steps at T0 + 15
     assert p["rateSince"]["step"] == 100 and p["furthestStep"] == 900
     assert p["etaSeconds"] == pytest.approx((1000 - 310) / (210 / 315), rel=1e-3)
@@ -239,16 +251,9 @@ def test_an_operator_restart_keeps_the_basis_and_the_furthest_step() -> None:
 
 def test_the_monitor_carries_the_status_into_a_new_attempt_and_writes_what_it_finds() -> None:
     # The metrics task makes a monitor per attempt and seeds it from status (`carry`).
-    spec = {
-        "image": "trainer:1",
-        "command": ["python", "-m", "train"],
-        "nodes": 2,
-        "training": {"totalSteps": 1000},
-        "monitoring": {"warmupSteps": 20},
-    }
     status: dict[str, Any] = {"progress": old_attempt_status()}
-    mon = JobMonitor(spec)
-    mon.carry(status["progress"], attempt=2)
+    mon = JobMonitor(SPEC)
+    mon.carry(status["progress"], 2, (status.get("operatorState") or {}).get("rateSince"))
     ranks, now = two(start=400), T0
 
     def observe(steps: int) -> dict[str, Any]:
@@ -262,9 +267,7 @@ def test_the_monitor_carries_the_status_into_a_new_attempt_and_writes_what_it_fi
             results.append(ScrapeResult(target, now, samples=expfmt.parse(r.text(now))))
         patch = mon.observe(results, now).status_patch(status)
         if patch:
-            status = {**status, **{k: v for k, v in patch.items() if k != "progress"}}
-            progress = {**status["progress"], **patch.get("progress", {})}
-            status["progress"] = {k: v for k, v in progress.items() if v is not None}
+            status = apply_merge_patch(status, patch)
         return dict(status["progress"])
 
     p = observe(0)
@@ -275,4 +278,4 @@ def test_the_monitor_carries_the_status_into_a_new_attempt_and_writes_what_it_fi
     p = dict(status["progress"])
     assert p["resumedFromStep"] == 400 and p["furthestStep"] == 600
     assert "etaUnavailable" not in p and p["etaSeconds"] > 0
-    assert p["rateSince"]["attempt"] == 2
+    assert status["operatorState"]["rateSince"]["attempt"] == 2 and "rateSince" not in p

@@ -1,5 +1,6 @@
-"""The forecast read from plain API objects and written as status.queue (lifecycle/queueview.py,
-lifecycle/queuestatus.py), and the ETA column and metrics that show it."""
+"""The forecast read from plain API objects and written as status.gang.startForecast
+(lifecycle/queueview.py, lifecycle/queuestatus.py), and the ETA column and metrics that show
+it."""
 
 from __future__ import annotations
 
@@ -395,12 +396,12 @@ def test_a_failed_read_makes_the_forecast_unknown_with_the_reason() -> None:
     assert blocks["ml/w"]["reason"] == "cannot list nodes and pods: 403 Forbidden"
 
 
-# ---- status.queue patches ------------------------------------------------------------------
+# ---- status.gang.startForecast patches ------------------------------------------------------------------
 
 
 def waiting_with(queue: dict[str, Any]) -> dict[str, Any]:
     j = job("w")
-    j["status"]["queue"] = {k: v for k, v in queue.items() if v is not None}
+    j["status"]["gang"] = {"startForecast": {k: v for k, v in queue.items() if v is not None}}
     j["status"]["display"] = render_display(j["status"])
     return j
 
@@ -416,7 +417,7 @@ def forecast(start: float, confidence: str = "Exact", **kw: Any) -> dict[str, An
 
 def test_a_new_forecast_is_written_with_its_eta_column() -> None:
     (u,) = qs.updates(NOW, [job("w")], {"ml/w": forecast(NOW + 3600)})
-    assert u.patch["queue"]["estimatedStartTime"] == iso(NOW + 3600)
+    assert u.patch["gang"]["startForecast"]["estimatedStartTime"] == iso(NOW + 3600)
     assert u.patch["display"] == {"eta": "starts ~01:53"}
     assert u.event is not None and u.event.reason == "StartForecast"
     assert u.event.message == "starts ~01:53 (Exact): GPUs free"
@@ -428,7 +429,7 @@ def test_a_forecast_that_moved_little_is_not_rewritten_and_one_that_moved_is() -
     # An hour ahead, two minutes is noise (under 5% of the wait); ten minutes is news.
     assert qs.updates(NOW + 5, [j], {"ml/w": forecast(NOW + 3600 - 120)}) == []
     (u,) = qs.updates(NOW + 5, [j], {"ml/w": forecast(NOW + 3600 - 600)})
-    assert u.patch["queue"]["estimatedStartTime"] == iso(NOW + 3000)
+    assert u.patch["gang"]["startForecast"]["estimatedStartTime"] == iso(NOW + 3000)
     assert u.event is None  # a moved forecast is no news for kubectl describe
     near = waiting_with(forecast(NOW + 60))
     (u,) = qs.updates(NOW, [near], {"ml/w": forecast(NOW + 50)})  # a minute ahead, 10 s is news
@@ -452,11 +453,13 @@ def test_new_names_alone_are_not_news() -> None:
 def test_a_started_job_gets_its_forecast_error_once() -> None:
     j = waiting_with(forecast(NOW + 600))
     j["status"].update(phase="Running", startTime=iso(NOW + 660))
+    block = dict(j["status"]["gang"]["startForecast"])
     (u,) = qs.updates(NOW + 700, [j], {})
-    assert u.patch["queue"] == {"forecastErrorSeconds": 60.0} and u.error_seconds == 60.0
+    assert u.patch["gang"]["startForecast"] == {**block, "forecastErrorSeconds": 60.0}
+    assert u.error_seconds == 60.0
     assert u.event is not None
     assert u.event.message == f"started 60s after its forecast start {iso(NOW + 600)} (Exact)"
-    j["status"]["queue"]["forecastErrorSeconds"] = 60.0
+    j["status"]["gang"]["startForecast"]["forecastErrorSeconds"] = 60.0
     assert qs.updates(NOW + 800, [j], {}) == []
 
 
@@ -484,7 +487,7 @@ def test_a_suspended_job_drops_its_open_forecast() -> None:
     j = waiting_with(forecast(NOW + 600))
     j["status"]["phase"] = "Suspended"
     (u,) = qs.updates(NOW, [j], {})
-    assert u.patch["queue"] is None
+    assert u.patch["gang"]["startForecast"] is None
 
 
 @pytest.mark.parametrize(
@@ -507,16 +510,17 @@ def test_a_suspended_job_drops_its_open_forecast() -> None:
     ],
 )
 def test_the_eta_column_of_a_waiting_job_shows_its_start(queue: dict[str, Any], eta: str) -> None:
-    status = {"phase": "Pending", "queue": {**queue, "computedAt": "2026-12-05T13:00:00Z"}}
+    forecast = {**queue, "computedAt": "2026-12-05T13:00:00Z"}
+    status = {"phase": "Pending", "gang": {"startForecast": forecast}}
     assert render_display(status)["eta"] == eta
     running = {**status, "phase": "Running", "progress": {"etaSeconds": 60}}
     assert render_display(running)["eta"] == "1m"
 
 
 def test_the_metrics_show_a_waiting_jobs_forecast_and_a_started_jobs_error() -> None:
-    waiting = {
+    waiting: dict[str, Any] = {
         "phase": "Pending",
-        "queue": {"confidence": "LowerBound", "estimatedStartTime": iso(NOW)},
+        "gang": {"startForecast": {"confidence": "LowerBound", "estimatedStartTime": iso(NOW)}},
     }
     s = JobSample.from_status(waiting)
     assert (s.start_forecast, s.start_forecast_confidence, s.start_forecast_error) == (
@@ -524,6 +528,19 @@ def test_the_metrics_show_a_waiting_jobs_forecast_and_a_started_jobs_error() -> 
         "LowerBound",
         None,
     )
-    started = {"phase": "Running", "queue": {**waiting["queue"], "forecastErrorSeconds": -12.5}}
+    forecast = {**waiting["gang"]["startForecast"], "forecastErrorSeconds": -12.5}
+    started = {"phase": "Running", "gang": {"startForecast": forecast}}
     s = JobSample.from_status(started)
     assert (s.start_forecast, s.start_forecast_error) == (None, -12.5)
+
+
+def test_the_forecast_error_of_a_status_of_the_previous_shape_keeps_its_estimate() -> None:
+    """Before a pass moved it, a job's forecast is in ``status.queue``: the error is written
+    with the whole block to its new place, so the estimate it was about is not lost."""
+    j = waiting_with(forecast(NOW + 600))
+    j["status"]["queue"] = j["status"]["gang"].pop("startForecast")
+    j["status"].update(phase="Running", startTime=iso(NOW + 660))
+    (u,) = qs.updates(NOW + 700, [j], {})
+    written = u.patch["gang"]["startForecast"]
+    assert written["forecastErrorSeconds"] == 60.0
+    assert written["estimatedStartTime"] == iso(NOW + 600), written

@@ -111,7 +111,9 @@ def test_a_fresh_loop_continues_the_tries_of_the_status(monkeypatch: pytest.Monk
     assert len(plan.create_pods) == 2
     loop = JobLoop(kube=cast(Any, _QuotaFull()), post_event=lambda *a: None)
     loop.body = {"metadata": {"namespace": "ml", "name": "bert", "uid": "u1"}}
-    assert asyncio.run(loop._create("ml", "bert", plan, plan.status["createBackoff"]))
+    assert asyncio.run(
+        loop._create("ml", "bert", plan, plan.status["operatorState"]["createBackoff"])
+    )
     assert loop.refused is not None and loop.refused.tries == 5 and loop.refused.since == T0
     delay = (loop.refused.retry_at - datetime.now(UTC)).total_seconds()
     assert delay > backoff.RETRY.delay(4)  # 16 s, not the first try's 1 s

@@ -70,7 +70,7 @@ def test_a_gang_restart_retires_the_old_attempts_verdicts() -> None:
     sim.reconcile()
     sim.run_all()
     sim.reconcile()
-    assert sim.status["phase"] == "Running" and sim.status["attempt"] == 1
+    assert sim.status["phase"] == "Running" and sim.status["gang"]["attempt"] == 1
     assert gauges(sim.status) == (0.0, []), "the new attempt is not judged by the old verdict"
 
 

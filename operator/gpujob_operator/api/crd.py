@@ -13,8 +13,13 @@ optional field (a null is pruned by the API server, omission is the Kubernetes w
 pruned, and refused under ``kubectl --validate=strict`` / server-side field validation.
 
 Printer columns are JSONPath only and cannot multiply or format, so the operator writes
-``status.totalGPUs`` (nodes x gpusPerNode) and ``status.display.{progress,eta,throughput,
-bottleneck}`` strings ("41.3%", "18m20s", "2840 samples/s", "Straggler(r13)").
+``status.gang.gpus.requested`` (nodes x gpusPerNode) and ``status.display.{progress,eta,
+throughput,bottleneck}`` strings ("41.3%", "18m20s", "2840 samples/s", "Straggler(r13)").
+
+The status keeps, for one release, each path the previous version wrote
+(:data:`~gpujob_operator.api.statusupgrade.MOVES`) as a deprecated field of any shape: the API
+server prunes what the schema lacks when it reads a stored object too, and the operator must
+see those fields once to move them to their new place.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import yaml
 from pydantic import BaseModel
 
 from gpujob_operator import api
+from gpujob_operator.api.statusupgrade import MOVES
 
 CRD_FILENAME: Final = f"{api.CRD_NAME}.yaml"
 CRD_PATHS: Final = (
@@ -68,7 +74,7 @@ PRINTER_COLUMNS: Final = [
     {
         "name": "GPUs",
         "type": "integer",
-        "jsonPath": ".status.totalGPUs",
+        "jsonPath": ".status.gang.gpus.requested",
         "description": "nodes x gpusPerNode.",
     },
     {
@@ -118,7 +124,7 @@ PRINTER_COLUMNS: Final = [
     {
         "name": "Restarts",
         "type": "integer",
-        "jsonPath": ".status.restarts",
+        "jsonPath": ".status.gang.restarts",
         "description": "Gang restarts so far.",
         "priority": 1,
     },
@@ -203,6 +209,23 @@ def model_schema(model: type[BaseModel], *, defaults: bool) -> dict[str, Any]:
     return _convert(raw, defs, defaults=defaults)
 
 
+def with_deprecated(status: dict[str, Any]) -> dict[str, Any]:
+    """The status schema with each path of the previous version's status kept as a
+    deprecated field of any shape, so that the operator can read it once and move it."""
+    out = copy.deepcopy(status)
+    for old, new in MOVES:
+        node = out
+        for key in old[:-1]:
+            node = node["properties"][key]
+        where = "status." + ".".join(new) if new else "nothing: it is computed where shown"
+        node.setdefault("properties", {})[old[-1]] = {
+            "description": f"Deprecated, written by the previous version; moved to {where}. "
+            "The operator moves it once and deletes it.",
+            "x-kubernetes-preserve-unknown-fields": True,
+        }
+    return out
+
+
 def openapi_schema() -> dict[str, Any]:
     """The CRD's ``openAPIV3Schema``: spec with defaults, status without."""
     return {
@@ -217,7 +240,7 @@ def openapi_schema() -> dict[str, Any]:
             "kind": {"type": "string", "description": "GPUTrainingJob."},
             "metadata": {"type": "object"},
             "spec": model_schema(api.GPUTrainingJobSpec, defaults=True),
-            "status": model_schema(api.GPUTrainingJobStatus, defaults=False),
+            "status": with_deprecated(model_schema(api.GPUTrainingJobStatus, defaults=False)),
         },
         "x-kubernetes-validations": [api.NAME_RULE],
     }

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from gpujob_operator.api.status import start_forecast
+
 TERMINAL_OR_IDLE_PHASES = frozenset({"Succeeded", "Failed", "Suspended"})
 
 
@@ -116,8 +118,9 @@ def render_display(status: Mapping[str, Any]) -> dict[str, str]:
 
     A finished or suspended job keeps its progress but shows no ETA, throughput or
     bottleneck: they describe a run that is no longer happening. A job waiting for GPUs
-    shows its start forecast (``status.queue``) in the ETA column; a running one without an
-    ETA the first word of why (``progress.etaUnavailable``: restarting, resuming, measuring).
+    shows its start forecast (``status.gang.startForecast``) in the ETA column; a running one
+    without an ETA the first word of why (``progress.etaUnavailable``: restarting, resuming,
+    measuring).
     """
     out: dict[str, str] = {}
     progress = status.get("progress") or {}
@@ -134,9 +137,7 @@ def render_display(status: Mapping[str, Any]) -> dict[str, str]:
     if not live:
         return out
     eta = progress.get("etaSeconds")
-    start = (
-        format_start(status.get("queue") or {}) if status.get("phase") in WAITING_PHASES else None
-    )
+    start = format_start(start_forecast(status)) if status.get("phase") in WAITING_PHASES else None
     if start is not None:
         out["eta"] = start
     elif eta is not None and (text := format_duration(float(eta))):

@@ -137,7 +137,8 @@ class RunPolicy(_Model):
         description="How long creates an admission webhook denies are retried (with the "
         "refusal backoff) before the job fails (AdmissionWebhookDenied): budget and capacity "
         'webhooks deny "for now". Counted from the first denial in a row (kept in '
-        "status.admissionDenial across operator restarts); 0 fails at the first denial.",
+        "status.operatorState.admissionDenial across operator restarts); 0 fails at the first "
+        "denial.",
     )
 
 
@@ -306,7 +307,7 @@ class GPUTrainingJobSpec(_Ruled):
         description="Where the trainer's GPUs come from. DevicePlugin: gpusPerNode x "
         "nvidia.com/gpu requested and limited. ResourceClaims: the claims in "
         "spec.resources.claims (Dynamic Resource Allocation) bring them and no nvidia.com/gpu "
-        "is requested; gpusPerNode still counts them (MFU, goodput, status.totalGPUs).",
+        "is requested; gpusPerNode still counts them (MFU, goodput, status.gang.gpus.requested).",
     )
     resources: ResourceRequirements | None = Field(
         default=None, description="Per-pod resources besides GPUs (core/v1 requests/limits)."

@@ -1,28 +1,24 @@
-"""The GPUTrainingJob's status: what the operator observed, through the status subresource.
+"""The GPUTrainingJob's status: the user's contract, what the operator observed.
 
-Conditions, pod counts, progress, the bottleneck verdict with its evidence, the GPUs, the
-root cause of a failure, the gang's admission and the strings of ``kubectl get``. Read
+A dozen top-level fields a user can hold in mind (the README's status table lists each, and
+a unit test pins them): phase and conditions, progress, the bottleneck verdict with its
+evidence, the gang (attempt, restarts, pods, GPUs, admission, start forecast), the root
+cause of a failure, the hang evidence, goodput and the strings of ``kubectl get``. The
+operator's own bookkeeping lives apart, in ``operatorState`` (:mod:`.operatorstate`). Read
 leniently: unknown fields are ignored, so an older operator can read a newer one's status.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, PlainSerializer, WithJsonSchema
+from pydantic import Field, WithJsonSchema
 
-from gpujob_operator.api.base import Model as _Model
-from gpujob_operator.api.conditions import MESSAGE_MAX_LENGTH, STALLED, TRUE, find, format_time
+from gpujob_operator.api.conditions import MESSAGE_MAX_LENGTH, STALLED, TRUE, find
 from gpujob_operator.api.names import GangMechanism
-
-Time = Annotated[
-    datetime,
-    PlainSerializer(format_time, return_type=str, when_used="json"),
-    WithJsonSchema({"type": "string", "format": "date-time"}),
-]
-"""A timestamp, written as RFC 3339 UTC with a Z, like Kubernetes' metav1.Time."""
+from gpujob_operator.api.operatorstate import OperatorState
+from gpujob_operator.api.statusbase import StatusModel, Time
 
 Evidence = Annotated[
     dict[str, float | int | str],
@@ -32,13 +28,7 @@ Evidence = Annotated[
 ]
 
 
-class _StatusModel(_Model):
-    """Base for status models: unknown fields ignored so an older operator can read."""
-
-    model_config = ConfigDict(extra="ignore")
-
-
-class Condition(_StatusModel):
+class Condition(StatusModel):
     """A metav1.Condition: one aspect of the job's state and when it last changed."""
 
     type: str = Field(
@@ -61,7 +51,7 @@ class Condition(_StatusModel):
     )
 
 
-class Replicas(_StatusModel):
+class Replicas(StatusModel):
     """Pod counts of the current gang attempt."""
 
     desired: int = Field(default=0, description="Pods the gang needs (spec.nodes).")
@@ -72,15 +62,7 @@ class Replicas(_StatusModel):
     failed: int = Field(default=0, description="Pods whose trainer failed.")
 
 
-class RateSince(_StatusModel):
-    """Where the ETA's step rate is measured from (kept so an operator restart keeps it)."""
-
-    time: Time = Field(description="The scrape the rate is measured from.")
-    step: int = Field(ge=0, description="The job's step at that scrape.")
-    attempt: int = Field(ge=0, description="The gang attempt the basis belongs to.")
-
-
-class Progress(_StatusModel):
+class Progress(StatusModel):
     """Training progress from the ranks' metrics (latest values, never time series)."""
 
     step: int | None = Field(
@@ -111,18 +93,14 @@ class Progress(_StatusModel):
     eta_seconds: float | None = Field(
         default=None,
         description="Estimated seconds to totalSteps: the remaining steps over the step rate "
-        "since rateSince (an EWMA of the recent rate while that basis is young).",
+        "since the first scrape after warm-up of the attempt's latest start or resume (an "
+        "EWMA of the recent rate while that basis is young).",
     )
     eta_unavailable: str | None = Field(
         default=None,
         max_length=1024,
         description="Why there is no ETA, starting with a word: restarting, resuming, "
         "measuring (warm-up), no target, suspended, failed.",
-    )
-    rate_since: RateSince | None = Field(
-        default=None,
-        description="The ETA's basis: the first scrape after warm-up since the attempt's "
-        "latest start or resume.",
     )
     estimated_completion_time: Time | None = Field(
         default=None, description="Now plus etaSeconds at the last analysis."
@@ -147,14 +125,6 @@ class Progress(_StatusModel):
     eval_ratio: float | None = Field(
         default=None, description="Share of step time in the eval phase, likewise."
     )
-    seconds_per_sample: float | None = Field(
-        default=None,
-        description="Wall time per sample of the job (1 / samplesPerSecond): what one more "
-        "sample costs the whole gang.",
-    )
-    seconds_per_token: float | None = Field(
-        default=None, description="Wall time per token of the job (1 / tokensPerSecond)."
-    )
     mfu: float | None = Field(
         default=None,
         description="Model FLOPs utilisation (0..1): the ranks' model FLOP/s over their GPUs' "
@@ -176,7 +146,7 @@ class Progress(_StatusModel):
     )
 
 
-class RankBreakdown(_StatusModel):
+class RankBreakdown(StatusModel):
     """One rank's step split: own work vs waits (mean seconds per step over the window)."""
 
     rank: int = Field(description="Global rank.")
@@ -209,7 +179,7 @@ class RankBreakdown(_StatusModel):
     mfu: float | None = Field(default=None, description="The rank's model FLOPs utilisation.")
 
 
-class Bottleneck(_StatusModel):
+class Bottleneck(StatusModel):
     """What limits the job's speed now, with the numbers that justify the verdict."""
 
     verdict: str = Field(
@@ -238,7 +208,7 @@ class Bottleneck(_StatusModel):
     )
 
 
-class GPUSummary(_StatusModel):
+class GPUSummary(StatusModel):
     """The gang's GPUs as seen by NVML on the ranks."""
 
     requested: int | None = Field(default=None, description="GPUs requested (nodes x gpusPerNode).")
@@ -255,7 +225,7 @@ class GPUSummary(_StatusModel):
     )
 
 
-class Failure(_StatusModel):
+class Failure(StatusModel):
     """The root cause of the job's failure, or of its latest gang restart."""
 
     pod: str | None = Field(default=None, description="Pod whose failure came first.")
@@ -273,79 +243,7 @@ class Failure(_StatusModel):
     time: Time | None = Field(default=None, description="When the container terminated.")
 
 
-class GangStatus(_StatusModel):
-    """Where the gang stands with its admission mechanism (spec.scheduling.gang)."""
-
-    mechanism: GangMechanism | None = Field(
-        default=None, description="The mechanism in effect: None, Native or Kueue."
-    )
-    workload: str | None = Field(
-        default=None,
-        description="Native: the scheduling.k8s.io Workload; Kueue: the kueue.x-k8s.io Workload.",
-    )
-    pod_group: str | None = Field(
-        default=None, description="Native: the PodGroup of the current attempt."
-    )
-    queue: str | None = Field(default=None, description="Kueue: the LocalQueue.")
-    cluster_queue: str | None = Field(
-        default=None, description="Kueue: the ClusterQueue that admitted the job."
-    )
-    admitted: bool | None = Field(
-        default=None, description="Kueue: whether the job holds its quota now."
-    )
-    flavors: dict[str, str] | None = Field(
-        default=None, description="Kueue: the ResourceFlavor assigned to each resource."
-    )
-    preemptions: int | None = Field(
-        default=None,
-        description="Times the gang was preempted or evicted (by Kueue, by kube-scheduler "
-        "for a higher-priority pod, by an eviction such as kubectl drain, or its Kueue "
-        "Workload deleted while it ran): restarts that are not failures and not counted "
-        "against backoffLimit.",
-    )
-    read_error: str | None = Field(
-        default=None,
-        max_length=1024,
-        description="Why the gang's admission objects could not be read at the last pass; "
-        "while it lasts the gang's pods are kept with the last known admission and nothing "
-        "is created.",
-    )
-
-
-class AdmissionDenial(_StatusModel):
-    """The run of admission webhook denials being retried (spec.runPolicy.admissionRetrySeconds)."""
-
-    since: Time | None = Field(
-        default=None, description="The first denial of this run: the retries count from it."
-    )
-    target: str | None = Field(default=None, description="What was denied, e.g. pod j-node-0.")
-
-
-class CreateBackoff(_StatusModel):
-    """A refused create being retried with backoff: kept in the status so that an operator
-    restart resumes the backoff (and the gang's grace) instead of retrying every job at once."""
-
-    tries: int | None = Field(
-        default=None, ge=1, description="Refused creates in a row: the backoff's exponent."
-    )
-    since: Time | None = Field(
-        default=None,
-        description="The first refusal of this run: an incomplete gang's grace counts from it.",
-    )
-    retry_at: Time | None = Field(default=None, description="When the next create may be tried.")
-    reason: str | None = Field(
-        default=None, max_length=128, description="The refusal's reason, e.g. QuotaExceeded."
-    )
-    code: int | None = Field(default=None, description="The refusal's HTTP status code.")
-    message: str | None = Field(
-        default=None, max_length=1024, description="The API server's message, truncated."
-    )
-    target: str | None = Field(
-        default=None, max_length=512, description="What was refused, e.g. pod j-node-0."
-    )
-
-
-class QueueForecast(_StatusModel):
+class QueueForecast(StatusModel):
     """When a waiting job is forecast to start, and, once it started, how far off that was."""
 
     estimated_start_time: Time | None = Field(
@@ -385,7 +283,7 @@ class QueueForecast(_StatusModel):
     )
 
 
-class HangEvidence(_StatusModel):
+class HangEvidence(StatusModel):
     """What every rank was doing when the job was last found stalled, compared."""
 
     attempt: int | None = Field(default=None, description="Gang attempt that stalled.")
@@ -426,7 +324,75 @@ class HangEvidence(_StatusModel):
     )
 
 
-class GoodputSeconds(_StatusModel):
+class GangStatus(StatusModel):
+    """The gang: its attempt and restarts, its pods and GPUs, and where it stands with its
+    admission mechanism (spec.scheduling.gang) and the start forecast."""
+
+    attempt: int | None = Field(
+        default=None,
+        description="Current gang attempt (pod label gpujob.dev/attempt), from 0; bumped on "
+        "each gang restart and on suspension.",
+    )
+    restarts: int | None = Field(
+        default=None, description="Gang restarts so far, counted against backoffLimit."
+    )
+    next_attempt_time: Time | None = Field(
+        default=None,
+        description="When the pods of the next gang attempt will be created: set while a gang "
+        "restart backs off (10 s, 20 s, 40 s ... capped, like batch/v1 Job) or a refused pod "
+        "create is retried.",
+    )
+    replicas: Replicas | None = Field(
+        default=None, description="Pod counts of the current attempt."
+    )
+    gpus: GPUSummary | None = Field(
+        default=None,
+        description="The gang's GPUs: requested (nodes x gpusPerNode, the GPUs column of "
+        "kubectl get) and what NVML on the ranks reports.",
+    )
+    start_forecast: QueueForecast | None = Field(
+        default=None,
+        description="When the waiting gang is forecast to start, and once it started how far "
+        "off that was.",
+    )
+
+    mechanism: GangMechanism | None = Field(
+        default=None, description="The mechanism in effect: None, Native or Kueue."
+    )
+    workload: str | None = Field(
+        default=None,
+        description="Native: the scheduling.k8s.io Workload; Kueue: the kueue.x-k8s.io Workload.",
+    )
+    pod_group: str | None = Field(
+        default=None, description="Native: the PodGroup of the current attempt."
+    )
+    queue: str | None = Field(default=None, description="Kueue: the LocalQueue.")
+    cluster_queue: str | None = Field(
+        default=None, description="Kueue: the ClusterQueue that admitted the job."
+    )
+    admitted: bool | None = Field(
+        default=None, description="Kueue: whether the job holds its quota now."
+    )
+    flavors: dict[str, str] | None = Field(
+        default=None, description="Kueue: the ResourceFlavor assigned to each resource."
+    )
+    preemptions: int | None = Field(
+        default=None,
+        description="Times the gang was preempted or evicted (by Kueue, by kube-scheduler "
+        "for a higher-priority pod, by an eviction such as kubectl drain, or its Kueue "
+        "Workload deleted while it ran): restarts that are not failures and not counted "
+        "against backoffLimit.",
+    )
+    read_error: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="Why the gang's admission objects could not be read at the last pass; "
+        "while it lasts the gang's pods are kept with the last known admission and nothing "
+        "is created.",
+    )
+
+
+class GoodputSeconds(StatusModel):
     """Seconds of the job's life since ``goodput.since``, by what they were spent on."""
 
     queued: float = Field(
@@ -446,84 +412,8 @@ class GoodputSeconds(_StatusModel):
     productive: float = Field(default=0.0, description="Steps that were kept.")
 
 
-class Goodput(_StatusModel):
-    """What share of the job's GPU time made steps it kept, and where the rest went.
-
-    Written by the planner from one pass to the next; everything it needs is here, so an
-    operator restart continues it (a gap longer than 10 minutes is charged to the state
-    found after it).
-    """
-
-    since: Time | None = Field(
-        default=None,
-        description="Start of the accounting: the job's creation (or when an operator first "
-        "accounted a job that had already started).",
-    )
-    accounted_until: Time | None = Field(
-        default=None, description="The time up to which seconds are charged."
-    )
-    cause: str | None = Field(
-        default=None,
-        description="What the time from accountedUntil counts as: queued, startup, restart, "
-        "stall or productive (split with checkpoint and eval); absent once finished.",
-    )
-    seconds: GoodputSeconds | None = Field(default=None, description="Seconds by cause.")
-    ratio: float | None = Field(
-        default=None, description="Productive seconds over all seconds (0..1)."
-    )
-    lost_gpu_hours: float | None = Field(
-        default=None,
-        alias="lostGPUHours",
-        description="GPU-hours not productive: seconds of the other causes x totalGPUs / 3600.",
-    )
-    stage: Literal["Queued", "Starting", "Stepped"] | None = Field(
-        default=None,
-        description="How far the job ever got: never placed, placed without a step, stepped.",
-    )
-    attempt: int | None = Field(default=None, description="The attempt the accounting follows.")
-    attempt_since: Time | None = Field(
-        default=None, description="When the accounting first saw that attempt."
-    )
-    attempt_stepped: bool | None = Field(
-        default=None, description="Whether that attempt has finished a step."
-    )
-    furthest_step: int | None = Field(
-        default=None, description="The furthest step seen: a lower step is recomputation."
-    )
-    verdict: str | None = Field(
-        default=None, description="The published verdict when last accounted."
-    )
-    rank: int | None = Field(default=None, description="The rank that verdict named, if one.")
-    verdict_seconds: dict[str, float] | None = Field(
-        default=None,
-        max_length=16,
-        description="Seconds each bottleneck verdict was published (at most 16 verdicts).",
-    )
-    rank_seconds: dict[str, float] | None = Field(
-        default=None,
-        max_length=8,
-        description="Seconds each rank was named by the verdict (the 8 named longest).",
-    )
-    samples: float | None = Field(
-        default=None, description="Samples of kept steps: samplesPerSecond over stepping time."
-    )
-    tokens: float | None = Field(default=None, description="Tokens of kept steps, likewise.")
-    checkpoint_ratio: float | None = Field(
-        default=None,
-        description="The checkpoint share last seen while the job stepped (progress."
-        "checkpointRatio): how stepping time is split until a newer one is seen.",
-    )
-    eval_ratio: float | None = Field(default=None, description="The eval share, likewise.")
-    samples_per_second: float | None = Field(
-        default=None, description="The throughput last seen while the job stepped."
-    )
-    tokens_per_second: float | None = Field(
-        default=None, description="The token throughput last seen while the job stepped."
-    )
-
-
-class VerdictShare(_StatusModel):
-    """One verdict of a finished job: how long it was published."""
+class VerdictShare(StatusModel):
+    """One bottleneck verdict: how long it was published."""
 
     verdict: str = Field(description="The bottleneck verdict.")
     seconds: float | None = Field(default=None, description="Seconds it was published.")
@@ -532,42 +422,49 @@ class VerdictShare(_StatusModel):
     )
 
 
-class JobSummary(_StatusModel):
-    """A finished job's run in a few numbers, kept once its live parts are gone."""
+class Goodput(StatusModel):
+    """What share of the job's GPU time made steps it kept, where the rest went, and what
+    the run was like: kept up to date while the job lives, and kept once it finished."""
 
-    wall_seconds: float | None = Field(
-        default=None, description="From goodput.since to completionTime."
+    since: Time | None = Field(
+        default=None,
+        description="Start of the accounting: the job's creation (or when an operator first "
+        "accounted a job that had already started).",
     )
-    goodput_ratio: float | None = Field(default=None, description="goodput.ratio at the end.")
+    seconds: GoodputSeconds | None = Field(default=None, description="Seconds by cause.")
+    ratio: float | None = Field(
+        default=None, description="Productive seconds over all seconds (0..1)."
+    )
     gpu_hours: float | None = Field(
-        default=None, alias="gpuHours", description="GPU-hours accounted (seconds x totalGPUs)."
+        default=None, alias="gpuHours", description="GPU-hours accounted (seconds x GPUs)."
     )
     lost_gpu_hours: float | None = Field(
-        default=None, alias="lostGPUHours", description="GPU-hours that were not productive."
+        default=None,
+        alias="lostGPUHours",
+        description="GPU-hours not productive: seconds of the other causes x GPUs / 3600.",
     )
-    restarts: int | None = Field(default=None, description="Gang restarts.")
-    steps: int | None = Field(default=None, description="The last step reported.")
     mean_samples_per_second: float | None = Field(
         default=None,
         description="Kept samples over the time the job stepped (productive, checkpoint and "
-        "eval seconds): its throughput while it ran.",
+        "eval seconds): its throughput while it ran, not diluted by its waits.",
     )
     mean_tokens_per_second: float | None = Field(
         default=None, description="Kept tokens over the time the job stepped."
     )
-    last_mfu: float | None = Field(
-        default=None, alias="lastMFU", description="The last model FLOPs utilisation published."
-    )
     verdicts: list[VerdictShare] | None = Field(
-        default=None, max_length=16, description="The verdicts it had, longest first."
+        default=None,
+        max_length=16,
+        description="The bottleneck verdicts the job had, longest first (at most 16).",
     )
-    worst_rank: int | None = Field(default=None, description="The rank the verdicts named longest.")
+    worst_rank: int | None = Field(
+        default=None, description="The rank the verdicts named longest, if any."
+    )
     worst_rank_seconds: float | None = Field(
         default=None, description="Seconds that rank was named."
     )
 
 
-class Display(_StatusModel):
+class Display(StatusModel):
     """Pre-formatted strings for `kubectl get` columns (JSONPath cannot format)."""
 
     progress: str | None = Field(default=None, description='e.g. "41.3%".')
@@ -588,11 +485,21 @@ class Display(_StatusModel):
 Phase = Literal["Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
 
 
-class GPUTrainingJobStatus(_StatusModel):
-    """Observed state, written by the operator through the status subresource."""
+class GPUTrainingJobStatus(StatusModel):
+    """Observed state, written by the operator through the status subresource.
+
+    Every top-level field but ``operatorState`` is the user's contract, listed in the
+    README's status table and pinned by a unit test; ``operatorState`` is the operator's own
+    bookkeeping, free to change between versions.
+    """
 
     observed_generation: int | None = Field(
         default=None, description="metadata.generation the status was computed for."
+    )
+    phase: Phase | None = Field(
+        default=None,
+        description="Display phase derived from conditions: Pending, Running, Restarting, "
+        "Suspended, Succeeded or Failed.",
     )
     conditions: list[Condition] | None = Field(
         default=None,
@@ -602,77 +509,20 @@ class GPUTrainingJobStatus(_StatusModel):
             "x-kubernetes-list-map-keys": ["type"],
         },
     )
-    phase: Phase | None = Field(
-        default=None,
-        description="Display phase derived from conditions: Pending, Running, Restarting, "
-        "Suspended, Succeeded or Failed.",
-    )
-    attempt: int | None = Field(
-        default=None,
-        description="Current gang attempt (pod label gpujob.dev/attempt); bumped on each gang "
-        "restart and on suspension.",
-    )
-    restarts: int | None = Field(
-        default=None, description="Gang restarts so far, counted against backoffLimit."
-    )
-    restarts_without_progress: int | None = Field(
-        default=None,
-        description="Consecutive failed attempts that ended without passing the furthest step "
-        "reached before them (spec.runPolicy.maxRestartsWithoutProgress).",
-    )
-    attempts_without_progress: list[int] | None = Field(
-        default=None,
-        max_length=64,
-        description="Those attempts, oldest first.",
-        json_schema_extra={"x-kubernetes-list-type": "atomic"},
-    )
-    furthest_step_at_attempt_start: int | None = Field(
-        default=None,
-        description="The furthest step any attempt had reached when the current attempt "
-        "began: the current attempt makes progress once it passes it.",
-    )
-    replicas: Replicas | None = Field(
-        default=None, description="Pod counts of the current attempt."
-    )
-    total_gpus: int | None = Field(
-        default=None, alias="totalGPUs", description="nodes x gpusPerNode (for kubectl get)."
-    )
     start_time: Time | None = Field(
         default=None, description="When the pods were first created (reset on resume)."
     )
     completion_time: Time | None = Field(
         default=None, description="When the job succeeded or failed."
     )
-    next_attempt_time: Time | None = Field(
-        default=None,
-        description="When the pods of the next gang attempt will be created: set while a gang "
-        "restart backs off (10 s, 20 s, 40 s ... capped, like batch/v1 Job) or a refused pod "
-        "create is retried.",
-    )
-    admission_denial: AdmissionDenial | None = Field(
-        default=None,
-        description="Set while an admission webhook denies the job's creates: since when, so "
-        "that the bounded retry (spec.runPolicy.admissionRetrySeconds) survives an operator "
-        "restart.",
-    )
-    create_backoff: CreateBackoff | None = Field(
-        default=None,
-        description="Set while a refused create of the gang or its Service is retried with "
-        "backoff: tries, the first refusal and the next try, so that an operator restart "
-        "neither resets the backoff nor retries every refused job at once.",
-    )
     progress: Progress | None = Field(default=None, description="Training progress.")
     bottleneck: Bottleneck | None = Field(default=None, description="Current bottleneck verdict.")
-    gpus: GPUSummary | None = Field(default=None, description="GPU summary.")
+    gang: GangStatus | None = Field(
+        default=None,
+        description="The gang: attempt, restarts, pods, GPUs, admission and start forecast.",
+    )
     failure: Failure | None = Field(
         default=None, description="Root cause of the failure or of the latest gang restart."
-    )
-    display: Display | None = Field(default=None, description="Strings for kubectl get columns.")
-    gang: GangStatus | None = Field(
-        default=None, description="Gang admission: mechanism, PodGroup or Kueue queue state."
-    )
-    queue: QueueForecast | None = Field(
-        default=None, description="Start-time forecast while the job waits for GPUs."
     )
     hang_evidence: HangEvidence | None = Field(
         default=None,
@@ -680,11 +530,16 @@ class GPUTrainingJobStatus(_StatusModel):
     )
     goodput: Goodput | None = Field(
         default=None,
-        description="The share of the job's GPU time that made kept steps, and the rest by "
-        "cause (queued, startup, restart, stall, checkpoint, eval).",
+        description="The share of the job's GPU time that made kept steps, the rest by cause "
+        "(queued, startup, restart, stall, checkpoint, eval), and the run's mean throughput "
+        "and verdicts.",
     )
-    summary: JobSummary | None = Field(
-        default=None, description="A finished job's run: wall time, goodput, throughput, verdicts."
+    display: Display | None = Field(default=None, description="Strings for kubectl get columns.")
+    operator_state: OperatorState | None = Field(
+        default=None,
+        description="The operator's own bookkeeping, kept so that a restarted operator resumes "
+        "its work (backoff, the ETA's basis, the goodput ledger's cursor): internal, not part "
+        "of the API, free to change between versions.",
     )
 
 
@@ -717,3 +572,18 @@ def furthest_step(status: Mapping[str, Any]) -> int | None:
         if isinstance(v, int | float) and not isinstance(v, bool)
     ]
     return max(steps) if steps else None
+
+
+def attempt_of(status: Mapping[str, Any]) -> int:
+    """The gang's current attempt: ``status.gang.attempt`` (``status.attempt`` in a status the
+    previous version wrote and no pass has moved yet); 0 before the first."""
+    value = (status.get("gang") or {}).get("attempt", status.get("attempt"))
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def start_forecast(status: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The gang's start forecast: ``status.gang.startForecast`` (``status.queue`` in a status
+    the previous version wrote and no pass has moved yet); empty when none."""
+    gang = status.get("gang") or {}
+    found = gang.get("startForecast") if "startForecast" in gang else status.get("queue")
+    return found if isinstance(found, Mapping) else {}

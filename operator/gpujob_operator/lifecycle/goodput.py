@@ -1,6 +1,8 @@
 """Goodput: the share of a job's GPU time that made steps it kept, and where the rest went.
 
-A ledger persisted in ``status.goodput`` is advanced by every planning pass (pure: the
+A ledger persisted in ``status.goodput`` (what the user reads: the seconds by cause, the ratio,
+GPU-hours, the mean throughput while stepping, the verdicts and the rank named longest) and
+``status.operatorState.goodput`` (its cursor) is advanced by every planning pass (pure: the
 previous ledger, the job's state and ``now`` in, the new ledger out). The time since the
 ledger's ``accountedUntil`` is charged to one cause, the one the ledger recorded when it last
 accounted (what the job was doing then), so a change of state is charged from the pass that
@@ -286,17 +288,38 @@ def _whole(t: datetime) -> datetime:
 # ---- the status form ------------------------------------------------------------------------
 
 
-def to_status(ledger: Ledger, gpus: int) -> dict[str, Any]:
-    """``status.goodput`` (camelCase): the ledger, its ratio and the GPU-hours lost."""
+def to_status(ledger: Ledger, gpus: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ledger as ``status.goodput`` (what the user reads: seconds by cause, the ratio,
+    GPU-hours, the mean throughput while stepping, the verdicts) and ``operatorState.goodput``
+    (the cursor the next pass charges from), both camelCase.
+
+    Mean throughput is the kept samples (the published samples/s integrated over the time
+    the job stepped) over that time (productive, checkpoint and eval seconds): what the job
+    did while it ran, not diluted by its waits, which the ratio already tells.
+    """
     total = ledger.total
     lost = total - ledger.productive
-    out: dict[str, Any] = {
+    stepping = ledger.stepping
+    worst = worst_rank(ledger.rank_seconds)
+    public: dict[str, Any] = {
         "since": c.format_time(ledger.since),
-        "accountedUntil": c.format_time(ledger.until),
-        "cause": ledger.cause,
         "seconds": {k: round(ledger.seconds.get(k, 0.0), 3) for k in CAUSES},
         "ratio": round(ledger.productive / total, 4) if total > 0 else None,
+        "gpuHours": round(total * max(gpus, 0) / 3600.0, 3),
         "lostGPUHours": round(lost * max(gpus, 0) / 3600.0, 3),
+        "meanSamplesPerSecond": (
+            round(ledger.samples / stepping, 3) if stepping > 0 and ledger.samples > 0 else None
+        ),
+        "meanTokensPerSecond": (
+            round(ledger.tokens / stepping, 3) if stepping > 0 and ledger.tokens > 0 else None
+        ),
+        "verdicts": verdict_shares(ledger.verdict_seconds) or None,
+        "worstRank": worst[0] if worst else None,
+        "worstRankSeconds": worst[1] if worst else None,
+    }
+    cursor: dict[str, Any] = {
+        "accountedUntil": c.format_time(ledger.until),
+        "cause": ledger.cause,
         "stage": ledger.stage,
         "attempt": ledger.attempt,
         "attemptSince": c.format_time(ledger.attempt_since) if ledger.attempt_since else None,
@@ -313,13 +336,20 @@ def to_status(ledger: Ledger, gpus: int) -> dict[str, Any]:
         "samplesPerSecond": round(ledger.samples_per_second, 3) or None,
         "tokensPerSecond": round(ledger.tokens_per_second, 3) or None,
     }
-    return {k: v for k, v in out.items() if v is not None}
+    return (
+        {k: v for k, v in public.items() if v is not None},
+        {k: v for k, v in cursor.items() if v is not None},
+    )
 
 
-def from_status(raw: Mapping[str, Any] | None) -> Ledger | None:
-    """The ledger in ``status.goodput``, read leniently (None: none, or unreadable)."""
-    if not isinstance(raw, Mapping):
+def from_status(
+    public: Mapping[str, Any] | None, cursor: Mapping[str, Any] | None
+) -> Ledger | None:
+    """The ledger in ``status.goodput`` and its cursor ``operatorState.goodput``, read
+    leniently (None: none, or unreadable)."""
+    if not isinstance(public, Mapping) or not isinstance(cursor, Mapping):
         return None
+    raw = {**public, **cursor}
     since = _time(raw.get("since"))
     until = _time(raw.get("accountedUntil"))
     if since is None or until is None:
@@ -347,6 +377,29 @@ def from_status(raw: Mapping[str, Any] | None) -> Ledger | None:
         samples_per_second=_float(raw.get("samplesPerSecond")) or 0.0,
         tokens_per_second=_float(raw.get("tokensPerSecond")) or 0.0,
     )
+
+
+def verdict_shares(seconds: Mapping[str, float]) -> list[dict[str, Any]]:
+    """Each verdict with its seconds and its share of the time a verdict was published,
+    longest first (at most :data:`MAX_VERDICTS`)."""
+    total = sum(seconds.values())
+    if total <= 0:
+        return []
+    order = sorted(seconds.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_VERDICTS]
+    return [
+        {"verdict": v, "seconds": round(s, 1), "share": round(s / total, 4)}
+        for v, s in order
+        if s > 0
+    ]
+
+
+def worst_rank(seconds: Mapping[str, float]) -> tuple[int, float] | None:
+    """The rank the verdicts named longest, with those seconds (ties: the lowest rank)."""
+    named = [(int(k), s) for k, s in seconds.items() if k.lstrip("-").isdigit() and s > 0]
+    if not named:
+        return None
+    rank, s = min(named, key=lambda kv: (-kv[1], kv[0]))
+    return rank, round(s, 1)
 
 
 def _time(v: Any) -> datetime | None:

@@ -7,7 +7,7 @@ then creates** — so a crash between steps never forgets a restart it already c
 next plan re-derives the same actions from the persisted status and the pods' labels).
 
 Gang semantics (torchrun's static rendezvous needs every rank): attempt ``A`` =
-max(``status.attempt``, highest ``gpujob.dev/attempt`` label seen); pods of older attempts
+max(``status.gang.attempt``, highest ``gpujob.dev/attempt`` label seen); pods of older attempts
 are stale and deleted; a new attempt's pods are created only once *every* stale pod is gone
 (pod names are fixed, so this also rules out duplicates).
 
@@ -174,7 +174,7 @@ def plan(
     pods that Kubernetes marked for disruption (``DisruptionTarget``) and that vanished before
     a pass saw them terminating: the shell remembers them from the pod watch, so a rank that
     exits at once on SIGTERM still reads as preempted or evicted, not lost.
-    ``resume_backoff``: with no ``refused``, resume the one in ``status.createBackoff`` (a
+    ``resume_backoff``: with no ``refused``, resume the one in ``operatorState.createBackoff`` (a
     shell that has not tried a create since it started); False once the shell has tried.
     """
     body: Mapping[str, Any]

@@ -24,7 +24,8 @@ from gpujob_operator.api.conditions import parse_time
 from gpujob_operator.api.display import render_display
 from gpujob_operator.api.events import Event, EventType
 from gpujob_operator.api.status import furthest_step
-from gpujob_operator.lifecycle import backoff, gang, goodput, jobsummary
+from gpujob_operator.api.statusupgrade import upgrade, without_nulls
+from gpujob_operator.lifecycle import backoff, gang, goodput
 from gpujob_operator.lifecycle.observations import (
     TERMINATED_PHASES,
     GangObservation,
@@ -39,7 +40,7 @@ _STATUS_KEYS: Final = frozenset(
 
 
 MAX_NO_PROGRESS_LISTED: Final = 64
-"""Attempts kept in status.attemptsWithoutProgress (the CRD's maxItems)."""
+"""Attempts kept in status.operatorState.attemptsWithoutProgress (the CRD's maxItems)."""
 
 VERDICT_CONDITIONS: Final = (c.STALLED, c.BOTTLENECK_DETECTED)
 """The analyzer's conditions about one attempt (MetricsAvailable is about the scrapes)."""
@@ -62,13 +63,19 @@ def retired(
     return out
 
 
-_OURS: Final = frozenset({"goodput", "summary", "display"})
-"""The accounting's own keys (and display, rendered after it): written when due, or with
-anything else."""
+_OURS: Final = frozenset({"goodput", "display", "operatorState"})
+"""The accounting's own keys (display and the bookkeeping are rendered after it, and compared
+apart): the ledger is written when due, or with anything else."""
+
+_GANG_OWN: Final = ("attempt", "restarts", "nextAttemptTime", "replicas")
+"""``status.gang``'s keys the planner writes whole on every pass."""
+
+_GANG_CARRIED: Final = ("gpus", "startForecast")
+"""``status.gang``'s keys others write (the metrics task, the forecaster): carried over."""
 
 _NO_RETRIES = (c.PHASE_SUCCEEDED, c.PHASE_FAILED, c.PHASE_SUSPENDED)
-"""Phases that drop the refusal records (createBackoff, admissionDenial): a job that
-resumes, or is created again, starts its retries and its webhook window afresh."""
+"""Phases that drop the refusal records (operatorState's createBackoff and admissionDenial):
+a job that resumes, or is created again, starts its retries and its webhook window afresh."""
 
 
 class PlanningPass:
@@ -93,7 +100,11 @@ class PlanningPass:
         self.name, self.namespace, _ = children.job_meta(body)
         self.spec = api.parse_spec(body["spec"])
         self.generation = int_or_none((body.get("metadata") or {}).get("generation"))
-        self.old_status: dict[str, Any] = copy.deepcopy(dict(body.get("status") or {}))
+        # A status of the previous shape is read in this one's (its old fields as tombstones).
+        self.old_status: dict[str, Any] = upgrade(body.get("status"))
+        self.old_state: dict[str, Any] = dict(self.old_status.get("operatorState") or {})
+        """``status.operatorState``: the operator's bookkeeping of the last pass."""
+        old_gang: dict[str, Any] = dict(self.old_status.get("gang") or {})
         self.old_conds: list[dict[str, Any]] = list(self.old_status.get("conditions") or [])
         self.conds: list[dict[str, Any]] = [dict(x) for x in self.old_conds]
         uid = children.job_meta(body)[2]
@@ -108,7 +119,7 @@ class PlanningPass:
         self.pods = sorted(pods, key=lambda p: (p.attempt, p.node_rank or 0, p.name))
         self.service_exists = service_exists
         self.log_tails = log_tails
-        prev = api.parse_status(self.old_status)
+        prev = api.parse_status(self.old_status).gang or api.GangStatus()
         self.prev_attempt = prev.attempt or 0
         self.attempt = max([self.prev_attempt, *(p.attempt for p in pods)])
         self.restarts = prev.restarts or 0
@@ -124,23 +135,28 @@ class PlanningPass:
         if refused is None and resume_backoff:
             # A shell that has not tried a create yet (an operator restart) goes on with the
             # backoff and the grace of the refusal in the status, not with an immediate try.
-            refused = resume(self.old_status.get("createBackoff"))
+            refused = resume(self.old_state.get("createBackoff"))
         self.refused = refused
         """The refusal being retried; set to None once what it refused exists."""
-        self.denial = denial_record(self.old_status.get("admissionDenial"), refused)
-        """``status.admissionDenial``: since when an admission webhook denies (None: none)."""
+        self.denial = denial_record(self.old_state.get("admissionDenial"), refused)
+        """``operatorState.admissionDenial``: since when a webhook denies (None: none)."""
         self.restart_backoff = restart_backoff
         self.gang_grace_seconds = gang_grace_seconds
-        self.next_attempt: str | None = self.old_status.get("nextAttemptTime")
+        self.next_attempt: str | None = old_gang.get("nextAttemptTime")
         self.gang_obs = gang_obs or GangObservation()
         self.mechanism = gang.mechanism(body, self.spec, self.gang_obs.default)
         self.kueue = gang.kueue_state(self.gang_obs.kueue_workload)
         self.ensure: list[dict[str, Any]] = []
         self.delete_refs: list[gang.ObjectRef] = []
         self.patches: list[tuple[gang.ObjectRef, dict[str, Any]]] = []
-        self.gang_status: dict[str, Any] = dict(self.old_status.get("gang") or {})
+        self.gang_carried = {k: old_gang[k] for k in _GANG_CARRIED if old_gang.get(k) is not None}
+        """``status.gang``'s parts written by others, carried over."""
+        self.gang_status: dict[str, Any] = {
+            k: v for k, v in old_gang.items() if k not in (*_GANG_OWN, *_GANG_CARRIED)
+        }
+        """``status.gang``'s admission part: the mechanism and what admission reported."""
         self.no_progress: list[int] = [
-            int(a) for a in self.old_status.get("attemptsWithoutProgress") or []
+            int(a) for a in self.old_state.get("attemptsWithoutProgress") or []
         ]
         """The consecutive failed attempts that never passed the furthest step before them."""
 
@@ -221,14 +237,14 @@ class PlanningPass:
 
     # -- progress across attempts
     def attempt_baseline(self) -> int | None:
-        """``status.furthestStepAtAttemptStart``: the furthest step when this attempt began
-        (taken when the attempt number moves on; an older status without one: None)."""
+        """``operatorState.furthestStepAtAttemptStart``: the furthest step when this attempt
+        began (taken when the attempt number moves on; an older status without one: None)."""
         if self.attempt != self.prev_attempt:
             return furthest_step(self.old_status)
-        old = self.old_status.get("furthestStepAtAttemptStart")
+        old = self.old_state.get("furthestStepAtAttemptStart")
         return int(old) if isinstance(old, int) else None
 
-    def pause_eta(self, progress: dict[str, Any]) -> None:
+    def pause_eta(self, progress: dict[str, Any], state: dict[str, Any]) -> None:
         """No ETA while no attempt runs (a gang restart, suspension, failure): the old attempt's
         would count down a run that is not happening. The step and the furthest step stay;
         the rate's basis and the resume point belonged to the attempt that ended."""
@@ -246,7 +262,7 @@ class PlanningPass:
         for key in ("etaSeconds", "estimatedCompletionTime"):
             progress.pop(key, None)
         if reason != c.JOB_FAILED:
-            progress.pop("rateSince", None)
+            state.pop("rateSince", None)
             progress.pop("resumedFromStep", None)
         furthest = furthest_step({"progress": progress})
         if furthest is not None:
@@ -254,17 +270,30 @@ class PlanningPass:
         progress["etaUnavailable"] = why
 
     # -- output
-    def gang_block(self) -> dict[str, Any] | None:
-        """``status.gang``: the mechanism in effect and what admission reported."""
+    def gang_block(self, replicas: dict[str, int]) -> dict[str, Any]:
+        """``status.gang``: the attempt, restarts, pods and GPUs, and the admission part (the
+        mechanism in effect and what admission reported); others' parts carried over."""
         if self.mechanism == api.GANG_NONE and not self.gang_status.get("preemptions"):
-            return {"mechanism": api.GANG_NONE}
-        out = dict(self.gang_status, mechanism=self.mechanism)
-        if self.mechanism == api.GANG_NATIVE and self.gang_obs.native_version:
-            out["podGroup"] = gang.pod_group_name(self.name, self.attempt)
+            admission: dict[str, Any] = {"mechanism": api.GANG_NONE}
+        else:
+            admission = dict(self.gang_status, mechanism=self.mechanism)
+            if self.mechanism == api.GANG_NATIVE and self.gang_obs.native_version:
+                admission["podGroup"] = gang.pod_group_name(self.name, self.attempt)
+        gpus = {**(self.gang_carried.get("gpus") or {}), "requested": self.spec.total_gpus}
+        out = {
+            **admission,
+            **self.gang_carried,
+            "attempt": self.attempt,
+            "restarts": self.restarts,
+            "nextAttemptTime": self.next_attempt if not c.is_finished(self.conds) else None,
+            "replicas": replicas,
+            "gpus": gpus,
+        }
         return {k: v for k, v in out.items() if v is not None}
 
     def backoff_record(self, phase: str) -> dict[str, Any] | None:
-        """``status.createBackoff``: the refusal being retried, while anything is created."""
+        """``operatorState.createBackoff``: the refusal being retried, while anything is
+        created."""
         r = self.refused
         if r is None or r.refusal.permanent or phase in _NO_RETRIES:
             return None
@@ -273,7 +302,8 @@ class PlanningPass:
     def status(self) -> dict[str, Any]:
         """The complete new status; fields owned by others are carried over."""
         current = self.current
-        # Only schema fields: anything else (e.g. kopf's status.kopf) is pruned by the server.
+        # Only schema fields: anything else (e.g. kopf's status.kopf, the tombstones of a
+        # status of the previous shape) is left out, so the patch deletes it.
         status = {k: v for k, v in copy.deepcopy(self.old_status).items() if k in _STATUS_KEYS}
         if self.retire_verdicts():
             # The verdict described an attempt that is over; the record of what ended it is
@@ -288,24 +318,21 @@ class PlanningPass:
             "succeeded": sum(1 for p in current if p.phase == "Succeeded"),
             "failed": sum(1 for p in current if p.phase == "Failed"),
         }
+        state = dict(self.old_state)
+        state.update(
+            admissionDenial=self.denial if phase not in _NO_RETRIES else None,
+            createBackoff=self.backoff_record(phase),
+            attemptsWithoutProgress=self.no_progress[-MAX_NO_PROGRESS_LISTED:] or None,
+            furthestStepAtAttemptStart=self.attempt_baseline(),
+        )
         updates: dict[str, Any] = {
             "observedGeneration": self.generation,
             "conditions": self.conds,
             "phase": phase,
-            "attempt": self.attempt,
-            "restarts": self.restarts,
-            "replicas": replicas,
-            "totalGPUs": self.spec.total_gpus,
+            "gang": self.gang_block(replicas),
             "startTime": self.start_time,
             "completionTime": self.completion_time,
-            "nextAttemptTime": self.next_attempt if not c.is_finished(self.conds) else None,
-            "admissionDenial": self.denial if phase not in _NO_RETRIES else None,
-            "createBackoff": self.backoff_record(phase),
             "failure": self.failure,
-            "gang": self.gang_block(),
-            "restartsWithoutProgress": len(self.no_progress) or None,
-            "attemptsWithoutProgress": self.no_progress[-MAX_NO_PROGRESS_LISTED:] or None,
-            "furthestStepAtAttemptStart": self.attempt_baseline(),
         }
         for key, value in updates.items():
             if value is None:
@@ -316,43 +343,49 @@ class PlanningPass:
             # Every rank exited 0: the run is complete even if the last scrape came earlier.
             progress = status["progress"]
             progress["percent"] = 100.0
-            for key in ("etaSeconds", "estimatedCompletionTime", "etaUnavailable", "rateSince"):
+            for key in ("etaSeconds", "estimatedCompletionTime", "etaUnavailable"):
                 progress.pop(key, None)
+            state.pop("rateSince", None)
             if progress.get("totalSteps"):
                 progress["step"] = progress["totalSteps"]
             progress["furthestStep"] = max(
                 int(progress.get("furthestStep") or 0), int(progress.get("step") or 0)
             )
         elif status.get("progress"):
-            self.pause_eta(status["progress"])
-        self.account(status)
+            self.pause_eta(status["progress"], state)
+        self.account(status, state)
+        state = without_nulls(state)
+        if state:
+            status["operatorState"] = state
+        else:
+            status.pop("operatorState", None)
         display = render_display(status)
         if display:
             status["display"] = display
         else:
             status.pop("display", None)
-        return status
+        out: dict[str, Any] = without_nulls(status)
+        return out
 
-    def account(self, status: dict[str, Any]) -> None:
-        """Advance ``status.goodput`` to now and, once finished, keep ``status.summary``.
+    def account(self, status: dict[str, Any], state: dict[str, Any]) -> None:
+        """Advance the goodput ledger (``status.goodput`` and its cursor,
+        ``operatorState.goodput``) to now.
 
         The ledger is written when its cause (or what it follows) changed, when it is
         :data:`goodput.REFRESH_SECONDS` old, or when the status is written anyway; else the
         old one stays and the next pass charges the same cause from its ``accountedUntil``.
         """
-        old = goodput.from_status(self.old_status.get("goodput"))
-        state = self.goodput_state(status)
+        old = goodput.from_status(self.old_status.get("goodput"), self.old_state.get("goodput"))
+        job = self.goodput_state(status)
         created = parse_time((self.body.get("metadata") or {}).get("creationTimestamp"))
-        new = goodput.advance(old, state, self.now, created)
-        gpus = int(status.get("totalGPUs") or 0)
+        new = goodput.advance(old, job, self.now, created)
+        gpus = self.spec.total_gpus
         written = {k: v for k, v in status.items() if k not in _OURS}
         before = {k: v for k, v in self.old_status.items() if k in _STATUS_KEYS - _OURS}
-        if old is None or goodput.due(old, new) or written != before:
-            status["goodput"] = goodput.to_status(new, gpus)
-        if state.finished and new.total > 0:
-            status["summary"] = jobsummary.build(
-                new, status.get("progress"), gpus, self.restarts, state.completion_time
-            )
+        kept = without_nulls({k: v for k, v in state.items() if k != "goodput"})
+        was = without_nulls({k: v for k, v in self.old_state.items() if k != "goodput"})
+        if old is None or goodput.due(old, new) or written != before or kept != was:
+            status["goodput"], state["goodput"] = goodput.to_status(new, gpus)
 
     def goodput_state(self, status: Mapping[str, Any]) -> goodput.JobState:
         """The job as the goodput ledger sees it: from the status being written, and the

@@ -1,4 +1,4 @@
-"""Forecasts into ``status.queue`` patches, and each started job's forecast error.
+"""Forecasts into ``status.gang.startForecast`` patches, and each started job's forecast error.
 
 Pure: the jobs as last seen and the forecasts in, the patches to write out. A forecast is
 written only when it moved (see :data:`MOVE_FRACTION`, or its confidence, basis or
@@ -17,6 +17,7 @@ from typing import Any, Final
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.display import format_start, render_display
 from gpujob_operator.api.events import Event
+from gpujob_operator.api.status import start_forecast
 from gpujob_operator.lifecycle.forecast import UNKNOWN, Forecast, forecast_all
 from gpujob_operator.lifecycle.queueview import (
     World,
@@ -36,7 +37,7 @@ STARTED_PHASES: Final = frozenset({c.PHASE_RUNNING, c.PHASE_SUCCEEDED, c.PHASE_F
 
 @dataclass(frozen=True)
 class QueueUpdate:
-    """One job's status patch (``queue`` and, where it changes, ``display``)."""
+    """One job's status patch (``gang.startForecast`` and, where it changes, ``display``)."""
 
     namespace: str
     name: str
@@ -60,7 +61,8 @@ def _epoch(value: Any) -> float | None:
 
 
 def block(f: Forecast, now: float) -> dict[str, Any]:
-    """``status.queue`` for one forecast (every key present: a merge patch clears the rest)."""
+    """``status.gang.startForecast`` for one forecast (every key present: a merge patch clears
+    the rest)."""
     return {
         "estimatedStartTime": _time(f.start),
         "latestStartTime": _time(f.latest),
@@ -82,8 +84,8 @@ def unknown(reason: str, now: float) -> dict[str, Any]:
 def forecast_blocks(
     now: float, jobs: Sequence[Mapping[str, Any]], world: World, default_gang: str
 ) -> dict[str, dict[str, Any]]:
-    """``status.queue`` of every waiting job, by ``ns/name``: native and unmanaged gangs on
-    the nodes, Kueue gangs in their ClusterQueues. A read that failed makes its jobs'
+    """``status.gang.startForecast`` of every waiting job, by ``ns/name``: native and unmanaged
+    gangs on the nodes, Kueue gangs in their ClusterQueues. A read that failed makes its jobs'
     forecasts Unknown with the reason, instead of silently absent."""
     out: dict[str, dict[str, Any]] = {}
     waiting = split_waiting(jobs, default_gang)
@@ -166,14 +168,18 @@ def _event(new: Mapping[str, Any]) -> Event:
     return Event("Normal", c.START_FORECAST, text[:1024])
 
 
-def _with_display(job: Mapping[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
-    """Add ``display`` to the patch where the ETA column would read differently."""
+def _with_display(job: Mapping[str, Any], forecast: dict[str, Any] | None) -> dict[str, Any]:
+    """The patch of ``status.gang.startForecast`` (``forecast``: a merge patch of it, None
+    deletes it), with ``display`` where the ETA column would read differently."""
     status = dict(job.get("status") or {})
-    if patch["queue"] is None:
-        status.pop("queue", None)
+    gang = dict(status.get("gang") or {})
+    if forecast is None:
+        gang.pop("startForecast", None)
     else:
-        merged = {**(status.get("queue") or {}), **patch["queue"]}
-        status["queue"] = {k: v for k, v in merged.items() if v is not None}
+        merged = {**(gang.get("startForecast") or {}), **forecast}
+        gang["startForecast"] = {k: v for k, v in merged.items() if v is not None}
+    status["gang"] = gang
+    patch: dict[str, Any] = {"gang": {"startForecast": forecast}}
     want = render_display(status)
     have = status.get("display") or {}
     if want.get("eta") != have.get("eta"):
@@ -208,7 +214,7 @@ def updates(
     for job in jobs:
         meta, status = job.get("metadata") or {}, job.get("status") or {}
         ns, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
-        old = status.get("queue") or {}
+        old = start_forecast(status)
         new = forecasts.get(key(job))
         if new is not None:
             if not old or _moved(old, new, now):
@@ -217,10 +223,10 @@ def updates(
                     or old.get("confidence") != new["confidence"]
                     or old.get("forecastErrorSeconds") is not None
                 )
-                patch = _with_display(job, {"queue": dict(new)})
+                patch = _with_display(job, dict(new))
                 out.append(QueueUpdate(ns, name, patch, event=_event(new) if news else None))
             elif (status.get("display") or {}).get("eta") != render_display(status).get("eta"):
-                out.append(QueueUpdate(ns, name, _with_display(job, {"queue": {}})))
+                out.append(QueueUpdate(ns, name, _with_display(job, {})))
             continue
         if not old or old.get("forecastErrorSeconds") is not None:
             continue
@@ -228,7 +234,8 @@ def updates(
         if status.get("phase") in STARTED_PHASES and estimate is not None:
             actual = _started_at(status, _epoch(old.get("computedAt")) or now, now)
             error = round(actual - estimate, 1)
-            patch = {"queue": {"forecastErrorSeconds": error}}
+            # The whole block: a status of the previous shape still has it in status.queue.
+            patch = {**old, "forecastErrorSeconds": error}
             word = "after" if error >= 0 else "before"
             event = Event(
                 "Normal",
@@ -238,5 +245,5 @@ def updates(
             )
             out.append(QueueUpdate(ns, name, _with_display(job, patch), error, event))
         elif status.get("phase") not in (None, c.PHASE_PENDING, c.PHASE_RESTARTING):
-            out.append(QueueUpdate(ns, name, _with_display(job, {"queue": None})))
+            out.append(QueueUpdate(ns, name, _with_display(job, None)))
     return out

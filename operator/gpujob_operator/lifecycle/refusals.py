@@ -250,7 +250,7 @@ def _kind(target: object) -> str:
 
 
 def denial_record(old: Mapping[str, Any] | None, refused: Refused | None) -> dict[str, str] | None:
-    """``status.admissionDenial`` after this pass's refusal: since when a webhook denies.
+    """``operatorState.admissionDenial`` after this pass's refusal: since when a webhook denies.
 
     The shell forgets its refusals on restart; this record does not, so the bounded retry of
     a webhook's denial (``spec.runPolicy.admissionRetrySeconds``) counts from the first
@@ -274,7 +274,7 @@ def denial_record(old: Mapping[str, Any] | None, refused: Refused | None) -> dic
 
 
 def backoff_record(refused: Refused) -> dict[str, Any]:
-    """``status.createBackoff`` for a refusal being retried: what :func:`resume` needs."""
+    """``operatorState.createBackoff`` for a refusal being retried: what :func:`resume` needs."""
     r = refused.refusal
     record: dict[str, Any] = {
         "tries": max(refused.tries, 1),
@@ -290,7 +290,7 @@ def backoff_record(refused: Refused) -> dict[str, Any]:
 
 
 def resume(record: Mapping[str, Any] | None) -> Refused | None:
-    """The refusal a ``status.createBackoff`` record describes, for a shell that forgot it
+    """The refusal a ``operatorState.createBackoff`` record describes, for a shell that forgot it
     (an operator restart): the same tries, grace start and next try. None if unreadable."""
     if not record:
         return None

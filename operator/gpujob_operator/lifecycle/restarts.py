@@ -11,12 +11,12 @@ torchrun's static rendezvous needs every rank, so one rank's end is the gang's:
   fails (BackoffLimitExceeded); a root-cause exit code outside ``retryableExitCodes`` (when
   set) fails it at once (NonRetryableExitCode).
 * a gang restart backs off: the next attempt's pods are created no earlier than
-  ``status.nextAttemptTime`` (10 s, 20 s, 40 s ... capped, like batch/v1 Job).
+  ``status.gang.nextAttemptTime`` (10 s, 20 s, 40 s ... capped, like batch/v1 Job).
 * a pod the cluster takes away (``DisruptionTarget``: preemption, eviction) restarts the gang
   without counting against ``backoffLimit``, as a batch/v1 Job's podFailurePolicy may.
 * a crash loop that makes no progress stops early: at
   ``maxRestartsWithoutProgress`` consecutive failed attempts that never passed the furthest
-  step reached before them (``status.furthestStepAtAttemptStart``, against
+  step reached before them (``status.operatorState.furthestStepAtAttemptStart``, against
   ``status.progress.furthestStep``), the job fails (NoProgressAcrossRestarts) before
   ``backoffLimit`` is spent. Disruptions neither count nor break the run of such attempts; an
   attempt that passes that step, failed or disrupted, resets it. A job whose ranks never
@@ -198,7 +198,7 @@ def attempt_progressed(pp: PlanningPass) -> bool | None:
     furthest = furthest_step(pp.old_status)
     if furthest is None:
         return None
-    baseline = pp.old_status.get("furthestStepAtAttemptStart")
+    baseline = pp.old_state.get("furthestStepAtAttemptStart")
     return furthest > (int(baseline) if isinstance(baseline, int) else 0)
 
 

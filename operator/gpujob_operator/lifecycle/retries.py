@@ -5,13 +5,14 @@ refusal does to the gang.
   shell) shows as the reason of Created/Running=False and a Warning Event, and is retried at
   its ``retry_at``; a permanent refusal fails the job, and so does an admission webhook's
   denial once it was retried for ``spec.runPolicy.admissionRetrySeconds`` (counted from the
-  first denial in a row, ``status.admissionDenial``, so an operator restart does not reset it).
-  The tries, the run's start and the next try are kept in ``status.createBackoff``: a shell
-  that forgot its refusal (an operator restart) goes on with it (:func:`.refusals.resume`).
+  first denial in a row, ``operatorState.admissionDenial``, so an operator restart does not
+  reset it). The tries, the run's start and the next try are kept in
+  ``operatorState.createBackoff``: a shell that forgot its refusal (an operator restart) goes
+  on with it (:func:`.refusals.resume`).
 * a gang is all or nothing: pods of an incomplete gang that is still refused after
   ``gang_grace_seconds`` are deleted, so a job waiting holds nothing.
 * no pod is created before a transient refusal's retry, else before the restart backoff's
-  ``status.nextAttemptTime``.
+  ``status.gang.nextAttemptTime``.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -27,7 +27,7 @@ from gpujob_operator.monitoring.analysis_settings import Settings
 from gpujob_operator.monitoring.computebound import compute_bound
 from gpujob_operator.monitoring.dataparallel import data_parallel_imbalance
 from gpujob_operator.monitoring.device import device_verdicts, gpu_summary, hardware_fault
-from gpujob_operator.monitoring.formatting import pct, sig4
+from gpujob_operator.monitoring.formatting import pct
 from gpujob_operator.monitoring.latency import step_latency
 from gpujob_operator.monitoring.mfu import job_mfu
 from gpujob_operator.monitoring.progress import (
@@ -84,23 +84,15 @@ class Analysis:
     """What progress remembers for the next evaluation (None: as it was handed in)."""
 
 
-def _latency(
-    rank_rows: Iterable[Sequence[array[float]]], progress: Mapping[str, Any]
-) -> dict[str, Any]:
-    """Step time quantiles and time per sample/token (status.progress fields)."""
+def _latency(rank_rows: Iterable[Sequence[array[float]]]) -> dict[str, Any]:
+    """Step time quantiles (status.progress fields); time per sample is computed where it is
+    shown, from the throughput."""
     out: dict[str, Any] = {}
     p50, p95 = step_latency(rank_rows)
     if p50 is not None:
         out["stepSecondsP50"] = round(p50, 4)
     if p95 is not None:
         out["stepSecondsP95"] = round(p95, 4)
-    for rate_key, key in (
-        ("samplesPerSecond", "secondsPerSample"),
-        ("tokensPerSecond", "secondsPerToken"),
-    ):
-        per_second = progress.get(rate_key)
-        if per_second:
-            out[key] = sig4(1.0 / per_second)
     return out
 
 
@@ -161,7 +153,7 @@ def analyze(
     mfu = job_mfu(series, ready, settings.peak_tflops)
     if ready:
         progress.update(mfu.to_progress())
-        progress.update(_latency(ready.values(), progress))
+        progress.update(_latency(ready.values()))
     if ready and stall is None:
         th = settings.thresholds
         steps = step_time_verdicts(window, ready, th)

@@ -4,7 +4,7 @@ HardwareFault (a new XID or uncorrected ECC error on any GPU) is judged on every
 MemoryPressure (the caching allocator's share of GPU memory, allocation retries, OOMs),
 Throttled (a GPU held below its clocks for the whole window) and GPUUnderutilized (a low
 median utilization that no other verdict explains) only once the ranks are past warm-up.
-`gpu_summary` is status.gpus: requested and observed GPUs, mean utilization, the fullest
+`gpu_summary` is status.gang.gpus: requested and observed GPUs, mean utilization, the fullest
 GPU's memory, and whether telemetry is available.
 """
 
@@ -48,7 +48,7 @@ from gpujob_trainer import contract
 
 MEMORY_CRITICAL_RATIO: Final = 0.98
 MAX_REASONS_SHOWN: Final = 5
-"""Distinct telemetry reasons status.gpus.telemetry names (each pod may send its own)."""
+"""Distinct telemetry reasons status.gang.gpus.telemetry names (each pod may send its own)."""
 
 
 def device_verdicts(
@@ -232,7 +232,8 @@ def _underutilized(window: Window, warm_t: float | None, bound: float) -> Verdic
 
 
 def gpu_summary(window: Window, settings: Settings, warm_t: float | None) -> dict[str, Any]:
-    """status.gpus (camelCase, matching api.GPUSummary), from the rows past warm-up when any."""
+    """status.gang.gpus (camelCase, matching api.GPUSummary), from the rows past warm-up when
+    any."""
     out: dict[str, Any] = {}
     if settings.gpus_requested:
         out["requested"] = settings.gpus_requested

@@ -297,8 +297,8 @@ def render_text(update: MonitorUpdate, out: TextIO, hung: HangReport | None = No
         rows.append(("eta", eta))
     if "stepSecondsP50" in p:
         latency = f"p50 {p['stepSecondsP50']:.3g}s, p95 {p.get('stepSecondsP95', 0):.3g}s"
-        if "secondsPerSample" in p:
-            latency += f"; {1000 * float(p['secondsPerSample']):.3g} ms per sample"
+        if p.get("samplesPerSecond"):
+            latency += f"; {1000 / float(p['samplesPerSecond']):.3g} ms per sample"
         rows.append(("step time", latency))
     if "mfu" in p:
         rows.append(

@@ -179,11 +179,20 @@ class JobMonitor:
         self._rejected = set()
         self.progress_memory = self.progress_memory.restarted()
 
-    def carry(self, progress: Mapping[str, Any] | None, attempt: int) -> None:
+    def carry(
+        self,
+        progress: Mapping[str, Any] | None,
+        attempt: int,
+        rate_since: Mapping[str, Any] | None = None,
+    ) -> None:
         """Go on from the job's status.progress in attempt `attempt`: the last known and the
-        furthest step, and the ETA's basis when it was taken in this attempt (so neither a
-        gang restart nor an operator restart drops the step to 0 or loses the furthest)."""
-        self.progress_memory = ProgressMemory.from_status(progress, attempt)
+        furthest step, and the ETA's basis (``operatorState.rateSince``) when it was taken in
+        this attempt (so neither a gang restart nor an operator restart drops the step to 0
+        or loses the furthest)."""
+        known = dict(progress or {})
+        if rate_since is not None:
+            known["rateSince"] = rate_since
+        self.progress_memory = ProgressMemory.from_status(known, attempt)
 
     def rank_gpus(self) -> dict[int, str]:
         """Each rank's CUDA device UUID, where its allocator series named one."""

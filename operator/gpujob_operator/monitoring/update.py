@@ -62,11 +62,14 @@ class MonitorUpdate:
     def status_patch(self, old_status: Mapping[str, Any] | None) -> dict[str, Any] | None:
         """A merge patch for status, or None when nothing changed meaningfully.
 
-        Removed keys are set to null; `conditions` (a list, replaced whole by a merge
+        It writes ``progress``, ``bottleneck``, ``gang.gpus``, the ETA's basis
+        (``operatorState.rateSince``), ``display`` and the conditions. Each part is written
+        whole (removed keys set to null); `conditions` (a list, replaced whole by a merge
         patch) is the old list with ours merged in; `display` follows the new values.
         Calling it counts as a write for the refresh timer.
         """
-        old = dict(old_status or {})
+        raw = dict(old_status or {})
+        old = _view(raw)
         new = dict(old)
         if self.progress:
             new["progress"] = self.progress
@@ -76,19 +79,53 @@ class MonitorUpdate:
             new["gpus"] = self.gpus
         when = datetime.fromtimestamp(self.now, UTC)
         new["conditions"] = c.merge_conditions(old.get("conditions"), self.conditions, when)
-        new["display"] = render_display(new)
+        progress, rate = _split(new.get("progress"))
+        display = render_display({**raw, "progress": progress, "bottleneck": new["bottleneck"]})
         meaningful = _meaningful(old, new)
         due = self.now - self._clock.last >= self.refresh_seconds
         if not meaningful and not (due and _differs(old, new)):
             return None
         self._clock.last = self.now
         patch: dict[str, Any] = {}
-        for key in ("progress", "bottleneck", "gpus", "display"):
-            if key in new and new[key] != old.get(key):
-                patch[key] = replacing_patch(old.get(key), new[key])
-        if new["conditions"] != old.get("conditions"):
+        for key, value in (
+            ("progress", progress),
+            ("bottleneck", new["bottleneck"]),
+            ("display", display),
+        ):
+            if value is not None and value != raw.get(key):
+                patch[key] = replacing_patch(raw.get(key), value)
+        old_gpus = (raw.get("gang") or {}).get("gpus")
+        if new["gpus"] is not None and new["gpus"] != old_gpus:
+            patch["gang"] = {"gpus": replacing_patch(old_gpus, new["gpus"])}
+        old_rate = (raw.get("operatorState") or {}).get("rateSince")
+        if self.progress and rate != old_rate:
+            patch["operatorState"] = {"rateSince": rate}
+        if new["conditions"] != raw.get("conditions"):
             patch["conditions"] = new["conditions"]
         return json_safe(patch) or None
+
+
+def _view(status: Mapping[str, Any]) -> dict[str, Any]:
+    """The parts of a status an update writes, side by side: progress with the ETA's basis in
+    it (as the analysis keeps it), the verdict, the GPUs, the conditions."""
+    progress = dict(status.get("progress") or {})
+    rate = (status.get("operatorState") or {}).get("rateSince")
+    if rate is not None:
+        progress["rateSince"] = rate
+    return {
+        "progress": progress or None,
+        "bottleneck": status.get("bottleneck"),
+        "gpus": (status.get("gang") or {}).get("gpus"),
+        "conditions": status.get("conditions"),
+    }
+
+
+def _split(progress: Mapping[str, Any] | None) -> tuple[dict[str, Any] | None, Any]:
+    """``status.progress`` and ``operatorState.rateSince`` of the analysis' progress."""
+    if progress is None:
+        return None, None
+    out = dict(progress)
+    return out, out.pop("rateSince", None)
 
 
 # ---- what counts as a change worth writing ------------------------------------------------

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from gpujob_operator.api.statusupgrade import is_legacy, upgrade
 from gpujob_operator.observability.opfamilies import (
     CONFIDENCES,
     LOST_CAUSES,
@@ -77,16 +78,19 @@ class JobSample:
     start_forecast_error: float | None = None
     goodput_ratio: float | None = None
     lost_gpu_seconds: Mapping[str, float] = field(default_factory=dict)
-    """GPU-seconds by lost cause (status.goodput.seconds x totalGPUs)."""
+    """GPU-seconds by lost cause (status.goodput.seconds x status.gang.gpus.requested)."""
     productive_gpu_seconds: float | None = None
 
     @classmethod
     def from_status(cls, status: Mapping[str, Any]) -> JobSample:
         """Read a wire-format (camelCase) status leniently: missing or odd values are absent."""
+        if is_legacy(status):  # written by the previous version, not moved yet
+            status = upgrade(status)
         progress = status.get("progress") or {}
         bottleneck = status.get("bottleneck") or {}
-        gpus = status.get("gpus") or {}
-        replicas = status.get("replicas") or {}
+        gang = status.get("gang") or {}
+        gpus = gang.get("gpus") or {}
+        replicas = gang.get("replicas") or {}
         ratio = None
         percent = _num(progress.get("percent"))
         if percent is not None:
@@ -102,7 +106,7 @@ class JobSample:
         verdict = bottleneck.get("verdict") if isinstance(bottleneck, Mapping) and running else None
         if isinstance(verdict, str) and verdict and verdict not in VERDICTS:
             verdict = VERDICT_OTHER
-        queue = status.get("queue") or {}
+        queue = gang.get("startForecast") or {}
         error = _num(queue.get("forecastErrorSeconds"))
         confidence = queue.get("confidence")
         forecast = (
@@ -110,7 +114,7 @@ class JobSample:
             if error is None and confidence in CONFIDENCES
             else None
         )
-        gpu_count = _num(status.get("totalGPUs", gpus.get("requested")))
+        gpu_count = _num(gpus.get("requested"))
         raw = status.get("goodput")
         ledger: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
         raw = ledger.get("seconds")
@@ -140,7 +144,7 @@ class JobSample:
             start_timestamp=_timestamp(status.get("startTime")),
             phase=phase if phase in PHASES else None,
             verdict=verdict if isinstance(verdict, str) and verdict else None,
-            restarts=_num(status.get("restarts")) or 0.0,
+            restarts=_num(gang.get("restarts")) or 0.0,
             metrics_available=None if available is None else float(available == "True"),
             stalled=float(stalled),
             gpus=gpu_count,

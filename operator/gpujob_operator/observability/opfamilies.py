@@ -91,7 +91,7 @@ JOB_VERDICT = Family(
     "1 for the running attempt's bottleneck verdict, else 0; absent unless the job runs.",
 )
 JOB_PHASE = Family("gpujob_job_phase", "1 for the job's current display phase, else 0.")
-JOB_RESTARTS = Family("gpujob_job_restarts_total", "Gang restarts so far (status.restarts).")
+JOB_RESTARTS = Family("gpujob_job_restarts_total", "Gang restarts so far (status.gang.restarts).")
 JOB_METRICS_AVAILABLE = Family(
     "gpujob_job_metrics_available",
     "1 while the operator can scrape the job's ranks (MetricsAvailable condition), else 0.",
@@ -107,8 +107,9 @@ JOB_GPU_UTILIZATION = Family(
 JOB_REPLICAS = Family("gpujob_job_replicas", "Pods of the current gang attempt by state.")
 JOB_START_FORECAST = Family(
     "gpujob_job_start_forecast_timestamp_seconds",
-    "Unix time a waiting job is forecast to start (status.queue.estimatedStartTime), by "
-    "confidence: Exact, or LowerBound when holders without an ETA could delay it.",
+    "Unix time a waiting job is forecast to start (status.gang.startForecast."
+    "estimatedStartTime), by confidence: Exact, or LowerBound when holders without an ETA "
+    "could delay it.",
     "seconds",
 )
 JOB_START_FORECAST_ERROR = Family(
@@ -125,12 +126,12 @@ JOB_GOODPUT = Family(
 JOB_LOST_GPU_SECONDS = Family(
     "gpujob_job_lost_gpu_seconds",
     "GPU-seconds of the job that made no kept step, by cause (queued, startup, restart, stall, "
-    "checkpoint, eval): status.goodput.seconds x totalGPUs.",
+    "checkpoint, eval): status.goodput.seconds x GPUs.",
     "seconds",
 )
 JOB_PRODUCTIVE_GPU_SECONDS = Family(
     "gpujob_job_productive_gpu_seconds",
-    "GPU-seconds of the job that made steps it kept (status.goodput.seconds x totalGPUs).",
+    "GPU-seconds of the job that made steps it kept (status.goodput.seconds x GPUs).",
     "seconds",
 )
 CONFIDENCES: Final = ("Exact", "LowerBound")

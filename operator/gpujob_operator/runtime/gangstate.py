@@ -19,6 +19,7 @@ from kubernetes.client.rest import ApiException
 
 from gpujob_operator import api
 from gpujob_operator.api import conditions as c
+from gpujob_operator.api.status import attempt_of
 from gpujob_operator.lifecycle import gang, observations
 from gpujob_operator.runtime.kube import Kube, api_reason
 
@@ -57,7 +58,7 @@ async def _observe(
         version = await served_version(kube)
         pod_group = None
         if version and status.get("phase") in (None, c.PHASE_PENDING, c.PHASE_RESTARTING):
-            attempt = int(status.get("attempt") or 0)
+            attempt = attempt_of(status)
             ref = gang.ObjectRef(
                 gang.SCHEDULING_GROUP, version, "podgroups", gang.pod_group_name(name, attempt)
             )

@@ -27,7 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import hang_configmap, hang_configmap_name
 from gpujob_operator.api.display import EVIDENCE_MARK, format_hang
-from gpujob_operator.api.status import stall_evidence, stalled_since
+from gpujob_operator.api.status import attempt_of, stall_evidence, stalled_since
 from gpujob_operator.monitoring import hang, hangdump, hangtext
 from gpujob_operator.monitoring.scrape_result import ScrapeTarget
 from gpujob_operator.runtime.kube import Fenced
@@ -70,7 +70,7 @@ async def capture(
     fetched = await scraper.fetch_all(asked, hangdump.MAX_BYTES)
     answers, report, data = await asyncio.to_thread(compare_and_render, asked, fetched, gpus)
     first = next((a for a in answers if report.culprits and a.rank == report.culprits[0]), None)
-    attempt = int((job.get("status") or {}).get("attempt") or 0)
+    attempt = attempt_of(job.get("status") or {})
     name, namespace = str(job["metadata"]["name"]), str(job["metadata"]["namespace"])
     cm: str | None = hang_configmap_name(name, attempt)
     why = None

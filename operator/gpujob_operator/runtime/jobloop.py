@@ -39,6 +39,7 @@ from gpujob_operator.api import children
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import job_uid, uid_of
 from gpujob_operator.api.patches import json_safe, minimal_patch
+from gpujob_operator.api.status import attempt_of
 from gpujob_operator.lifecycle import backoff, gangprobe, observations, planner, refusals
 from gpujob_operator.monitoring.scrape import Scraper
 from gpujob_operator.observability import opmetrics
@@ -105,7 +106,8 @@ class JobLoop:
     """The latest refused create of this job's gang or Service (None after a success)."""
     tried: bool = False
     """Whether this loop has tried a create: until then the planner resumes the backoff in
-    ``status.createBackoff`` (an operator restart), after it ``refused`` is the whole truth."""
+    ``operatorState.createBackoff`` (an operator restart), after it ``refused`` is the whole
+    truth."""
     failures: int = 0
     """Passes in a row that failed with an API error (the loop's own backoff)."""
     call: str = ""
@@ -191,7 +193,7 @@ class JobLoop:
         ns, name = meta["namespace"], meta["name"]
         pods = list(pods)
         observed = [observations.observe_pod(p) for p in pods]
-        attempt = int((job.get("status") or {}).get("attempt") or 0)
+        attempt = attempt_of(job.get("status") or {})
         for seen in observed:
             if seen.disruption:
                 self.gone[seen.name] = seen
@@ -240,7 +242,8 @@ class JobLoop:
             if not await self.kube.patch_object_status(ns, ref, obj_patch):
                 log.info("%s %s changed meanwhile; re-reading it", ref.plural, ref.name)
                 self.wake.set()
-        refused = await self._create(ns, name, plan, plan.status.get("createBackoff"))
+        record = (plan.status.get("operatorState") or {}).get("createBackoff")
+        refused = await self._create(ns, name, plan, record)
         if refused:
             self.wake.set()  # plan again at once, so that the status shows the refusal
         for ev in plan.events:

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import job_uid
-from gpujob_operator.api.status import stall_evidence
+from gpujob_operator.api.status import attempt_of, stall_evidence
+from gpujob_operator.api.statusupgrade import upgrade
 from gpujob_operator.monitoring.monitor import JobMonitor, exited_ranks, with_hang
 from gpujob_operator.monitoring.scrape_result import ErrorKind, ScrapeTarget
 from gpujob_operator.monitoring.verdict import STALLED
@@ -70,10 +71,12 @@ class MetricsTask:
         ):
             return None
         meta = job["metadata"]
-        identity = (int(meta.get("generation") or 0), int(status.get("attempt") or 0))
+        identity = (int(meta.get("generation") or 0), attempt_of(status))
         if self.monitor is None or self.monitored != identity:
             self.monitor = JobMonitor(spec, generation=identity[0])
-            self.monitor.carry(status.get("progress"), identity[1])
+            known = upgrade(status)  # a status of the previous shape reads the same
+            rate = (known.get("operatorState") or {}).get("rateSince")
+            self.monitor.carry(known.get("progress"), identity[1], rate)
             self.monitored = identity
         monitor = self.monitor
         interval = float((spec.get("monitoring") or {}).get("scrapeIntervalSeconds") or 15)
@@ -92,7 +95,7 @@ class MetricsTask:
             job = loop.freshest(loop.body)
             status = job.get("status") or {}
             meta = job["metadata"]
-            now_identity = (int(meta.get("generation") or 0), int(status.get("attempt") or 0))
+            now_identity = (int(meta.get("generation") or 0), attempt_of(status))
             if monitor is not self.monitor or now_identity != identity:
                 return interval  # the gang restarted (or the spec changed) meanwhile
             if status.get("phase") != c.PHASE_RUNNING:
@@ -143,7 +146,7 @@ class MetricsTask:
             log.exception("hang evidence of %s failed", job["metadata"].get("name"))
             summary = f"the evidence could not be taken: {type(e).__name__}: {str(e)[:300]}"
             record = {"stalledSince": since, "summary": summary, "note": summary}
-            record["attempt"] = int((job.get("status") or {}).get("attempt") or 0)
+            record["attempt"] = attempt_of(job.get("status") or {})
             METRICS.observe_hang_capture("unrecorded")
             loop.post_event(job, "Warning", c.HANG_EVIDENCE, summary)
             return record
@@ -163,7 +166,7 @@ class MetricsTask:
         async with loop.lock:
             job = loop.freshest(loop.body)
             status, meta = job.get("status") or {}, job["metadata"]
-            now_identity = (int(meta.get("generation") or 0), int(status.get("attempt") or 0))
+            now_identity = (int(meta.get("generation") or 0), attempt_of(status))
             if now_identity != identity or hangcapture.due(status) != record["stalledSince"]:
                 self.unwritten = None  # restarted, recovered or already recorded meanwhile
                 return

@@ -165,8 +165,8 @@ def build() -> dict[str, Any]:
             Panel(
                 "Waiting jobs: time to forecast start",
                 "Per waiting job, how long until enough GPUs are free for its whole gang "
-                "(status.queue): from the ETAs of the jobs that hold them. LowerBound: holders "
-                "without an ETA could make it later.",
+                "(status.gang.startForecast): from the ETAs of the jobs that hold them. "
+                "LowerBound: holders without an ETA could make it later.",
                 [
                     t(
                         f"{opfamilies.JOB_START_FORECAST.name}{{{NS_ANY}}} - time()",
