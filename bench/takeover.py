@@ -74,7 +74,7 @@ def one_round(
             active = op.active_pod()
             if active is not None and active != victim:
                 handover = now - t0
-        if recovery is None and int(status(kube, job).get("restarts") or 0) >= 1:
+        if recovery is None and int(status(kube, job).get("gang", {}).get("restarts") or 0) >= 1:
             recovery = now - t0
         time.sleep(0.2)
     final = wait_until(
@@ -95,7 +95,7 @@ def one_round(
         "handover_s": handover,
         "recovery_s": recovery,
         "phase": final.get("phase"),
-        "restarts": final.get("restarts"),
+        "restarts": final.get("gang", {}).get("restarts"),
         "pods_per_rank": census.per_rank_max,
     }
 

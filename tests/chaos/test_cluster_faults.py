@@ -28,7 +28,7 @@ def after_fault_job_runs(kube: Kube, pods: PodRecorder, ledger: Ledger, tmp_path
     kube.apply(shell_job("after", "print('after the fault')"))
     status = wait_job_phase(kube, "after", ("Succeeded", "Failed"), timeout=120)
     ledger.job_ended("after", "Succeeded", status.get("phase"))
-    assert status["phase"] == "Succeeded" and status["restarts"] == 0, status
+    assert status["phase"] == "Succeeded" and status["gang"]["restarts"] == 0, status
     assert len(pods.created("after")) == 2
 
 
@@ -56,7 +56,7 @@ def test_control_plane_component_restarts_mid_job(
 
     status = wait_job_phase(kube, "steady", ("Succeeded", "Failed"), timeout=180)
     ledger.job_ended("steady", "Succeeded", status.get("phase"))
-    assert status["phase"] == "Succeeded" and status["restarts"] == 0, status
+    assert status["phase"] == "Succeeded" and status["gang"]["restarts"] == 0, status
     assert op.alive(), f"the operator died: {op.proc.log_tail() if op.proc else ''}"
     after_fault_job_runs(kube, pods, ledger, tmp_path)
     assert sorted((p.attempt, p.rank) for p in pods.created("steady")) == [(0, 0), (0, 1)]
@@ -86,7 +86,11 @@ def test_node_agent_killed_with_its_pods_and_brought_back(
     # The restarted agent reports the lost pods Failed; the gang restarts once, then runs.
     wait_until(
         lambda: (
-            (s := kube.get("gputrainingjob", "lost") or {}).get("status", {}).get("restarts") == 1
+            (s := kube.get("gputrainingjob", "lost") or {})
+            .get("status", {})
+            .get("gang", {})
+            .get("restarts")
+            == 1
             and s["status"].get("phase") == "Running"
             and s
         ),
@@ -97,7 +101,7 @@ def test_node_agent_killed_with_its_pods_and_brought_back(
     status = wait_job_phase(kube, "lost", ("Succeeded", "Failed"), timeout=180)
     ledger.job_ended("lost", "Succeeded", status.get("phase"))
     assert status["phase"] == "Succeeded", status
-    assert status["restarts"] == 1 and status["attempt"] == 1, status
+    assert status["gang"]["restarts"] == 1 and status["gang"]["attempt"] == 1, status
     created = sorted((p.attempt, p.rank) for p in pods.created("lost"))
     assert created == [(0, 0), (0, 1), (1, 0), (1, 1)], created
     assert not pods.violations, pods.violations

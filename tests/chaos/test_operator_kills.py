@@ -53,7 +53,7 @@ def test_operator_killed_at_a_gang_restart_boundary(
         )
     )
     status = wait_job_phase(kube, name, ("Running",), timeout=120)
-    assert status["attempt"] == 0 and status["restarts"] == 0, status
+    assert status["gang"]["attempt"] == 0 and status["gang"]["restarts"] == 0, status
 
     # Hand the job to an operator armed with the fault; it must be idle until rank 1 fails.
     op.kill()
@@ -71,7 +71,7 @@ def test_operator_killed_at_a_gang_restart_boundary(
     # Where exactly did it die? The API shows the half-done restart.
     status = job_status(kube, name)
     left = live_pods(kube, name)
-    assert status["restarts"] == 1 and status["attempt"] == 1, status
+    assert status["gang"]["restarts"] == 1 and status["gang"]["attempt"] == 1, status
     if boundary == "after-status-write":
         assert not [p for p in left if p["metadata"].get("deletionTimestamp")], left
     if boundary == "between-pod-deletes":
@@ -92,7 +92,7 @@ def test_operator_killed_at_a_gang_restart_boundary(
     status = wait_job_phase(kube, name, ("Succeeded", "Failed"), timeout=180)
     ledger.job_ended(name, "Succeeded", status.get("phase"))
     assert status["phase"] == "Succeeded", status
-    assert status["restarts"] == 1 and status["attempt"] == 1, status
+    assert status["gang"]["restarts"] == 1 and status["gang"]["attempt"] == 1, status
     final = live_pods(kube, name)
     assert {p["metadata"]["labels"]["gpujob.dev/attempt"] for p in final} == {"1"}, final
     wait_until(lambda: len(pods.created(name)) >= 4, 10, "the recorder to see 4 pods")
@@ -131,7 +131,7 @@ def test_operator_killed_while_taking_hang_evidence_restarts_the_hung_gang_once(
     assert code == EXIT_CODE
     ledger.inject("operator killed before-evidence-record (hung rank 1)")
     status = job_status(kube, name)
-    assert status["restarts"] == 0 and "hangEvidence" not in status, status
+    assert status["gang"]["restarts"] == 0 and "hangEvidence" not in status, status
     # What it wrote before dying is there to read.
     data = kube.run("get", "configmap", f"{name}-hang-0", "-o", "jsonpath={.data}", check=True)
     assert "rank 1 (pod hung-node-1" in data.stdout
@@ -139,7 +139,7 @@ def test_operator_killed_while_taking_hang_evidence_restarts_the_hung_gang_once(
     op.start()
     status = wait_job_phase(kube, name, ("Failed",), timeout=300)
     ledger.job_ended(name, "Failed", status.get("phase"))
-    assert status["restarts"] == 1, status
+    assert status["gang"]["restarts"] == 1, status
     assert status["failure"]["reason"] == "Stalled" and status["failure"]["attempt"] == 1
     ev = status["hangEvidence"]
     assert ev["attempt"] == 1 and ev["culprits"] == [1], ev

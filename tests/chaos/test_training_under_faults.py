@@ -79,7 +79,7 @@ def test_training_progress_survives_control_plane_restarts(
             fault.survived = True  # settled here: a later fault's failure is not this one's
     status = wait_job_phase(kube, name, ("Succeeded", "Failed"), timeout=300)
     ledger.job_ended(name, "Succeeded", status.get("phase"))
-    assert status["phase"] == "Succeeded" and status["restarts"] == 0, status
+    assert status["phase"] == "Succeeded" and status["gang"]["restarts"] == 0, status
     assert status["progress"]["step"] == STEPS and status["progress"]["percent"] == 100.0
     assert sorted((p.attempt, p.rank) for p in pods.created(name)) == [(0, 0), (0, 1)]
     assert op.alive()

@@ -99,7 +99,7 @@ def test_a_relist_that_lost_the_old_gangs_deletes_does_not_stall_the_restart(
         status = wait_job_phase(kube, "relist", ("Succeeded", "Failed"), timeout=300)
         ledger.job_ended("relist", "Succeeded", status.get("phase"))
         assert status["phase"] == "Succeeded", (status, op.proc.log_tail(60) if op.proc else "")
-        assert status["restarts"] == 1, status
+        assert status["gang"]["restarts"] == 1, status
         assert ghosts(op) >= 1, "the scenario left no ghost in the index: it proved nothing"
         assert not op.tracebacks(), op.tracebacks()[0]
     finally:

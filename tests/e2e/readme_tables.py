@@ -52,8 +52,6 @@ def trainer_metrics() -> str:
 
 FULL_STATUS: Final = {
     "phase": "Running",
-    "restarts": 1,
-    "totalGPUs": 16,
     "startTime": "2026-01-01T00:00:00Z",
     "conditions": [
         {"type": "MetricsAvailable", "status": "True"},
@@ -73,15 +71,23 @@ FULL_STATUS: Final = {
         "lastStepTime": "2026-01-01T00:01:00Z",
     },
     "bottleneck": {"verdict": "InputBound"},
-    "gpus": {"meanUtilizationRatio": 0.5},
-    "replicas": {"desired": 2, "pending": 0, "running": 2, "succeeded": 0, "failed": 0},
-    "queue": {"estimatedStartTime": "2026-01-01T00:00:05Z", "forecastErrorSeconds": -5.0},
+    "gang": {
+        "restarts": 1,
+        "gpus": {"requested": 16, "meanUtilizationRatio": 0.5},
+        "replicas": {"desired": 2, "pending": 0, "running": 2, "succeeded": 0, "failed": 0},
+        "startForecast": {
+            "estimatedStartTime": "2026-01-01T00:00:05Z",
+            "forecastErrorSeconds": -5.0,
+        },
+    },
     "goodput": {"ratio": 0.5, "seconds": {"queued": 30.0, "restart": 30.0, "productive": 60.0}},
 }
 """A status with every field the operator's job series read."""
 WAITING_STATUS: Final = {
     "phase": "Pending",
-    "queue": {"estimatedStartTime": "2026-01-01T02:00:00Z", "confidence": "Exact"},
+    "gang": {
+        "startForecast": {"estimatedStartTime": "2026-01-01T02:00:00Z", "confidence": "Exact"}
+    },
 }
 """A waiting job's: the start forecast, which a started job no longer has."""
 

@@ -322,7 +322,7 @@ def user_flow_with_operator(kube: Kube, user: User, tmp_path: Path) -> None:
     )
     assert conds["Running"]["status"] == "False"
     assert "Failed" not in conds or conds["Failed"]["status"] == "False"
-    assert status["replicas"] == {
+    assert status["gang"]["replicas"] == {
         "desired": 2,
         "created": 2,
         "pending": 0,
@@ -330,18 +330,19 @@ def user_flow_with_operator(kube: Kube, user: User, tmp_path: Path) -> None:
         "succeeded": 2,
         "failed": 0,
     }
-    assert status["restarts"] == 0 and status["totalGPUs"] == 0
+    assert status["gang"]["restarts"] == 0 and status["gang"]["gpus"]["requested"] == 0
     progress = status["progress"]
     assert progress["step"] == progress["totalSteps"] == TOTAL_STEPS, progress
     assert progress["percent"] == 100
     assert progress["samplesPerSecond"] > 0 and "loss" in progress
     assert status["startTime"] <= status["completionTime"]
-    assert status["gpus"]["telemetry"].startswith("Unavailable"), status["gpus"]
+    gpus = status["gang"]["gpus"]
+    assert gpus["telemetry"].startswith("Unavailable"), gpus
     # a finished job's columns: its progress and the share of its GPU time that made steps
     assert set(status["display"]) == {"progress", "goodput"}, status["display"]
     assert status["display"]["progress"] == "100.0%"
     assert re.fullmatch(r"\d{1,3}\.\d%", status["display"]["goodput"]), status["display"]
-    assert 0 < status["goodput"]["ratio"] <= 1 and status["summary"]["steps"] == TOTAL_STEPS
+    assert 0 < status["goodput"]["ratio"] <= 1 and status["goodput"]["gpuHours"] == 0
 
     described = user.run(c.DESCRIBE)
     assert re.search(rf"^Name:\s+{c.JOB}$", described, re.M), described

@@ -93,7 +93,7 @@ def run_job_to_success(kube: Kube, jobs_ns: str, release: Release) -> None:
         admin.apply(two_node_job("hello"))
         status = wait_job_phase(admin, "hello", ("Succeeded", "Failed"), timeout=120)
         assert status["phase"] == "Succeeded", status
-        assert status["replicas"]["succeeded"] == 2
+        assert status["gang"]["replicas"]["succeeded"] == 2
         events = wait_until(
             lambda: [
                 e["reason"]

@@ -203,7 +203,7 @@ def test_kueue_preemption_is_a_reason_and_the_job_resumes(
     status = job_status(kkube, victim)
     assert status["phase"] == "Pending", status  # a reason, not a failure
     assert running_cond(kkube, victim)["reason"] in ("Preempted", "Queued")
-    assert status.get("restarts", 0) == 0 and "failure" not in status
+    assert status.get("gang", {}).get("restarts", 0) == 0 and "failure" not in status
     wait_until(lambda: not pods_of(kkube, victim), 60, f"{victim}'s pods deleted")
 
     (tmp_path / "high").touch()

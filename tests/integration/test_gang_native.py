@@ -216,7 +216,7 @@ def test_a_rank_preempted_by_the_scheduler_restarts_the_gang_as_preempted(
             90,
             "the victim preempted",
         )
-        assert status["restarts"] == 0 and status["phase"] != "Failed", status
+        assert status["gang"]["restarts"] == 0 and status["phase"] != "Failed", status
         for rank in (0, 1):
             (marker.parent / f"{marker.name}{rank}").touch()
         final = wait_until(
@@ -226,7 +226,7 @@ def test_a_rank_preempted_by_the_scheduler_restarts_the_gang_as_preempted(
             120,
             "the victim to finish",
         )
-        assert final["phase"] == "Succeeded" and final["restarts"] == 0, final
+        assert final["phase"] == "Succeeded" and final["gang"]["restarts"] == 0, final
         assert final["gang"]["preemptions"] >= 1, final
         reasons = [
             e["reason"]

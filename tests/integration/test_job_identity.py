@@ -56,11 +56,11 @@ def test_a_job_deleted_and_applied_again_at_once_runs_its_own_pods(
         "the re-applied job",
     )
     status = wait_job_phase(kube, "rerun", ("Succeeded", "Failed"), timeout=120)
-    assert status["phase"] == "Succeeded" and status["restarts"] == 0, status
+    assert status["phase"] == "Succeeded" and status["gang"]["restarts"] == 0, status
     pods = job_pods(kube, "rerun")
     assert owners(pods) == {new_uid}, "the new job was judged on pods it did not create"
     assert all("v2" in cmd for cmd in commands(pods)), commands(pods)
-    assert status["replicas"]["succeeded"] == 2
+    assert status["gang"]["replicas"]["succeeded"] == 2
 
 
 def test_a_pod_orphaned_by_the_old_job_is_never_adopted(
@@ -82,15 +82,17 @@ def test_a_pod_orphaned_by_the_old_job_is_never_adopted(
         return s if running.get("reason") == "PodNameTaken" else None
 
     status = wait_until(blocked, 60, "the new job to wait for the orphans' names")
-    assert status["phase"] == "Pending" and status["restarts"] == 0, status
-    assert status["replicas"]["created"] == 0 and status["replicas"]["succeeded"] == 0
+    assert status["phase"] == "Pending" and status["gang"]["restarts"] == 0, status
+    assert (
+        status["gang"]["replicas"]["created"] == 0 and status["gang"]["replicas"]["succeeded"] == 0
+    )
     running = next(c for c in status["conditions"] if c["type"] == "Running")
     assert "orphans-node-0" in running["message"] and "orphaned" in running["message"]
     assert "PodNameTaken" in wait_until(lambda: events(kube, "orphans"), 30, "events")
     # The user removes the orphans; the job then runs pods of its own.
     kube.run("delete", "pods", "-l", "gpujob.dev/job-name=orphans", check=True)
     status = wait_job_phase(kube, "orphans", ("Succeeded", "Failed"), timeout=120)
-    assert status["phase"] == "Succeeded" and status["restarts"] == 0, status
+    assert status["phase"] == "Succeeded" and status["gang"]["restarts"] == 0, status
     uid = kube.get("gputrainingjob", "orphans")["metadata"]["uid"]  # type: ignore[index]
     pods = job_pods(kube, "orphans")
     assert owners(pods) == {uid} and all("v2" in cmd for cmd in commands(pods))
@@ -194,11 +196,11 @@ def test_dead_endpoints_of_one_job_never_delay_another_jobs_restart(
         wait_until(failed, 60, "the crash job's rank to fail")
         # Handled at once: a restart waiting behind the deaf job's scrapes would take minutes.
         status = wait_until(
-            lambda: (s := job_status(kube, "crash")).get("restarts", 0) >= 1 and s,
+            lambda: (s := job_status(kube, "crash")).get("gang", {}).get("restarts", 0) >= 1 and s,
             20,
             "the crash job's gang restart",
         )
-        assert status["restarts"] == 1, status
+        assert status["gang"]["restarts"] == 1, status
         assert job_status(kube, "deaf")["phase"] == "Running"
     finally:
         op.stop()

@@ -53,7 +53,7 @@ def test_sigkill_of_the_active_replica_mid_job_hands_over_once(
     status = wait_job_phase(kube, "ha-kill", ("Succeeded", "Failed"), timeout=300)
     census.stop()
     assert status["phase"] == "Succeeded", (status, ha.logs())
-    assert status["restarts"] == 1, (status, ha.logs(), ha.logs(previous=True))
+    assert status["gang"]["restarts"] == 1, (status, ha.logs(), ha.logs(previous=True))
     assert census.per_rank_max == 1 and census.max_live <= 2, vars(census)
     assert len(census.uids) == 4, census.uids  # two attempts x two ranks, nothing more
     # The killed container was restarted by its pod (restartPolicy Always) and stands by.
@@ -75,7 +75,7 @@ def test_deleting_the_active_replicas_pod_mid_job_hands_over_once(
     status = wait_job_phase(kube, "ha-delete", ("Succeeded", "Failed"), timeout=300)
     census.stop()
     assert status["phase"] == "Succeeded", (status, ha.logs())
-    assert status["restarts"] == 1, (status, ha.logs())
+    assert status["gang"]["restarts"] == 1, (status, ha.logs())
     assert census.per_rank_max == 1 and len(census.uids) == 4, vars(census)
     assert victim not in {p["metadata"]["name"] for p in ha.pods()}
     ha.wait_available()  # the Deployment replaced the deleted replica
@@ -97,6 +97,6 @@ def test_helm_upgrade_mid_job_rolls_the_replicas_without_a_restart(
     status = wait_job_phase(kube, "ha-upgrade", ("Succeeded", "Failed"), timeout=300)
     census.stop()
     assert status["phase"] == "Succeeded", (status, ha.logs())
-    assert status["restarts"] == 0, status
+    assert status["gang"]["restarts"] == 0, status
     assert census.per_rank_max == 1 and len(census.uids) == 2, vars(census)
     assert not ha.rbac_denials(), ha.logs()

@@ -40,7 +40,7 @@ def test_job_succeeds_with_the_torchrun_env_contract(kube: Kube, operator: Opera
     kube.apply(job("ok", script))
     status = wait_job_phase(kube, "ok", ("Succeeded", "Failed"))
     assert status["phase"] == "Succeeded", status
-    assert status["replicas"]["succeeded"] == 2 and status["restarts"] == 0
+    assert status["gang"]["replicas"]["succeeded"] == 2 and status["gang"]["restarts"] == 0
     assert status.get("completionTime") and status.get("startTime")
     svc = kube.get("service", "ok")
     assert svc is not None and svc["spec"]["clusterIP"] == "None"
@@ -113,7 +113,7 @@ def test_failed_rank_restarts_the_whole_gang(
     kube.apply(job("retry", script, runPolicy={"backoffLimit": 2}))
     status = wait_job_phase(kube, "retry", ("Succeeded", "Failed"), timeout=120)
     assert status["phase"] == "Succeeded", status
-    assert status["restarts"] == 1
+    assert status["gang"]["restarts"] == 1
     pods = job_pods(kube, "retry")
     assert {p["metadata"]["labels"]["gpujob.dev/attempt"] for p in pods} == {"1"}
     assert "GangRestart" in events(kube, "retry")
@@ -165,7 +165,7 @@ def test_an_evicted_pod_restarts_the_gang_as_a_disruption_not_a_failure(
     )
     status = wait_job_phase(kube, "evicted", ("Succeeded", "Failed"), timeout=120)
     assert status["phase"] == "Succeeded", status
-    assert status["restarts"] == 0 and status["gang"]["preemptions"] == 1, status
+    assert status["gang"]["restarts"] == 0 and status["gang"]["preemptions"] == 1, status
     reasons = events(kube, "evicted")
     assert "Evicted" in reasons and "GangRestart" not in reasons, reasons
 
@@ -179,7 +179,7 @@ def test_backoff_limit_fails_with_the_root_cause(kube: Kube, operator: OperatorP
     """
     kube.apply(job("doomed", script, runPolicy={"backoffLimit": 1}))
     status = wait_job_phase(kube, "doomed", ("Failed",), timeout=120)
-    assert status["restarts"] == 1
+    assert status["gang"]["restarts"] == 1
     failure = status["failure"]
     assert (
         failure["pod"] == "doomed-node-1"
@@ -210,7 +210,7 @@ def test_non_retryable_exit_code_fails_at_once(kube: Kube, operator: OperatorPro
         )
     )
     status = wait_job_phase(kube, "fatal", ("Failed",), timeout=60)
-    assert status["restarts"] == 0
+    assert status["gang"]["restarts"] == 0
     assert (
         next(c for c in status["conditions"] if c["type"] == "Failed")["reason"]
         == "NonRetryableExitCode"
@@ -241,7 +241,7 @@ def test_suspend_stops_pods_and_resume_starts_them(kube: Kube, operator: Operato
         check=True,
     )
     status = wait_job_phase(kube, "pausable", ("Running",), timeout=60)
-    assert status["restarts"] == 0
+    assert status["gang"]["restarts"] == 0
     assert len(job_pods(kube, "pausable")) == 2
     reasons = events(kube, "pausable")
     assert "Suspended" in reasons and "Resumed" in reasons
@@ -332,7 +332,7 @@ def test_operator_killed_at_a_write_boundary_of_a_gang_restart_counts_it_once(
     code = faulty.wait_exit(120)
     assert code == faults.EXIT_CODE, f"{boundary}: exited {code}: {faulty.log_tail()}"
     assert f"exiting at {boundary}" in faulty.log_path.read_text()
-    assert job_status(kube, "survivor")["restarts"] == 1, "the restart was written first"
+    assert job_status(kube, "survivor")["gang"]["restarts"] == 1, "the restart was written first"
 
     fresh = OperatorProcess(operator.kubeconfig, operator.namespaces, tmp_path / "fresh.log")
     fresh.start()
@@ -351,7 +351,7 @@ def test_operator_killed_at_a_write_boundary_of_a_gang_restart_counts_it_once(
         release.write_text("go")
         status = wait_job_phase(kube, "survivor", ("Succeeded", "Failed"), timeout=90)
         assert status["phase"] == "Succeeded", status
-        assert status["restarts"] == 1 and status["attempt"] == 1
+        assert status["gang"]["restarts"] == 1 and status["gang"]["attempt"] == 1
         pods = job_pods(kube, "survivor")
         names = [p["metadata"]["name"] for p in pods]
         assert sorted(names) == ["survivor-node-0", "survivor-node-1"], names

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gpujob_operator.api.conditions import parse_time
+from gpujob_operator.api.status import attempt_of
 from tests.integration.conftest import job_status
 from tests.integration.test_progress_verdicts import job_events, trainer_job
 from tests.support.jobs import REPO
@@ -47,10 +48,10 @@ def test_a_crash_at_60_percent_resumes_from_the_checkpoint_with_true_progress(
         return status if status.get("phase") in ("Succeeded", "Failed") else None
 
     final = wait_until(finished, 540, "the resumed job to finish", interval=0.5)
-    assert final["phase"] == "Succeeded" and final["restarts"] == 1, final.get("failure")
-    assert final["attempt"] == 1
+    assert final["phase"] == "Succeeded" and final["gang"]["restarts"] == 1, final.get("failure")
+    assert final["gang"]["attempt"] == 1
 
-    first = [s for s in seen if s.get("attempt", 0) == 0 and (s.get("progress") or {}).get("step")]
+    first = [s for s in seen if attempt_of(s) == 0 and (s.get("progress") or {}).get("step")]
     assert first, "attempt 0's progress was seen"
     reached = max(s["progress"]["step"] for s in first)
     assert FAIL_AT - 2 * EVERY <= reached <= FAIL_AT + 1, reached
@@ -59,8 +60,8 @@ def test_a_crash_at_60_percent_resumes_from_the_checkpoint_with_true_progress(
     resumed = progress["resumedFromStep"]
     assert resumed % EVERY == 0 and FAIL_AT - 2 * EVERY <= resumed <= FAIL_AT, progress
     assert progress["furthestStep"] == STEPS and progress["step"] == STEPS
-    assert final["furthestStepAtAttemptStart"] == reached
-    assert "restartsWithoutProgress" not in final, "attempt 0 made progress"
+    assert final["operatorState"]["furthestStepAtAttemptStart"] == reached
+    assert "attemptsWithoutProgress" not in final["operatorState"], "attempt 0 made progress"
 
     # While the gang restarts: no ETA, a reason, the last step kept (not 0).
     restarting = [s for s in seen if s.get("phase") == "Restarting"]
@@ -74,7 +75,7 @@ def test_a_crash_at_60_percent_resumes_from_the_checkpoint_with_true_progress(
 
     # The new attempt: the last known step until its first step, then never below the resume
     # point; never 0; the furthest step kept.
-    second = [s for s in seen if s.get("attempt") == 1 and s.get("progress")]
+    second = [s for s in seen if attempt_of(s) == 1 and s.get("progress")]
     steps = [s["progress"]["step"] for s in second]
     stepped = next(i for i, step in enumerate(steps) if step > resumed and step != reached)
     assert set(steps[:stepped]) <= {reached}, steps
@@ -103,7 +104,4 @@ def test_a_crash_at_60_percent_resumes_from_the_checkpoint_with_true_progress(
     assert goodput["seconds"]["restart"] >= 1.0, goodput  # at least the restart's backoff
     assert goodput["seconds"]["productive"] > 0 and 0 < goodput["ratio"] < 1, goodput
     assert goodput["seconds"]["startup"] > 0, goodput  # attempt 0's pods to its first step
-    summary = final["summary"]
-    assert abs(summary["goodputRatio"] - goodput["ratio"]) < 1e-3 and summary["restarts"] == 1, (
-        summary
-    )
+    assert goodput["gpuHours"] >= goodput["lostGPUHours"] >= 0, goodput

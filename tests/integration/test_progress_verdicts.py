@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from gpujob_operator.api.conditions import parse_time
 from tests.integration.conftest import job_status
 from tests.support.jobs import example_job
 from tests.support.kube import GET_COLUMNS, Kube
@@ -84,13 +85,13 @@ def test_healthy_job_climbs_to_100_percent_without_a_warning(
     assert status["progress"]["step"] == 120 and status["progress"]["totalSteps"] == 120
     metrics = next(c for c in status["conditions"] if c["type"] == "MetricsAvailable")
     assert metrics["status"] == "True", metrics  # ranks exiting at the end are no fault
-    # A finished job keeps its story: the goodput ledger, closed, and the summary.
-    goodput, summary = status["goodput"], status["summary"]
-    assert 0 < goodput["ratio"] <= 1 and "cause" not in goodput, goodput
-    assert goodput["seconds"]["productive"] > 0 and goodput["stage"] == "Stepped", goodput
-    assert summary["goodputRatio"] == goodput["ratio"] and summary["wallSeconds"] > 0, summary
-    assert summary.get("meanSamplesPerSecond", 0) > 0, summary
-    assert all(v["verdict"] in ("Healthy", "ComputeBound") for v in summary.get("verdicts", []))
+    # A finished job keeps its story: the goodput ledger, closed, with what the run was like.
+    goodput, cursor = status["goodput"], status["operatorState"]["goodput"]
+    assert 0 < goodput["ratio"] <= 1 and "cause" not in cursor, cursor
+    assert goodput["seconds"]["productive"] > 0 and cursor["stage"] == "Stepped", cursor
+    assert parse_time(status["completionTime"]) > parse_time(goodput["since"]), goodput
+    assert goodput.get("meanSamplesPerSecond", 0) > 0, goodput
+    assert all(v["verdict"] in ("Healthy", "ComputeBound") for v in goodput.get("verdicts", []))
 
 
 def test_slow_input_is_published_as_input_bound_with_its_evidence(
@@ -171,7 +172,7 @@ def test_long_first_step_checkpoints_and_evaluations_are_not_stalled(
         return status if status.get("phase") in ("Succeeded", "Failed") else None
 
     status = wait_until(finished, 600, "the busy job to finish", interval=0.5)
-    assert status["phase"] == "Succeeded" and status["restarts"] == 0, status
+    assert status["phase"] == "Succeeded" and status["gang"]["restarts"] == 0, status
     # the rules were exercised, not dodged: start-up, busy ranks and the end were all seen
     assert {"StartingUp", "RanksBusy", "RanksFinished"} <= reasons, reasons
     names = [e["reason"] for e in job_events(kube, "busy")]
@@ -190,12 +191,12 @@ def test_hung_rank_is_stalled_and_restart_on_stall_restarts_the_gang(
 
     def restarted() -> dict[str, Any] | None:
         status = job_status(kube, "hung")
-        return status if status.get("restarts", 0) >= 1 else None
+        return status if status.get("gang", {}).get("restarts", 0) >= 1 else None
 
     status = wait_until(restarted, 300, "a gang restart", interval=0.5)
     # Caused by the stall, and only once two scrapes confirmed it: the planner copies the
     # StallConfirmed condition's message into status.failure when it restarts for it.
-    assert status["restarts"] == 1
+    assert status["gang"]["restarts"] == 1
     assert status["failure"]["reason"] == "Stalled", status["failure"]
     message = status["failure"]["message"]
     assert "no rank finished a step" in message and "consecutive scrapes" in message, message
@@ -209,7 +210,7 @@ def test_hung_rank_is_stalled_and_restart_on_stall_restarts_the_gang(
         300,
         "the job to fail",
     )
-    assert final["restarts"] == 1, "one stall per attempt, each counted once"
+    assert final["gang"]["restarts"] == 1, "one stall per attempt, each counted once"
     failed = next(c for c in final["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "BackoffLimitExceeded", failed
     assert final["failure"]["reason"] == "Stalled" and final["failure"]["attempt"] == 1

@@ -84,7 +84,7 @@ def test_quota_too_small_for_the_gang_holds_nothing_and_runs_once_raised(
     assert "requested: requests.nvidia.com/gpu=4" in cond["message"], cond
     assert condition(kube, "tight", c.RUNNING)["reason"] == c.QUOTA_EXCEEDED
     status = job_status(kube, "tight")
-    assert status["phase"] == "Pending" and status.get("nextAttemptTime")
+    assert status["phase"] == "Pending" and status.get("gang", {}).get("nextAttemptTime")
     events = wait_until(
         lambda: [e for e in warnings(kube, "tight") if e["reason"] == c.QUOTA_EXCEEDED],
         30,
@@ -105,7 +105,7 @@ def test_quota_too_small_for_the_gang_holds_nothing_and_runs_once_raised(
     status = wait_job_phase(kube, "tight", ("Succeeded", "Failed"), timeout=120)
     assert status["phase"] == "Succeeded", status
     assert condition(kube, "tight", c.CREATED)["reason"] == c.PODS_CREATED
-    assert "nextAttemptTime" not in status
+    assert "nextAttemptTime" not in status["gang"]
     assert fast_operator.proc is not None and fast_operator.proc.poll() is None
     no_tracebacks(fast_operator)
 
@@ -146,7 +146,7 @@ def test_a_partial_gang_is_deleted_after_the_grace(kube: Kube, crd: Path, tmp_pa
             return sorted(events, key=event_time)
 
         def cycled() -> bool:
-            record = job_status(kube, "half").get("createBackoff")
+            record = job_status(kube, "half").get("operatorState", {}).get("createBackoff")
             if record:
                 records.setdefault(record["tries"], record)
             # Created and released again, not only once; and tries up to the cap.
@@ -188,11 +188,11 @@ def test_a_partial_gang_is_deleted_after_the_grace(kube: Kube, crd: Path, tmp_pa
             "the quota raised to 2 pods",
         )
         status = wait_job_phase(kube, "half", ("Running",), timeout=90)
-        assert status["replicas"]["running"] == 2, status
+        assert status["gang"]["replicas"]["running"] == 2, status
         wait_until(
-            lambda: "createBackoff" not in job_status(kube, "half"),
+            lambda: "createBackoff" not in job_status(kube, "half").get("operatorState", {}),
             30,
-            "status.createBackoff cleared",
+            "status.operatorState.createBackoff cleared",
         )
         assert cond_reason(kube, "half", c.CREATED) == c.PODS_CREATED
         no_tracebacks(op)
@@ -326,20 +326,22 @@ def test_gang_restarts_back_off_and_status_says_when(
     kube.apply(job("blip", script, runPolicy={"backoffLimit": 2}))
     waiting = wait_until(
         lambda: (
-            (s := job_status(kube, "blip")).get("restarts") == 1 and s.get("nextAttemptTime") and s
+            (s := job_status(kube, "blip")).get("gang", {}).get("restarts") == 1
+            and s.get("gang", {}).get("nextAttemptTime")
+            and s
         ),
         60,
         "the restart with a nextAttemptTime",
     )
     restarting = c.find(waiting["conditions"], c.RESTARTING) or {}
     restarted_at = c.parse_time(restarting.get("lastTransitionTime"))
-    next_at = c.parse_time(waiting["nextAttemptTime"])
+    next_at = c.parse_time(waiting["gang"]["nextAttemptTime"])
     assert restarted_at is not None and next_at is not None
     assert (next_at - restarted_at).total_seconds() >= 10, waiting  # the first backoff: 10 s
-    assert waiting["nextAttemptTime"] in restarting["message"]
+    assert waiting["gang"]["nextAttemptTime"] in restarting["message"]
     status = wait_job_phase(kube, "blip", ("Succeeded", "Failed"), timeout=120)
-    assert status["phase"] == "Succeeded" and status["restarts"] == 1, status
-    assert "nextAttemptTime" not in status
+    assert status["phase"] == "Succeeded" and status["gang"]["restarts"] == 1, status
+    assert "nextAttemptTime" not in status["gang"]
     created = [
         c.parse_time(p["metadata"]["creationTimestamp"])
         for p in job_pods(kube, "blip")

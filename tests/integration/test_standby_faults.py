@@ -107,7 +107,7 @@ def test_the_guard_outlives_reset_reads_and_a_thawed_replica_writes_nothing(
             kube.run("delete", "pod", "thaw-node-1", "--wait=false", check=True)
             wait_until(
                 lambda: (
-                    (job_status(kube, "thaw") or {}).get("restarts") == 1
+                    (job_status(kube, "thaw") or {}).get("gang", {}).get("restarts") == 1
                     and (job_status(kube, "thaw") or {}).get("phase") == "Running"
                 ),
                 180,
@@ -127,7 +127,7 @@ def test_the_guard_outlives_reset_reads_and_a_thawed_replica_writes_nothing(
         status = wait_job_phase(kube, "thaw", ("Succeeded", "Failed"), timeout=180)
         census.stop()
         assert status["phase"] == "Succeeded", (status, b.log_tail(60))
-        assert status["restarts"] == 1, status
+        assert status["gang"]["restarts"] == 1, status
         assert census.per_rank_max == 1 and len(census.uids) == 4, vars(census)
         assert b.proc.poll() is None, "the standby that took over keeps working"
         assert "Traceback" not in b.log_path.read_text(errors="replace"), b.log_tail(80)

@@ -47,7 +47,7 @@ def epoch(value: str | None) -> float:
 
 
 def queue(kube: Kube, name: str) -> dict[str, Any]:
-    return dict(job_status(kube, name).get("queue") or {})
+    return dict((job_status(kube, name).get("gang") or {}).get("startForecast") or {})
 
 
 def progress_end(kube: Kube, name: str) -> float | None:
