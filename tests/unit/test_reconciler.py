@@ -32,13 +32,13 @@ def test_an_api_outage_on_the_metrics_path_is_one_line_and_a_backoff(
     loop.body = {"metadata": {"namespace": "ml", "name": "bert", "uid": "u1"}}
     down = ConnectionRefusedError(111, "Connection refused")
     with caplog.at_level(logging.WARNING, logger="gpujob.reconciler"):
-        delays = [loop._side_failure("metrics", down, n) for n in (1, 2, 3, 4)]
+        delays = [loop.side_failure("metrics", down, n) for n in (1, 2, 3, 4)]
     assert delays[-1] > delays[0]  # backs off instead of a fixed retry (doubling: below)
     assert all(r.exc_info is None for r in caplog.records), "an expected error got a traceback"
     assert any("call=metrics" in r.getMessage() for r in caplog.records)
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="gpujob.reconciler"):
-        loop._side_failure("metrics", KeyError("bug"), 1)
+        loop.side_failure("metrics", KeyError("bug"), 1)
     assert any(r.exc_info is not None for r in caplog.records), "a bug must keep its traceback"
 
 
@@ -54,7 +54,7 @@ def test_the_metrics_path_doubles_its_delay_up_to_the_cap(
     loop.retry = backoff.Policy(1.0, 16.0, 0.5)
     task = loop.metrics
     delays: list[float] = []
-    real = loop._side_failure
+    real = loop.side_failure
 
     def side_failure(call: str, e: Exception, failures: int) -> float:
         delays.append(real(call, e, failures))
@@ -71,7 +71,7 @@ def test_the_metrics_path_doubles_its_delay_up_to_the_cap(
             raise ConnectionRefusedError(111, "Connection refused")
         return 0.0
 
-    monkeypatch.setattr(loop, "_side_failure", side_failure)
+    monkeypatch.setattr(loop, "side_failure", side_failure)
     monkeypatch.setattr(task, "observe", observe)
     asyncio.run(asyncio.wait_for(task.run(), 30))
     stretch = 1.0 + 0.5 * rnd

@@ -14,18 +14,20 @@
   optimizer's step ends the training step; with the global hooks an optimizer step's end is
   a pending end, which the loop's next boundary commits (`timing.Timeline`): a training step
   is one iteration, however many optimizers step in it.
+
+The hooks see their tracker as a `recorder.Recorder` (the few attributes and calls they
+record through), never as `tracker.Tracker`: the tracker imports this module, not the
+other way round.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from gpujob_trainer import contract
+from gpujob_trainer.recorder import Recorder
 from gpujob_trainer.timing import END_OPTIMIZER, ENTERS, EXITS, SWITCH, Op, optimizer_done
-
-if TYPE_CHECKING:
-    from gpujob_trainer.tracker import Tracker
 
 T = TypeVar("T")
 
@@ -81,7 +83,7 @@ class InstrumentedLoader(Generic[T]):
 
     def __init__(
         self,
-        tracker: Tracker,
+        tracker: Recorder,
         loader: Iterable[T],
         *,
         tokens_fn: Callable[[T], int] | None = None,
@@ -241,7 +243,7 @@ class _Removable:
         self.remove = remove
 
 
-def attach_model(tracker: Tracker, model: Any) -> list[Any]:
+def attach_model(tracker: Recorder, model: Any) -> list[Any]:
     """Install forward and backward timing on `model`; returns removable handles.
 
     Forward: `model.forward`, replaced on the instance (`_TimedForward`). Backward:
@@ -382,16 +384,16 @@ class _TimedForward(_StandIn):
     `Module.__call__` finds it as it finds any `forward`.
     """
 
-    def __init__(self, tracker: Tracker, inner: Callable[..., Any]) -> None:
+    def __init__(self, tracker: Recorder, inner: Callable[..., Any]) -> None:
         super().__init__(inner)
-        self._tracker: Tracker | None = tracker
+        self._tracker: Recorder | None = tracker
         """None once removed: a wrapper set over ours meanwhile still calls ours, which then
         passes calls through (removing it would drop the other wrapper)."""
         self._events, self._now = tracker._events, tracker._now
         self._enter, self._exit = ENTERS[contract.PHASE_FORWARD], EXITS[contract.PHASE_FORWARD]
 
     @classmethod
-    def install(cls, tracker: Tracker, model: Any) -> _Removable:
+    def install(cls, tracker: Recorder, model: Any) -> _Removable:
         forward = cls(tracker, model.forward)
         forward_before, unset_forward = _set_on(model, "forward", forward)
         undo = [unset_forward]
@@ -478,7 +480,7 @@ _MAX_OPTIMIZERS = 64
 """Optimizers whose pending-end op is kept; more are made anew (a new optimizer per step)."""
 
 
-def optimizer_hooks(tracker: Tracker, *, watched: bool) -> tuple[_StepHook, _StepHook]:
+def optimizer_hooks(tracker: Recorder, *, watched: bool) -> tuple[_StepHook, _StepHook]:
     """Step pre/post hooks: an optimizer's step is the optimizer phase.
 
     `watched`: the hooks of one instance (`Tracker.watch_optimizer`), whose step's end ends
@@ -526,7 +528,7 @@ def optimizer_hooks(tracker: Tracker, *, watched: bool) -> tuple[_StepHook, _Ste
     return pre, post
 
 
-def attach_optimizers(tracker: Tracker) -> list[Any]:
+def attach_optimizers(tracker: Recorder) -> list[Any]:
     """Global optimizer step hooks (every torch.optim optimizer); returns removable handles."""
     from torch.optim.optimizer import (
         register_optimizer_step_post_hook,
@@ -537,7 +539,7 @@ def attach_optimizers(tracker: Tracker) -> list[Any]:
     return [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
 
 
-def attach_optimizer(tracker: Tracker, optimizer: Any) -> list[Any]:
+def attach_optimizer(tracker: Recorder, optimizer: Any) -> list[Any]:
     """Step hooks on one optimizer instance, whose step ends a training step at once."""
     pre, post = optimizer_hooks(tracker, watched=True)
     return [optimizer.register_step_pre_hook(pre), optimizer.register_step_post_hook(post)]

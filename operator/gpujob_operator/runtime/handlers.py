@@ -4,6 +4,14 @@ Level-based (kopf's "reconciliation" pattern): handlers never carry state machin
 each job's loop (:mod:`.jobloop`) observes the job and the index of its pods, asks the pure planner
 what the world should look like, and applies the difference. Events on the job or
 its pods only wake that daemon early.
+
+What the process keeps between handler calls (the settings, the job loops, the one API
+client and scraper, the guard and forecaster tasks) is one :class:`OperatorState` in kopf's
+``memo``, not module globals: :func:`install` builds it and ``main`` hands that memo to
+``kopf.operator``. kopf gives each object's handlers a shallow copy of that memo, so the
+state must be one object under one key (:data:`MEMO_KEY`): every copy then holds the same
+object, and what one handler sets there (a new loop, the scraper made on first use) every
+other handler sees.
 """
 
 from __future__ import annotations
@@ -14,7 +22,8 @@ import os
 import signal
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Final
 
 import kopf
 
@@ -31,24 +40,133 @@ from gpujob_operator.runtime.settings import Settings
 log = logging.getLogger("gpujob.handlers")
 
 PREFIX = "gpujob.dev"
-LOOPS: dict[tuple[str, str], JobLoop] = {}
-SETTINGS = Settings()
-"""The process's settings; ``install`` sets them before kopf starts."""
-IDENTITY = ""
-"""This replica's kopf peering identity (``install`` sets it; ``main`` hands it to kopf)."""
-NAMESPACES: list[str] = []
-"""The watched namespaces (empty: the whole cluster)."""
-_GUARD: asyncio.Task[None] | None = None
-SERVED = False
-"""Whether kopf has handed this replica any pod or job (its indexes hold something)."""
-_KUBE: Kube | None = None
-_SCRAPER: Scraper | None = None
-_FORECASTER: Forecaster | None = None
-_FORECAST_TASK: asyncio.Task[None] | None = None
+MEMO_KEY: Final = "gpujob"
+"""The key of the :class:`OperatorState` in kopf's memo."""
 
 
-def install(settings: Settings, namespaces: list[str], identity: str) -> None:
-    """Configure the handlers for this process, before kopf starts.
+@dataclass
+class OperatorState:
+    """This process's operator: what every handler shares, through kopf's memo."""
+
+    settings: Settings = field(default_factory=Settings)
+    """The process's settings, read once before kopf starts."""
+    identity: str = ""
+    """This replica's kopf peering identity (``main`` hands it to kopf too)."""
+    namespaces: list[str] = field(default_factory=list)
+    """The watched namespaces (empty: the whole cluster)."""
+    loops: dict[tuple[str, str], JobLoop] = field(default_factory=dict)
+    """The job loops, by (namespace, name)."""
+    served: bool = False
+    """Whether kopf has handed this replica any pod or job (its indexes hold something)."""
+    guard: asyncio.Task[None] | None = None
+    forecaster: Forecaster | None = None
+    forecast_task: asyncio.Task[None] | None = None
+    _kube: Kube | None = None
+    _scraper: Scraper | None = None
+
+    def scraper(self) -> Scraper:
+        """One scraper for every job: one HTTP session and one global bound on concurrency."""
+        if self._scraper is None:
+            self._scraper = Scraper(
+                concurrency=self.settings.scrape_concurrency, timeout=self.settings.scrape_timeout
+            )
+        return self._scraper
+
+    def kube(self) -> Kube:
+        """One API client for the whole operator (created after kopf has logged in)."""
+        if self._kube is None:
+            fence = None if self.settings.standalone else standby.FENCE.open
+            self._kube = Kube(timeout=self.settings.api_timeout, may_write=fence)
+        return self._kube
+
+    async def close(self) -> None:
+        """The operator's exit: cancel the guard and the forecaster, stop every loop, close
+        the scraper's connections."""
+        if self.guard is not None:
+            self.guard.cancel()
+        if self.forecast_task is not None:
+            self.forecast_task.cancel()
+        self.stop_all_loops()
+        if self._scraper is not None:
+            await self._scraper.close()
+
+    def forget(self, loop: JobLoop) -> None:
+        """A loop found its job gone by itself (a missed DELETED): drop it from the loops."""
+        meta = loop.body.get("metadata", {})
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        if self.loops.get(key) is loop:
+            del self.loops[key]
+
+    def stop_all_loops(self) -> int:
+        """Stop every job loop (standby, shutdown); returns how many ran."""
+        count = len(self.loops)
+        for loop in list(self.loops.values()):
+            loop.stop()
+        self.loops.clear()
+        return count
+
+    def demote(self) -> None:
+        """Paused after serving: exit cleanly so the pod restarts this replica as a fresh
+        standby (kopf's indexes would keep ghosts of pods deleted during the pause)."""
+        if not self.served:
+            return
+        log.warning("peering: this replica stands by now; restarting to drop its caches")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def guard_ended(self, task: asyncio.Task[None]) -> None:
+        """The guard never returns: should it end other than by the operator's own shutdown,
+        this replica could work beside another unguarded, so the process exits (its pod
+        restarts it as a fresh standby)."""
+        if task.cancelled():
+            return
+        standby.FENCE.until = 0.0
+        log.critical(
+            "the standby guard ended (%r); exiting so that this replica restarts fresh",
+            task.exception(),
+        )
+        self.stop_all_loops()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def start_forecaster(self) -> None:
+        """Forecast the start of waiting jobs over the jobs this replica serves, every
+        ``GPUJOB_FORECAST_INTERVAL`` seconds (0: off). Started from the first job event, not
+        at start-up: a task inherits its context, and kopf's Event posting lives in the
+        handlers'."""
+        if self.forecast_task is not None or self.settings.forecast_interval <= 0:
+            return
+        self.forecaster = Forecaster(
+            self.kube(),
+            lambda: [loop.freshest(loop.body) for loop in list(self.loops.values())],
+            self.settings.forecast_interval,
+            self.settings.default_gang,
+            self.settings.kueue,
+            _post_event,
+        )
+        self.forecast_task = asyncio.get_running_loop().create_task(
+            self.forecaster.run(), name="start-time forecast"
+        )
+
+
+def state(memo: kopf.Memo) -> OperatorState:
+    """The operator's state in a handler's memo (any object's copy: they share it)."""
+    found = memo.get(MEMO_KEY)
+    if not isinstance(found, OperatorState):
+        raise RuntimeError(f"kopf's memo holds no {MEMO_KEY!r}: start the operator with main")
+    return found
+
+
+def _startup_state(memo: kopf.Memo) -> OperatorState:
+    """The state in the operator's own memo at start-up (before kopf copies it for any
+    object): the one ``install`` made, else the defaults, as for a ``kopf run`` of this
+    module."""
+    found = memo.setdefault(MEMO_KEY, OperatorState())
+    assert isinstance(found, OperatorState)
+    return found
+
+
+def install(settings: Settings, namespaces: list[str], identity: str) -> kopf.Memo:
+    """Configure the handlers for this process, before kopf starts; returns the memo to
+    hand ``kopf.operator``, which holds the process's :class:`OperatorState`.
 
     Decorated handlers register when this module is imported (kopf's way); the one that
     depends on a setting, the Kueue Workload watch, registers here, only where Kueue is
@@ -57,10 +175,7 @@ def install(settings: Settings, namespaces: list[str], identity: str) -> None:
     only with a webhook port and certificate: kopf will not start admission handlers
     without a server.
     """
-    global SETTINGS, IDENTITY
-    SETTINGS = settings
-    IDENTITY = identity
-    NAMESPACES[:] = namespaces
+    own = OperatorState(settings=settings, identity=identity, namespaces=list(namespaces))
     if settings.kueue:
         kopf.on.event(
             gang.KUEUE_GROUP,
@@ -69,29 +184,14 @@ def install(settings: Settings, namespaces: list[str], identity: str) -> None:
             labels={children.LABEL_JOB_NAME: kopf.PRESENT},
         )(kueue_workload_changed)  # type: ignore[arg-type]
     if settings.webhook:
-        webhook.install(settings, namespaces, kube)
-
-
-def scraper() -> Scraper:
-    """One scraper for every job: one HTTP session and one global bound on concurrency."""
-    global _SCRAPER
-    if _SCRAPER is None:
-        _SCRAPER = Scraper(concurrency=SETTINGS.scrape_concurrency, timeout=SETTINGS.scrape_timeout)
-    return _SCRAPER
-
-
-def kube() -> Kube:
-    """One API client for the whole operator (created after kopf has logged in)."""
-    global _KUBE
-    if _KUBE is None:
-        fence = None if SETTINGS.standalone else standby.FENCE.open
-        _KUBE = Kube(timeout=SETTINGS.api_timeout, may_write=fence)
-    return _KUBE
+        webhook.install(settings, namespaces, own.kube)
+    return kopf.Memo({MEMO_KEY: own})
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Every kopf setting the operator depends on, explicit and in one place."""
+    ours = _startup_state(memo).settings
     settings.persistence.finalizer = f"{PREFIX}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -99,37 +199,38 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     )
     settings.posting.enabled = True
     settings.posting.level = logging.WARNING  # our own Events are posted explicitly
-    settings.watching.server_timeout = SETTINGS.watch_server_timeout
+    settings.watching.server_timeout = ours.watch_server_timeout
     settings.watching.client_timeout = settings.watching.server_timeout + 30
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
-    settings.batching.worker_limit = SETTINGS.worker_limit
-    settings.peering.standalone = SETTINGS.standalone
+    settings.batching.worker_limit = ours.worker_limit
+    settings.peering.standalone = ours.standalone
     if not settings.peering.standalone:
-        settings.peering.name = SETTINGS.peering
+        settings.peering.name = ours.peering
         settings.peering.mandatory = True
-        settings.peering.clusterwide = SETTINGS.peering_clusterwide
+        settings.peering.clusterwide = ours.peering_clusterwide
         settings.peering.priority = peers.priority(time.time())
-        settings.peering.lifetime = SETTINGS.peering_lifetime
+        settings.peering.lifetime = ours.peering_lifetime
 
 
 @kopf.index("pods", labels={children.LABEL_JOB_NAME: kopf.PRESENT})  # type: ignore[arg-type]
 def job_pods(
-    namespace: str, labels: Mapping[str, str], body: kopf.Body, **_: Any
+    namespace: str, labels: Mapping[str, str], body: kopf.Body, memo: kopf.Memo, **_: Any
 ) -> dict[Any, Any]:
     """Pods by (namespace, job name label): every pod that claims the name. Which of them are
     the job's is decided by their controller ownerReference (api/children.py), in the planner
     (which also waits for foreign pods holding its pod names) and the monitor."""
-    global SERVED
-    SERVED = True
+    state(memo).served = True
     return {(namespace, labels[children.LABEL_JOB_NAME]): dict(body)}
 
 
 @kopf.on.event("pods", labels={children.LABEL_JOB_NAME: kopf.PRESENT})  # type: ignore[arg-type]
-def pod_changed(namespace: str, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> None:
+def pod_changed(
+    namespace: str, labels: Mapping[str, str], body: kopf.Body, memo: kopf.Memo, **_: Any
+) -> None:
     """Wake the job's loop; it re-reads the index. A pod marked for disruption is noted
     first: it may be gone from the index before the loop's next pass."""
-    loop = LOOPS.get((namespace, labels[children.LABEL_JOB_NAME]))
+    loop = state(memo).loops.get((namespace, labels[children.LABEL_JOB_NAME]))
     if loop is not None:
         loop.saw_pod(body)
         loop.wake.set()
@@ -142,6 +243,7 @@ async def job_event(
     namespace: str,
     name: str,
     job_pods: kopf.Index[Any, Any],
+    memo: kopf.Memo,
     **_: Any,
 ) -> None:
     """Start, wake or stop the job's loop.
@@ -150,66 +252,62 @@ async def job_event(
     finalizer on every job, and then deleting a job hangs whenever the operator is down.
     Owner references already clean the children up, so no finalizer is needed.
     """
-    global SERVED
-    SERVED = True
+    own = state(memo)
+    own.served = True
     key = (namespace, name)
-    loop = LOOPS.get(key)
+    loop = own.loops.get(key)
     uid = body.get("metadata", {}).get("uid")
     other = loop is not None and bool(uid) and loop.uid != uid
     if event.get("type") == "DELETED" or body.get("metadata", {}).get("deletionTimestamp"):
         if loop is not None and not other:  # a late event of an older object ends nothing
             loop.stop()
-            del LOOPS[key]
+            del own.loops[key]
         return
     if loop is not None and (loop.ended or other):
         # Another object under the same name (deleted and re-created, DELETED missed or
         # batched away): its loop starts afresh, with none of the old one's memory.
         loop.stop()
-        del LOOPS[key]
+        del own.loops[key]
         loop = None
     if loop is None:
-        ghosts = await _index_caught_up(namespace, name, lambda: list(job_pods.get(key, [])))
-        loop = LOOPS[key] = JobLoop(
-            kube(),
+        ghosts = await _index_caught_up(
+            own.kube(), namespace, name, lambda: list(job_pods.get(key, []))
+        )
+        loop = own.loops[key] = JobLoop(
+            own.kube(),
             _post_event,
-            scraper(),
-            default_gang=SETTINGS.default_gang,
-            retry=SETTINGS.retry,
-            restart_backoff=SETTINGS.restart_backoff,
-            gang_grace_seconds=SETTINGS.gang_grace_seconds,
-            fault_at=SETTINGS.fault_exit_at,
-            on_exit=_forget,
+            own.scraper(),
+            default_gang=own.settings.default_gang,
+            retry=own.settings.retry,
+            restart_backoff=own.settings.restart_backoff,
+            gang_grace_seconds=own.settings.gang_grace_seconds,
+            fault_at=own.settings.fault_exit_at,
+            on_exit=own.forget,
         )
         loop.start(dict(body), lambda: list(job_pods.get(key, [])))
         if ghosts:  # before the loop's first pass: its tasks have not run yet
             loop.vanish(ghosts, "listing")
-        _start_forecaster()
-        if _FORECASTER is not None:
-            _FORECASTER.wake.set()  # a new job may be waiting: forecast it soon
+        own.start_forecaster()
+        if own.forecaster is not None:
+            own.forecaster.wake.set()  # a new job may be waiting: forecast it soon
     else:
         loop.update(dict(body))
 
 
-def kueue_workload_changed(namespace: str, labels: Mapping[str, str], **_: Any) -> None:
+def kueue_workload_changed(
+    namespace: str, labels: Mapping[str, str], memo: kopf.Memo, **_: Any
+) -> None:
     """Kueue admitted, evicted or requeued a job's Workload: wake the job's loop."""
-    loop = LOOPS.get((namespace, labels[children.LABEL_JOB_NAME]))
+    loop = state(memo).loops.get((namespace, labels[children.LABEL_JOB_NAME]))
     if loop is not None:
         loop.wake.set()
-
-
-def _forget(loop: JobLoop) -> None:
-    """A loop found its job gone by itself (a missed DELETED): drop it from LOOPS."""
-    meta = loop.body.get("metadata", {})
-    key = (meta.get("namespace", ""), meta.get("name", ""))
-    if LOOPS.get(key) is loop:
-        del LOOPS[key]
 
 
 INDEX_SYNC_SECONDS = 15.0
 
 
 async def _index_caught_up(
-    namespace: str, name: str, indexed: Callable[[], list[Mapping[str, Any]]]
+    kube: Kube, namespace: str, name: str, indexed: Callable[[], list[Mapping[str, Any]]]
 ) -> set[str]:
     """Wait until the pod index holds what the API server holds for this job; returns the
     uids of indexed pods the API server does not hold (ghosts: a DELETED lost in a re-list).
@@ -227,7 +325,7 @@ async def _index_caught_up(
     while True:
         have = {children.uid_of(p) for p in indexed()}
         try:
-            want = await kube().pod_uids(namespace, selector)
+            want = await kube.pod_uids(namespace, selector)
         except Exception as e:  # a timeout or a refusal: start, the loop's audit follows
             log.warning(
                 "job %s/%s: the pods could not be listed (%s); starting", namespace, name, e
@@ -251,87 +349,29 @@ def _post_event(job: Mapping[str, Any], type_: str, reason: str, message: str) -
 
 
 @kopf.on.startup()
-async def start_standby_guard(settings: kopf.OperatorSettings, **_: Any) -> None:
+async def start_standby_guard(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """With peering, stop this replica's job loops whenever another replica is active."""
-    global _GUARD
+    own = _startup_state(memo)
     if settings.peering.standalone:
         return
     standby.FENCE.until = 0.0  # shut until the guard's first read finds this replica active
-    _GUARD = asyncio.get_running_loop().create_task(
+    own.guard = asyncio.get_running_loop().create_task(
         standby.guard(
-            kube().custom,
+            own.kube().custom,
             settings.peering.name,
-            [] if settings.peering.clusterwide else NAMESPACES,
-            IDENTITY,
+            [] if settings.peering.clusterwide else own.namespaces,
+            own.identity,
             settings.peering.priority,
-            _stop_all_loops,
-            _demote,
+            own.stop_all_loops,
+            own.demote,
             lifetime=settings.peering.lifetime,
         ),
         name="standby guard",
     )
-    _GUARD.add_done_callback(_guard_ended)
-
-
-def _guard_ended(task: asyncio.Task[None]) -> None:
-    """The guard never returns: should it end other than by the operator's own shutdown,
-    this replica could work beside another unguarded, so the process exits (its pod
-    restarts it as a fresh standby)."""
-    if task.cancelled():
-        return
-    standby.FENCE.until = 0.0
-    log.critical(
-        "the standby guard ended (%r); exiting so that this replica restarts fresh",
-        task.exception(),
-    )
-    _stop_all_loops()
-    os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _start_forecaster() -> None:
-    """Forecast the start of waiting jobs over the jobs this replica serves, every
-    ``GPUJOB_FORECAST_INTERVAL`` seconds (0: off). Started from the first job event, not at
-    start-up: a task inherits its context, and kopf's Event posting lives in the handlers'."""
-    global _FORECASTER, _FORECAST_TASK
-    if _FORECAST_TASK is not None or SETTINGS.forecast_interval <= 0:
-        return
-    _FORECASTER = Forecaster(
-        kube(),
-        lambda: [loop.freshest(loop.body) for loop in list(LOOPS.values())],
-        SETTINGS.forecast_interval,
-        SETTINGS.default_gang,
-        SETTINGS.kueue,
-        _post_event,
-    )
-    _FORECAST_TASK = asyncio.get_running_loop().create_task(
-        _FORECASTER.run(), name="start-time forecast"
-    )
-
-
-def _demote() -> None:
-    """Paused after serving: exit cleanly so the pod restarts this replica as a fresh standby
-    (kopf's indexes would keep ghosts of pods deleted during the pause)."""
-    if not SERVED:
-        return
-    log.warning("peering: this replica stands by now; restarting to drop its caches")
-    os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _stop_all_loops() -> int:
-    count = len(LOOPS)
-    for loop in list(LOOPS.values()):
-        loop.stop()
-    LOOPS.clear()
-    return count
+    own.guard.add_done_callback(own.guard_ended)
 
 
 @kopf.on.cleanup()
-async def stop_loops(**_: Any) -> None:
+async def stop_loops(memo: kopf.Memo, **_: Any) -> None:
     """Let every job loop finish its current pass before the operator exits."""
-    if _GUARD is not None:
-        _GUARD.cancel()
-    if _FORECAST_TASK is not None:
-        _FORECAST_TASK.cancel()
-    _stop_all_loops()
-    if _SCRAPER is not None:
-        await _SCRAPER.close()
+    await state(memo).close()

@@ -30,11 +30,10 @@ from gpujob_operator.api.display import EVIDENCE_MARK, format_hang
 from gpujob_operator.api.status import attempt_of, stall_evidence, stalled_since
 from gpujob_operator.monitoring import hang, hangdump, hangtext
 from gpujob_operator.monitoring.scrape_result import ScrapeTarget
-from gpujob_operator.runtime.kube import Fenced
+from gpujob_operator.runtime.kube import Fenced, Kube
 
 if TYPE_CHECKING:
     from gpujob_operator.monitoring.scrape import Scraper
-    from gpujob_operator.runtime.jobloop import JobLoop
 
 log = logging.getLogger("gpujob.hang")
 
@@ -56,7 +55,7 @@ def compare_and_render(
 
 
 async def capture(
-    loop: JobLoop,
+    kube: Kube,
     scraper: Scraper,
     job: Mapping[str, Any],
     targets: Sequence[ScrapeTarget],
@@ -64,7 +63,8 @@ async def capture(
     gpus: Mapping[int, str] | None = None,
 ) -> tuple[dict[str, Any], hang.HangReport]:
     """Ask, compare, keep: the ``status.hangEvidence`` record and the comparison
-    (``gpus``: each rank's CUDA device UUID, from its metrics, to name it by)."""
+    (``kube``: where the ConfigMap goes; ``gpus``: each rank's CUDA device UUID, from its
+    metrics, to name it by)."""
     started = time.time()
     asked = hang.evidence_targets(targets)
     fetched = await scraper.fetch_all(asked, hangdump.MAX_BYTES)
@@ -75,7 +75,7 @@ async def capture(
     cm: str | None = hang_configmap_name(name, attempt)
     why = None
     try:
-        await loop.kube.put_configmap(namespace, hang_configmap(job, attempt, data))
+        await kube.put_configmap(namespace, hang_configmap(job, attempt, data))
     except ApiException as e:
         why, cm = f"the ConfigMap was not written: {e.status} {e.reason}", None
     except Fenced:

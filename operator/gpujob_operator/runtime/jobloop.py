@@ -51,6 +51,7 @@ from gpujob_operator.runtime.faults import (
     BETWEEN_POD_DELETES,
     fault_point,
 )
+from gpujob_operator.runtime.jobhandle import EventPoster
 from gpujob_operator.runtime.kube import Fenced, JobGone, Kube
 from gpujob_operator.runtime.metricstask import MetricsTask
 
@@ -75,8 +76,6 @@ FENCED_RETRY_SECONDS = 2.0
 """How soon a pass held back by the peering fence tries again (the guard looks every 2 s)."""
 RECHECK_SECONDS = 120.0
 """A loop that wrote nothing for this long GETs its job: a missed DELETED must end it."""
-
-EventPoster = Callable[[Mapping[str, Any], str, str, str], None]
 
 
 def _rv(obj: Mapping[str, Any] | None) -> int:
@@ -144,7 +143,9 @@ class JobLoop:
     _task: asyncio.Task[None] | None = field(default=None, repr=False)
     _scrape_task: asyncio.Task[None] | None = field(default=None, repr=False)
     metrics: MetricsTask = field(init=False, repr=False)
-    """The second task: scrape and judge the ranks on its own clock (:mod:`.metricstask`)."""
+    """The second task: scrape and judge the ranks on its own clock (:mod:`.metricstask`).
+    It holds this loop as a :class:`~.jobhandle.JobHandle`: the calls it may make, by their
+    public names, so that it never imports this module back."""
 
     def __post_init__(self) -> None:
         self.metrics = MetricsTask(self)
@@ -225,7 +226,7 @@ class JobLoop:
         patch = minimal_patch(old_status, plan.status)
         self.call = "patch_status"
         if patch:
-            await self._write_status(ns, name, patch)
+            await self.write_status(ns, name, patch)
             if plan.delete_pods or plan.create_pods:
                 fault_point(self.fault_at, AFTER_STATUS_WRITE)
         self.call = "delete_pod"
@@ -419,7 +420,7 @@ class JobLoop:
             refusal.message,
         )
 
-    async def _write_status(self, ns: str, name: str, patch: dict[str, Any]) -> None:
+    async def write_status(self, ns: str, name: str, patch: dict[str, Any]) -> None:
         """Patch status (never with NaN or an infinity); JobGone when the job is gone."""
         written = await self.kube.patch_status(ns, name, json_safe(patch))
         if written is None:
@@ -469,7 +470,8 @@ class JobLoop:
         meta = self.body.get("metadata", {})
         METRICS.forget(meta.get("namespace", ""), meta.get("name", ""))
 
-    def _gone(self, why: JobGone) -> None:
+    def job_gone(self, why: JobGone) -> None:
+        """The job is gone (either task found out): stop both tasks, once, and forget it."""
         if self.ended:
             return
         log.info("stopping the loop of %s: %s", self.key, why)
@@ -494,7 +496,7 @@ class JobLoop:
             except asyncio.CancelledError:
                 raise
             except JobGone as gone:
-                self._gone(gone)
+                self.job_gone(gone)
                 return
             except Exception as e:
                 # Wake-ups (pod events, job updates) must not cut an API backoff short.
@@ -507,12 +509,12 @@ class JobLoop:
                 except asyncio.CancelledError:
                     raise
                 except JobGone as gone:
-                    self._gone(gone)
+                    self.job_gone(gone)
                     return
                 except Exception as e:
-                    self._side_failure("get_job", e, 1)
+                    self.side_failure("get_job", e, 1)
 
-    def _side_failure(self, call: str, e: Exception, failures: int) -> float:
+    def side_failure(self, call: str, e: Exception, failures: int) -> float:
         """A failure off the lifecycle path (scrape-and-status, the existence check): an
         expected API error is one line and a count, a bug a traceback; the delay backs off."""
         if isinstance(e, Fenced):

@@ -62,7 +62,7 @@ def run(
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     serve_metrics(settings.metrics_port, settings.metrics_addr)
     identity = peers.identity(settings.pod_id, socket.gethostname(), os.getpid())
-    handlers.install(settings, namespaces, identity)
+    memo = handlers.install(settings, namespaces, identity)
     asyncio.run(
         kopf.operator(
             clusterwide=not namespaces,
@@ -70,6 +70,7 @@ def run(
             standalone=settings.standalone,
             liveness_endpoint=settings.liveness,
             identity=cast(Any, identity),
+            memo=memo,  # the handlers' shared state (handlers.OperatorState)
         )
     )
 

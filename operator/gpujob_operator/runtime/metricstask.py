@@ -16,7 +16,7 @@ import time
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import job_uid
@@ -28,19 +28,18 @@ from gpujob_operator.monitoring.verdict import STALLED
 from gpujob_operator.observability.opmetrics import METRICS
 from gpujob_operator.runtime import hangcapture
 from gpujob_operator.runtime.faults import BEFORE_EVIDENCE_RECORD, fault_point
+from gpujob_operator.runtime.jobhandle import JobHandle
 from gpujob_operator.runtime.kube import Fenced, JobGone
 
 log = logging.getLogger("gpujob.hang")
-
-if TYPE_CHECKING:
-    from gpujob_operator.runtime.jobloop import JobLoop
 
 
 @dataclass
 class MetricsTask:
     """One job's scrape state: its monitor (window, hysteresis) and its scrape clock."""
 
-    loop: JobLoop
+    loop: JobHandle
+    """The job loop that owns this task, seen through the calls the task may make."""
     monitor: JobMonitor | None = None
     monitored: tuple[int, int] | None = None
     """(generation, attempt) the monitor's window belongs to."""
@@ -111,7 +110,7 @@ class MetricsTask:
                 loop.post_event(job, ev.type, ev.reason, ev.message)
             patch = update.status_patch(status)
             if patch:
-                await loop._write_status(meta["namespace"], meta["name"], patch)
+                await loop.write_status(meta["namespace"], meta["name"], patch)
                 METRICS.update(
                     meta["namespace"], meta["name"], loop.freshest(loop.body).get("status")
                 )
@@ -138,7 +137,7 @@ class MetricsTask:
         try:
             gpus = self.monitor.rank_gpus() if self.monitor is not None else {}
             record, report = await hangcapture.capture(
-                loop, loop.scraper, job, targets, since, gpus
+                loop.kube, loop.scraper, job, targets, since, gpus
             )
         except Fenced:
             raise
@@ -178,7 +177,7 @@ class MetricsTask:
             if bottleneck.get("verdict") == STALLED:
                 patch["bottleneck"] = with_hang(bottleneck, record)
             try:
-                await loop._write_status(meta["namespace"], meta["name"], patch)
+                await loop.write_status(meta["namespace"], meta["name"], patch)
             except JobGone:
                 raise
             except Exception as e:
@@ -198,13 +197,13 @@ class MetricsTask:
             except asyncio.CancelledError:
                 raise
             except JobGone as gone:
-                loop._gone(gone)
+                loop.job_gone(gone)
                 return
             except Exception as e:
                 # A monitoring failure must never stop the lifecycle: classify, back off, go on.
                 # A write held back by the peering fence is no failure: it counts nothing.
                 self.failures += not isinstance(e, Fenced)
-                due = loop._side_failure("metrics", e, self.failures)
+                due = loop.side_failure("metrics", e, self.failures)
             else:
                 self.failures = 0
             with contextlib.suppress(TimeoutError):
