@@ -2,44 +2,10 @@
 
 from __future__ import annotations
 
-from fractions import Fraction
 from typing import Any
-
-import pytest
 
 from gpujob_operator.api import parse_spec
 from gpujob_operator.lifecycle import builders, gangprobe
-
-
-@pytest.mark.parametrize(
-    ("text", "value"),
-    [
-        ("2", Fraction(2)),
-        ("500m", Fraction(1, 2)),
-        ("1.5Gi", Fraction(3 * 2**29)),
-        ("1e3", Fraction(1000)),
-        ("100Mi", Fraction(100 * 2**20)),
-        ("250n", Fraction(250, 10**9)),
-        ("1k", Fraction(1000)),
-        (".5", Fraction(1, 2)),
-        (3, Fraction(3)),
-    ],
-)
-def test_parse_quantity(text: str, value: Fraction) -> None:
-    assert gangprobe.parse_quantity(text) == value
-
-
-@pytest.mark.parametrize("bad", ["", "1.2.3", "5Xi", "abc", "1 Gi"])
-def test_parse_quantity_refuses_garbage(bad: str) -> None:
-    with pytest.raises(ValueError):
-        gangprobe.parse_quantity(bad)
-
-
-def test_format_quantity_is_exact_and_short() -> None:
-    assert gangprobe.format_quantity(Fraction(4)) == "4"
-    assert gangprobe.format_quantity(Fraction(3, 2)) == "1500m"
-    assert gangprobe.format_quantity(Fraction(1, 4 * 10**6)) == "250n"
-    assert gangprobe.format_quantity(Fraction(1, 3)) == "333333334n"
 
 
 def gang(nodes: int, **resources: Any) -> list[dict[str, Any]]:

@@ -16,50 +16,11 @@ gang that stays incomplete after a grace.
 from __future__ import annotations
 
 import copy
-import re
 from collections.abc import Mapping, Sequence
-from fractions import Fraction
+from decimal import Decimal
 from typing import Any, Final
 
-_QUANTITY: Final = re.compile(
-    r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|([KMGTPE]i|[numkMGTPE]))?$"
-)
-_SUFFIX: Final = {
-    "n": Fraction(1, 10**9),
-    "u": Fraction(1, 10**6),
-    "m": Fraction(1, 1000),
-    "": Fraction(1),
-    "k": Fraction(10**3),
-    "M": Fraction(10**6),
-    "G": Fraction(10**9),
-    "T": Fraction(10**12),
-    "P": Fraction(10**15),
-    "E": Fraction(10**18),
-    **{s: Fraction(1024 ** (i + 1)) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
-}
-
-
-def parse_quantity(text: str | int | float) -> Fraction:
-    """A Kubernetes resource quantity ("500m", "1.5Gi", "2", "1e3") as an exact number."""
-    if isinstance(text, int | float) and not isinstance(text, bool):
-        return Fraction(str(text))
-    m = _QUANTITY.match(str(text).strip())
-    if m is None:
-        raise ValueError(f"not a quantity: {text!r}")
-    number = Fraction(m[1])
-    if m[2]:
-        return number * Fraction(10) ** int(m[2][1:])
-    return number * _SUFFIX[m[3] or ""]
-
-
-def format_quantity(value: Fraction) -> str:
-    """The shortest exact decimal form: "4", "1500m", "250n" (rounded up past nanos)."""
-    for scale, suffix in ((1, ""), (1000, "m"), (10**9, "n")):
-        scaled = value * scale
-        if scaled.denominator == 1:
-            return f"{scaled.numerator}{suffix}"
-    return f"{-(-value.numerator * 10**9 // value.denominator)}n"
-
+from gpujob_operator.api.quantity import format_quantity, parse_quantity, total
 
 _CONTAINER_LISTS: Final = ("containers", "initContainers")
 
@@ -79,11 +40,14 @@ def _resources_of(pod: Mapping[str, Any], where: tuple[str, str | None]) -> Mapp
 def _sum(
     pods: Sequence[Mapping[str, Any]], where: tuple[str, str | None], field: str
 ) -> dict[str, str]:
-    total: dict[str, Fraction] = {}
+    values: dict[str, list[Decimal]] = {}
     for pod in pods:
-        for name, q in (_resources_of(pod, where).get(field) or {}).items():
-            total[name] = total.get(name, Fraction(0)) + parse_quantity(q)
-    return {name: format_quantity(v) for name, v in total.items()}
+        for name, text in (_resources_of(pod, where).get(field) or {}).items():
+            q = parse_quantity(text)
+            if q is None:
+                raise ValueError(f"not a quantity: {text!r}")
+            values.setdefault(name, []).append(q)
+    return {name: format_quantity(total(v)) for name, v in values.items()}
 
 
 def probe_pod(pods: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:

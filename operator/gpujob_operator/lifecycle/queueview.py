@@ -24,7 +24,7 @@ from typing import Any, Final
 from gpujob_operator import api
 from gpujob_operator.api import children
 from gpujob_operator.api import conditions as c
-from gpujob_operator.api.k8sformats import parse_quantity
+from gpujob_operator.api.quantity import parse_quantity
 from gpujob_operator.lifecycle import builders, gang
 from gpujob_operator.lifecycle.forecast import Holder, Waiter
 
@@ -86,15 +86,9 @@ MAX_GPUS = 1 << 20
 
 
 def _gpus(value: Any) -> int:
-    """A GPU quantity as an int; absent, negative, fractional nonsense or unparsable is 0."""
-    if value is None or isinstance(value, bool):
-        return 0
-    try:
-        q = parse_quantity(value if isinstance(value, int) else str(value))
-        n = int(q) if q is not None and q > 0 else 0
-    except BAD_VALUE:
-        return 0
-    return n if n <= MAX_GPUS else 0
+    """A GPU quantity as an int; absent, negative, beyond any pool or unparsable is 0."""
+    q = parse_quantity(value)
+    return int(q) if q is not None and 0 < q <= MAX_GPUS else 0
 
 
 def pod_gpus(pod: Obj) -> int:
