@@ -2,44 +2,10 @@
 
 from __future__ import annotations
 
-from fractions import Fraction
 from typing import Any
 
-import pytest
-
 from gpujob_operator.api import parse_spec
-from gpujob_operator.lifecycle import builders, gangprobe
-
-
-@pytest.mark.parametrize(
-    ("text", "value"),
-    [
-        ("2", Fraction(2)),
-        ("500m", Fraction(1, 2)),
-        ("1.5Gi", Fraction(3 * 2**29)),
-        ("1e3", Fraction(1000)),
-        ("100Mi", Fraction(100 * 2**20)),
-        ("250n", Fraction(250, 10**9)),
-        ("1k", Fraction(1000)),
-        (".5", Fraction(1, 2)),
-        (3, Fraction(3)),
-    ],
-)
-def test_parse_quantity(text: str, value: Fraction) -> None:
-    assert gangprobe.parse_quantity(text) == value
-
-
-@pytest.mark.parametrize("bad", ["", "1.2.3", "5Xi", "abc", "1 Gi"])
-def test_parse_quantity_refuses_garbage(bad: str) -> None:
-    with pytest.raises(ValueError):
-        gangprobe.parse_quantity(bad)
-
-
-def test_format_quantity_is_exact_and_short() -> None:
-    assert gangprobe.format_quantity(Fraction(4)) == "4"
-    assert gangprobe.format_quantity(Fraction(3, 2)) == "1500m"
-    assert gangprobe.format_quantity(Fraction(1, 4 * 10**6)) == "250n"
-    assert gangprobe.format_quantity(Fraction(1, 3)) == "333333334n"
+from gpujob_operator.lifecycle import builders, gangprobe, podholds
 
 
 def gang(nodes: int, **resources: Any) -> list[dict[str, Any]]:
@@ -104,3 +70,30 @@ def test_probe_with_pod_level_resources_only() -> None:
         p["spec"]["resources"] = {"limits": {"memory": "1Gi"}}
     probe = gangprobe.probe_pod(pods)
     assert probe is not None and probe["spec"]["resources"]["limits"] == {"memory": str(2 * 2**30)}
+
+
+def test_the_probe_holds_what_the_gang_holds_as_the_quota_counts_it() -> None:
+    """Native sidecars and init containers add up pod by pod (lifecycle/podholds.py); pods
+    of different shapes do not add up container by container, so they get no probe."""
+    pods = gang(3, requests={"cpu": "1"})
+    for p in pods:
+        p["spec"]["initContainers"] = [
+            {"name": "log", "restartPolicy": "Always", "resources": {"requests": {"cpu": "1"}}},
+            {"name": "prep", "resources": {"requests": {"cpu": "4"}}},
+        ]
+    probe = gangprobe.probe_pod(pods)
+    assert probe is not None
+    assert podholds.requests(probe)["cpu"] == 3 * 5  # max(1 + 1, 4 + 1) per pod
+    assert podholds.requests(probe) == podholds.summed(podholds.requests(p) for p in pods)
+    pods[2]["spec"]["initContainers"].append(
+        {"name": "extra", "restartPolicy": "Always", "resources": {"requests": {"cpu": "8"}}}
+    )  # that pod holds 1 + 1 + 8: the gang 20, a probe shaped like the first pod 15
+    assert gangprobe.probe_pod(pods) is None
+
+
+def test_the_probe_adds_up_the_pods_overhead() -> None:
+    pods = gang(2)
+    for p in pods:
+        p["spec"]["overhead"] = {"cpu": "250m"}
+    probe = gangprobe.probe_pod(pods)
+    assert probe is not None and probe["spec"]["overhead"] == {"cpu": "500m"}

@@ -128,6 +128,23 @@ def test_node_view_holders_are_jobs_with_their_eta_and_foreign_pods_without() ->
     assert (w.name, w.count, w.per, w.slots) == ("job ml/w", 1, 4, (("node:n1",), ("node:n2",)))
 
 
+def test_a_native_sidecars_gpus_count_in_what_a_pod_holds() -> None:
+    """A bound pod holds what the scheduler counts (lifecycle/podholds.py): its app containers
+    plus its native sidecars (init containers with restartPolicy: Always), or its largest
+    init container if more; a sidecar's GPU used to be left out, and the waiter fit."""
+    notebook = pod("notebook", "n1", gpus=2)
+    notebook["spec"]["initContainers"] = [
+        {"name": "prep", "resources": {"limits": {"nvidia.com/gpu": 1}}},
+        {"name": "viz", "restartPolicy": "Always", "resources": {"limits": {"nvidia.com/gpu": 1}}},
+    ]
+    view = node_view(NOW, [job("w", gpus=2)], [node("n1")], [notebook], "None")
+    assert [(h.name, h.usage) for h in view.holders] == [("pod ml/notebook", {"node:n1": 3})]
+    world = World(nodes=[node("n1")], pods=[notebook])
+    got = qs.forecast_blocks(NOW, [job("w", gpus=2)], world, "None")["ml/w"]
+    # 1 GPU of 4 free: the 2-GPU job waits for the notebook (it fit "now, Exact" before)
+    assert (got["confidence"], got["reason"]) == ("LowerBound", "no known end: pod ml/notebook")
+
+
 def test_node_view_uses_the_pod_the_operator_would_build_for_placement() -> None:
     tpl = {"nodeSelector": {"pool": "a100"}}
     jobs = [job("w", template=tpl)]

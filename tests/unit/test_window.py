@@ -14,12 +14,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpujob_operator.monitoring import expfmt
+from gpujob_operator.monitoring import frame as fm
 from gpujob_operator.monitoring.frame import NEEDED, frame, frame_payload
 from gpujob_operator.monitoring.rows import (
     G_MEM_USED,
     G_POWER,
     G_THROTTLE,
     G_UTIL,
+    N_BUCKETS,
+    R_BUCKET0,
     R_CURRENT_PHASE,
     R_HEARTBEAT,
     R_PHASE,
@@ -180,7 +183,7 @@ def test_memory_of_a_thousand_jobs_of_eight_ranks_is_bounded_and_steady() -> Non
 
     jobs, fill_rounds, more_rounds = 100, 9, 9
     payloads = _fleet_payloads(fill_rounds + more_rounds)
-    frame_module._ACTIONS.clear()
+    frame_module._SERIES.clear()
     tracemalloc.start()
     windows = [Window(max_points=9, max_age=1e9) for _ in range(jobs)]
 
@@ -211,7 +214,53 @@ def test_memory_of_a_thousand_jobs_of_eight_ranks_is_bounded_and_steady() -> Non
     assert growth < 0.01, f"memory grows with scrapes: {full} -> {later} bytes"
 
 
+# ---- one decoder of what a series gives a frame -----------------------------------------------
+
+
+def test_each_series_is_decoded_once_into_fields_that_mean_one_thing() -> None:
+    r = {"rank": "3", "local_rank": "1", "node_rank": "2"}
+    steps = fm.decode(contract.STEPS.name, r)
+    assert (steps.kind, steps.rank, steps.local_rank, steps.node_rank) == (fm.RANK_STEPS, 3, 1, 2)
+    assert (steps.slot, steps.steps_local_rank) == (R_STEPS, "1")
+    bucket = fm.decode(contract.STEP_DURATION.name + "_bucket", {**r, "le": "+Inf"})
+    assert (bucket.kind, bucket.slot) == (fm.RANK_VALUE, R_BUCKET0 + N_BUCKETS - 1)
+    cuda = fm.decode(contract.CUDA_MEMORY_RESERVED.name, {**r, "UUID": "GPU-a"})
+    assert (cuda.kind, cuda.uuid) == (fm.RANK_CUDA, "GPU-a")
+    phase = fm.decode(contract.CURRENT_PHASE.name, {**r, "phase": "forward"})
+    assert (phase.kind, phase.phase) == (fm.RANK_PHASE, contract.PHASES.index("forward"))
+    # a rank series the row keeps no slot for: the rank row appears, nothing is written
+    assert fm.decode(contract.CURRENT_PHASE.name, {**r, "phase": "dancing"}).kind == fm.RANK_SEEN
+    gpu = {"gpu": "5", "UUID": "GPU-b"}
+    util = fm.decode(contract.GPU_UTILIZATION.name, gpu)
+    assert (util.kind, util.gpu, util.slot, util.uuid) == (fm.GPU_VALUE, 5, G_UTIL, "GPU-b")
+    slow = fm.decode(contract.GPU_CLOCK_EVENT.name, {**gpu, "reason": "hw_slowdown"})
+    assert slow.kind == fm.GPU_CLOCK_EVENT and throttle_reasons(slow.throttle_bit) == [
+        "hw_slowdown"
+    ]
+    unranked = fm.decode(contract.STEPS.name, {})
+    assert (unranked.kind, unranked.steps_local_rank) == (fm.STEPS_UNRANKED, "?")
+    # read by no analysis, or without the label it needs: ignored
+    assert fm.decode(contract.GPU_POWER.name, gpu).kind == fm.IGNORED
+    assert fm.decode(contract.LOSS.name, {"local_rank": "0"}).kind == fm.IGNORED
+
+
+def test_both_paths_share_the_decoder_and_its_cache() -> None:
+    """Parsed samples and payload text meet the same decoded series: what one path learnt
+    (keyed by its own form of the series) the other decodes alike."""
+    text = (PAYLOADS / "healthy-scrape2-rank0.prom").read_text()
+    fm._SERIES.clear()
+    general = frame(expfmt.parse(text, NEEDED), 1.0)
+    after_general, _ = fm.series_cache_size()
+    fast = frame_payload(text, 1.0)
+    after_both, _ = fm.series_cache_size()
+    assert repr(general) == repr(fast)
+    assert after_general > 0 and after_both >= 2 * after_general  # each form its entry
+
+
 # ---- the scraper's one-pass path equals parse + frame ----------------------------------------
+# One decoder and one applier serve both; what these check is that the fast path's
+# tokenizer (one regex check of the payload, one search for our lines) and expfmt's
+# parser hand it the same series and values, and refuse the same payloads.
 
 
 def outcome(fn: object, text: str | bytes) -> str:

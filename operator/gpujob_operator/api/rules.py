@@ -9,7 +9,8 @@ hand-written validator, or that has none (a transition rule such as immutability
 plain entry made with :func:`cel`.
 
 The CEL uses the libraries Kubernetes gives CRD rules (``format.*()``, ``isQuantity()``,
-``quantity()``); :mod:`gpujob_operator.api.k8sformats` holds the matching Python predicates.
+``quantity()``); :mod:`gpujob_operator.api.k8sformats` and :mod:`gpujob_operator.api.quantity`
+hold the matching Python predicates.
 Strings and maps a rule reads carry ``maxLength``/``maxProperties``/``maxItems`` so the
 API server's cost estimate of each rule stays inside its budget.
 """

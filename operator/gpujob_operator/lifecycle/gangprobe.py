@@ -16,102 +16,82 @@ gang that stays incomplete after a grace.
 from __future__ import annotations
 
 import copy
-import re
 from collections.abc import Mapping, Sequence
-from fractions import Fraction
+from decimal import Decimal
 from typing import Any, Final
 
-_QUANTITY: Final = re.compile(
-    r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|([KMGTPE]i|[numkMGTPE]))?$"
-)
-_SUFFIX: Final = {
-    "n": Fraction(1, 10**9),
-    "u": Fraction(1, 10**6),
-    "m": Fraction(1, 1000),
-    "": Fraction(1),
-    "k": Fraction(10**3),
-    "M": Fraction(10**6),
-    "G": Fraction(10**9),
-    "T": Fraction(10**12),
-    "P": Fraction(10**15),
-    "E": Fraction(10**18),
-    **{s: Fraction(1024 ** (i + 1)) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
-}
-
-
-def parse_quantity(text: str | int | float) -> Fraction:
-    """A Kubernetes resource quantity ("500m", "1.5Gi", "2", "1e3") as an exact number."""
-    if isinstance(text, int | float) and not isinstance(text, bool):
-        return Fraction(str(text))
-    m = _QUANTITY.match(str(text).strip())
-    if m is None:
-        raise ValueError(f"not a quantity: {text!r}")
-    number = Fraction(m[1])
-    if m[2]:
-        return number * Fraction(10) ** int(m[2][1:])
-    return number * _SUFFIX[m[3] or ""]
-
-
-def format_quantity(value: Fraction) -> str:
-    """The shortest exact decimal form: "4", "1500m", "250n" (rounded up past nanos)."""
-    for scale, suffix in ((1, ""), (1000, "m"), (10**9, "n")):
-        scaled = value * scale
-        if scaled.denominator == 1:
-            return f"{scaled.numerator}{suffix}"
-    return f"{-(-value.numerator * 10**9 // value.denominator)}n"
-
+from gpujob_operator.api.quantity import format_quantity, parse_quantity, total
+from gpujob_operator.lifecycle import podholds
 
 _CONTAINER_LISTS: Final = ("containers", "initContainers")
+_FIELDS: Final = ("requests", "limits")
+
+Place = tuple[str, str | None, str | None]
+"""Where a resource list is in a pod: (container list, container name, field), the pod-level
+``resources`` as ("resources", None, field), ``spec.overhead`` as ("overhead", None, None)."""
 
 
-def _resources_of(pod: Mapping[str, Any], where: tuple[str, str | None]) -> Mapping[str, Any]:
-    """``resources`` of one container (list key, name) or, with no list, of the pod itself."""
+def _places(spec: dict[str, Any]) -> list[tuple[dict[str, Any], str, Place]]:
+    """Each resource list set in ``spec``: the dict that holds it, its key, its place."""
+    out: list[tuple[dict[str, Any], str, Place]] = []
+    for key in _CONTAINER_LISTS:
+        for c in spec.get(key) or []:
+            res = c.get("resources") or {}
+            out += [(res, f, (key, c.get("name"), f)) for f in _FIELDS if res.get(f)]
+    res = spec.get("resources") or {}
+    out += [(res, f, ("resources", None, f)) for f in _FIELDS if res.get(f)]
+    if spec.get("overhead"):
+        out.append((spec, "overhead", ("overhead", None, None)))
+    return out
+
+
+def _list_at(pod: Mapping[str, Any], place: Place) -> Mapping[str, Any]:
     spec = pod.get("spec") or {}
-    key, name = where
+    key, name, field = place
+    if field is None:
+        return spec.get(key) or {}
     if name is None:
-        return spec.get("resources") or {}
+        return (spec.get(key) or {}).get(field) or {}
     for c in spec.get(key) or []:
         if c.get("name") == name:
-            return c.get("resources") or {}
+            return (c.get("resources") or {}).get(field) or {}
     return {}
 
 
-def _sum(
-    pods: Sequence[Mapping[str, Any]], where: tuple[str, str | None], field: str
-) -> dict[str, str]:
-    total: dict[str, Fraction] = {}
+def _sum(pods: Sequence[Mapping[str, Any]], place: Place) -> dict[str, str]:
+    values: dict[str, list[Decimal]] = {}
     for pod in pods:
-        for name, q in (_resources_of(pod, where).get(field) or {}).items():
-            total[name] = total.get(name, Fraction(0)) + parse_quantity(q)
-    return {name: format_quantity(v) for name, v in total.items()}
+        for name, text in _list_at(pod, place).items():
+            q = parse_quantity(text)
+            if q is None:
+                raise ValueError(f"not a quantity: {text!r}")
+            values.setdefault(name, []).append(q)
+    return {name: format_quantity(total(v)) for name, v in values.items()}
 
 
 def probe_pod(pods: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """The first pod with each container's requests and limits summed over ``pods``.
+    """The first pod with each container's requests and limits (and the pod's own, and its
+    overhead) summed over ``pods``: it holds what the whole gang holds.
 
-    None when there is nothing to add up (fewer than two pods, or no resources at all), or
-    when a quantity cannot be read (the pods' own dry runs will say why).
+    None when there is nothing to add up (fewer than two pods, or no resources at all), when
+    a quantity cannot be read (the pods' own dry runs will say why), or when the probe would
+    not hold what the gang holds as the quota counts it (:mod:`.podholds`): pods of
+    different shapes (a sidecar on some only) do not add up container by container.
     """
     if len(pods) < 2:
         return None
     probe = copy.deepcopy(dict(pods[0]))
-    spec = probe.get("spec") or {}
     # Every container (init containers and sidecars count toward quota too), then the
-    # pod-level resources (PodLevelResources), each summed over the gang.
-    places: list[tuple[dict[str, Any], tuple[str, str | None]]] = [
-        (c.get("resources") or {}, (key, c.get("name")))
-        for key in _CONTAINER_LISTS
-        for c in spec.get(key) or []
-    ]
-    if spec.get("resources"):
-        places.append((spec["resources"], ("resources", None)))
+    # pod-level resources (PodLevelResources) and overhead, each summed over the gang.
+    places = _places(probe.get("spec") or {})
+    if not places:
+        return None
     try:
-        found = False
-        for res, where in places:
-            for field in ("requests", "limits"):
-                if res.get(field):
-                    res[field] = _sum(pods, where, field)
-                    found = True
+        for parent, key, place in places:
+            parent[key] = _sum(pods, place)
     except ValueError:
         return None
-    return probe if found else None
+    for holds in (podholds.requests, podholds.limits):
+        if holds(probe) != podholds.summed(holds(p) for p in pods):
+            return None
+    return probe

@@ -19,13 +19,14 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from typing import Any, Final
 
 from gpujob_operator import api
 from gpujob_operator.api import children
 from gpujob_operator.api import conditions as c
-from gpujob_operator.api.k8sformats import parse_quantity
-from gpujob_operator.lifecycle import builders, gang
+from gpujob_operator.api.quantity import parse_quantity
+from gpujob_operator.lifecycle import builders, gang, podholds
 from gpujob_operator.lifecycle.forecast import Holder, Waiter
 
 GPU = api.GPU_RESOURCE
@@ -85,29 +86,19 @@ MAX_GPUS = 1 << 20
 """More GPUs than any pool has: a quantity beyond it is nonsense and counts as none."""
 
 
+def _whole_gpus(q: Decimal | None) -> int:
+    return int(q) if q is not None and 0 < q <= MAX_GPUS else 0
+
+
 def _gpus(value: Any) -> int:
-    """A GPU quantity as an int; absent, negative, fractional nonsense or unparsable is 0."""
-    if value is None or isinstance(value, bool):
-        return 0
-    try:
-        q = parse_quantity(value if isinstance(value, int) else str(value))
-        n = int(q) if q is not None and q > 0 else 0
-    except BAD_VALUE:
-        return 0
-    return n if n <= MAX_GPUS else 0
+    """A GPU quantity as an int; absent, negative, beyond any pool or unparsable is 0."""
+    return _whole_gpus(parse_quantity(value))
 
 
 def pod_gpus(pod: Obj) -> int:
-    """GPUs a pod holds on its node: its containers' sum, or its largest init container."""
-    spec = pod.get("spec") or {}
-
-    def one(ctr: Obj) -> int:
-        res = ctr.get("resources") or {}
-        return _gpus((res.get("limits") or {}).get(GPU) or (res.get("requests") or {}).get(GPU))
-
-    main = sum(one(x) for x in spec.get("containers") or ())
-    init = max((one(x) for x in spec.get("initContainers") or ()), default=0)
-    return max(main, init)
+    """GPUs a pod holds on its node, as the scheduler counts them (:mod:`.podholds`: native
+    sidecars included)."""
+    return _whole_gpus(podholds.requests(pod).get(GPU))
 
 
 def job_end(job: Obj, now: float) -> float | None:

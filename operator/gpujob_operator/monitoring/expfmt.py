@@ -160,8 +160,28 @@ _LABEL_CACHE_MAX_KEY: Final = 512
 _label_cache_bytes = 0
 
 
+def label_set(body: str) -> dict[str, str] | None:
+    """The labels of an escape-free label body (the text between the braces); None when it
+    needs the full parser (an escape, a duplicate name, anything odd).
+
+    The one splitter of label bodies: this parser's fast lines and the scraper's one-pass
+    path (`frame.frame_payload`) both use it, so they cannot read a label set differently.
+    """
+    labels: dict[str, str] = {}
+    end = 0
+    for pair in _FAST_PAIR.finditer(body):
+        key = pair.group(1)
+        if pair.start() != end or key in labels:
+            return None
+        labels[key] = pair.group(2)
+        end = pair.end()
+    if end != len(body) and body[end:].strip(" \t"):
+        return None
+    return labels
+
+
 def _fast_labels(body: str) -> dict[str, str] | None:
-    """Labels of an escape-free label body; None when it needs the full parser.
+    """`label_set(body)`, cached.
 
     Scrape after scrape the same label sets come back (rank labels do not vary between
     jobs either), so decoded sets are cached: the returned dict is shared, never mutate it.
@@ -170,17 +190,7 @@ def _fast_labels(body: str) -> dict[str, str] | None:
         return _LABEL_CACHE[body]
     except KeyError:
         pass
-    labels: dict[str, str] | None = {}
-    end = 0
-    for pair in _FAST_PAIR.finditer(body):
-        key = pair.group(1)
-        if pair.start() != end or labels is None or key in labels:
-            labels = None
-            break
-        labels[key] = pair.group(2)
-        end = pair.end()
-    if labels is not None and end != len(body) and body[end:].strip(" \t"):
-        labels = None
+    labels = label_set(body)
     if len(body) <= _LABEL_CACHE_MAX_KEY:
         global _label_cache_bytes
         if len(_LABEL_CACHE) >= _LABEL_CACHE_MAX or _label_cache_bytes > _LABEL_CACHE_MAX_BYTES:

@@ -2,33 +2,37 @@
 
 A payload becomes one rank row per rank it speaks for and one GPU row per GPU (the layout
 is `rows`, the step time histogram's buckets included), plus the CUDA UUID, the ranks' local
-and node ranks, the GPUs each rank drives and the GPU telemetry reason. Two paths lead there and must agree: `frame()` reads parsed
+and node ranks, the GPUs each rank drives and the GPU telemetry reason. What each series (a
+sample name and its label set) gives the frame is decided in one place, `decode`, into a
+`Series`, and applied in one place, `_build`. Two paths feed them: `frame()` reads parsed
 samples (`expfmt.parse`), and `frame_payload()`, the scraper's hot path, goes from payload
-text straight to a frame in one pass, without per-sample objects, falling back to the
-general parser for anything unusual.
+text straight to a frame in one pass, without per-sample objects, decoding each distinct
+series once and caching the `Series`, falling back to the general parser for anything
+unusual.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from array import array
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeVar
 
-from gpujob_operator.monitoring.expfmt import Sample, common_prefix, parse, sample_names
+from gpujob_operator.monitoring.expfmt import (
+    Sample,
+    common_prefix,
+    label_set,
+    parse,
+    sample_names,
+)
 from gpujob_operator.monitoring.rows import (
     G_ECC,
     G_MEM_TOTAL,
     G_MEM_USED,
     G_PCIE_RX,
     G_PCIE_TX,
-    G_POWER,
-    G_POWER_LIMIT,
     G_SM_ACTIVE,
-    G_SM_CLOCK,
-    G_TEMP,
     G_TENSOR_ACTIVE,
     G_THROTTLE,
     G_UTIL,
@@ -92,10 +96,6 @@ _GPU_FIELDS: Final = {
     contract.GPU_UTILIZATION.name: G_UTIL,
     contract.GPU_MEMORY_USED.name: G_MEM_USED,
     contract.GPU_MEMORY_TOTAL.name: G_MEM_TOTAL,
-    contract.GPU_POWER.name: G_POWER,
-    contract.GPU_POWER_LIMIT.name: G_POWER_LIMIT,
-    contract.GPU_TEMPERATURE.name: G_TEMP,
-    contract.GPU_SM_CLOCK.name: G_SM_CLOCK,
     contract.GPU_XID_ERRORS.name: G_XID,
     contract.GPU_ECC_UNCORRECTED.name: G_ECC,
     contract.GPU_PCIE_RX.name: G_PCIE_RX,
@@ -143,12 +143,6 @@ def _device_tuples(devices: dict[int, dict[int, str]]) -> dict[int, tuple[str, .
     return {r: tuple(d[i] for i in sorted(d)) for r, d in devices.items() if d}
 
 
-def _row(width: int, t: float) -> array[float]:
-    row = array("d", [NAN]) * width
-    row[0] = t
-    return row
-
-
 @dataclass(frozen=True, slots=True)
 class Frame:
     """One endpoint's scrape boiled down to rows (what the window stores)."""
@@ -182,8 +176,195 @@ class Frame:
         }
 
 
-def frame(samples: Iterable[Sample], t: float) -> Frame:
-    """Boil one endpoint's samples down to rows; samples without a rank label are skipped."""
+# ---- what a series gives a frame: one decoder, one applier -----------------------------
+
+NEEDED: Final = sample_names(
+    m
+    for m in contract.ALL_METRICS
+    if m
+    not in (
+        # Exported for dashboards, read by no analysis: left NaN in the GPU rows.
+        contract.GPU_POWER,
+        contract.GPU_POWER_LIMIT,
+        contract.GPU_TEMPERATURE,
+        contract.GPU_SM_CLOCK,
+        contract.GPU_PROFILING_AVAILABLE,
+    )
+)
+"""The sample names a frame reads (every other series is ignored); `frame_payload` equals
+`frame(parse(text, NEEDED))`."""
+
+_STEPS: Final = contract.STEPS.name
+
+# What a series' value feeds (Series.kind), the commonest first; the rank kinds, then the
+# GPU kinds, are numbered together (`_build` tells them apart by range).
+RANK_VALUE: Final = 0
+"""The rank row's `slot`."""
+RANK_SEEN: Final = 1
+"""Nothing but the rank row itself (a series the row keeps no slot for)."""
+RANK_STEPS: Final = 2
+"""The rank row's `slot` (the step counter), and the series' `steps_local_rank`."""
+RANK_CUDA: Final = 3
+"""The rank row's `slot` (CUDA reserved memory), and the CUDA device's `uuid`."""
+RANK_PHASE: Final = 4
+"""The rank row's current phase: `phase` when the value is 1."""
+RANK_PEAK: Final = 5
+"""The rank row's peak FLOP/s, its reason and dtype (`peak_code`), and `device_name`."""
+RANK_DEVICE: Final = 6
+"""The rank drives GPU `uuid` at the position the value gives."""
+GPU_VALUE: Final = 7
+"""The GPU row's `slot`."""
+GPU_CLOCK_EVENT: Final = 8
+"""The GPU row's `throttle_bit` in G_THROTTLE, set or cleared by the value (0: the row
+itself only, a reason the operator does not know)."""
+TELEMETRY: Final = 9
+"""Whether the endpoint has GPU telemetry, else its `reason`."""
+STEPS_UNRANKED: Final = 10
+"""A step counter without a rank label: only its `steps_local_rank` counts."""
+IGNORED: Final = 11
+"""Nothing: a name the frame does not read, or a series without the label it needs."""
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """What one series (a sample name and its label set) gives a frame.
+
+    Each field means one thing whatever the kind; a kind leaves the fields it does not use
+    at their defaults. Slotted: the hot loop reads only the fields its kind needs, and a
+    slot read is the cheapest attribute read there is (cheaper than a tuple's unpacking).
+    """
+
+    kind: int
+    """What the value feeds: RANK_VALUE ... IGNORED."""
+    rank: int = -1
+    """The global rank of a rank series (`rank` label)."""
+    local_rank: int | None = None
+    """Its `local_rank` label, kept by the rank's first series."""
+    node_rank: int | None = None
+    """Its `node_rank` label, kept likewise."""
+    gpu: int = -1
+    """The GPU index of a GPU series (`gpu` label)."""
+    slot: int = -1
+    """Where the value goes in its rank or GPU row."""
+    phase: int = -1
+    """A current-phase series' position in `contract.PHASES`."""
+    peak_code: int = -1
+    """A peak series' reason and dtype in one int (`_peak_code`)."""
+    throttle_bit: int = 0
+    """A clock event's bit in G_THROTTLE (0: a reason the operator does not know)."""
+    uuid: str = ""
+    """The `UUID` label where the kind keeps it: the GPU's (GPU kinds), the CUDA device's
+    (RANK_CUDA), the driven GPU's (RANK_DEVICE)."""
+    device_name: str = ""
+    """The GPU product name a peak is for."""
+    reason: str = ""
+    """The telemetry reason."""
+    steps_local_rank: str = ""
+    """A step counter's `local_rank` label ("?" when absent): which rank answered."""
+
+
+_IGNORED: Final = Series(IGNORED)
+
+
+def decode(name: str, labels: dict[str, str]) -> Series:
+    """What a sample of ``name`` with ``labels`` gives a frame: the one decoding both paths
+    use (label values the frame keeps are clipped to MAX_LABEL_TEXT)."""
+    if name not in NEEDED:
+        return _IGNORED
+    gi = _GPU_FIELDS.get(name)
+    if gi is not None or name == contract.GPU_CLOCK_EVENT.name:
+        gpu = _int(labels.get(contract.LABEL_GPU))
+        if gpu is None:
+            return _IGNORED
+        uuid = labels.get(contract.LABEL_UUID, "")[:MAX_LABEL_TEXT]
+        if gi is not None:
+            return Series(GPU_VALUE, gpu=gpu, slot=gi, uuid=uuid)
+        bit = THROTTLE_BIT.get(labels.get(contract.LABEL_REASON, ""), 0)
+        return Series(GPU_CLOCK_EVENT, gpu=gpu, throttle_bit=bit, uuid=uuid)
+    if name == contract.GPU_TELEMETRY_AVAILABLE.name:
+        reason = labels.get(contract.LABEL_REASON, "")[:MAX_LABEL_TEXT]
+        return Series(TELEMETRY, reason=reason)
+    rank = _int(labels.get(contract.LABEL_RANK))
+    steps = labels.get(contract.LABEL_LOCAL_RANK, "?")[:MAX_LABEL_TEXT] if name == _STEPS else None
+    if rank is None:
+        return _IGNORED if steps is None else Series(STEPS_UNRANKED, steps_local_rank=steps)
+    local = _int(labels.get(contract.LABEL_LOCAL_RANK))
+    node = _int(labels.get(contract.LABEL_NODE_RANK))
+    if steps is not None:
+        return Series(RANK_STEPS, rank, local, node, slot=R_STEPS, steps_local_rank=steps)
+    ri = _RANK_FIELDS.get(name)
+    if ri == R_CUDA_RESERVED and contract.LABEL_UUID in labels:
+        cuda = labels[contract.LABEL_UUID][:MAX_LABEL_TEXT]
+        return Series(RANK_CUDA, rank, local, node, slot=ri, uuid=cuda)
+    if ri is not None:
+        return Series(RANK_VALUE, rank, local, node, slot=ri)
+    slot = -1
+    if name == contract.PHASE_SECONDS.name:
+        slot = R_PHASE.get(labels.get(contract.LABEL_PHASE, ""), -1)
+    elif name == contract.CURRENT_PHASE.name:
+        ci = _PHASE_INDEX.get(labels.get(contract.LABEL_PHASE, ""))
+        if ci is not None:
+            return Series(RANK_PHASE, rank, local, node, phase=int(ci))
+    elif name == contract.PEAK_FLOPS.name:
+        device = labels.get(contract.LABEL_DEVICE, "")[:MAX_LABEL_TEXT]
+        return Series(
+            RANK_PEAK, rank, local, node, peak_code=_peak_code(labels), device_name=device
+        )
+    elif name == contract.RANK_DEVICE.name:
+        return Series(RANK_DEVICE, rank, local, node, uuid=labels.get(contract.LABEL_UUID, ""))
+    elif name == _BUCKETS:
+        le = labels.get("le", "")
+        idx = N_BUCKETS - 1 if le == "+Inf" else _BUCKET_INDEX.get(_float(le), -1)
+        slot = R_BUCKET0 + idx if idx >= 0 else -1
+    if slot >= 0:
+        return Series(RANK_VALUE, rank, local, node, slot=slot)
+    return Series(RANK_SEEN, rank, local, node)
+
+
+_Pairs = tuple[tuple[str, str], ...]
+SeriesKey = TypeVar("SeriesKey", str, tuple[str, _Pairs])
+"""A series as the cache knows it: its text in a canonical payload (the scraper's path), or
+its name and label pairs (parsed samples)."""
+
+_SERIES: dict[str | tuple[str, _Pairs], Series] = {}
+"""The series cache: the same series come back scrape after scrape, job after job."""
+_SERIES_MAX: Final = 65536
+_SERIES_MAX_CHARS: Final = 8 * 2**20
+"""The cache's keys hold at most this many characters in all."""
+_SERIES_MAX_KEY: Final = 512
+"""Longer series (unusual label values) are decoded every time, never kept."""
+_series_chars = 0
+
+
+def _keep(key: str | tuple[str, _Pairs], s: Series, chars: int) -> None:
+    global _series_chars
+    if chars > _SERIES_MAX_KEY:
+        return
+    if len(_SERIES) >= _SERIES_MAX or _series_chars > _SERIES_MAX_CHARS:
+        _SERIES.clear()
+        _series_chars = 0
+    _SERIES[key] = s
+    _series_chars += chars
+
+
+def series_cache_size() -> tuple[int, int]:
+    """(entries, characters of keys) the series cache holds (for tests and benches)."""
+    return len(_SERIES), _series_chars
+
+
+_RANK_TEMPLATE: Final = array("d", [NAN]) * R_WIDTH
+_GPU_TEMPLATE: Final = array("d", [NAN]) * G_WIDTH
+
+
+def _build(
+    found: Iterable[tuple[SeriesKey, float | str]],
+    t: float,
+    learn: Callable[[SeriesKey], Series],
+) -> Frame:
+    """The frame of a payload's series in payload order, each with its value (a float, or
+    its text, converted only where used): the one place a value lands in a frame. Each
+    series is looked up in the cache, and decoded by ``learn`` (which keeps it) when new."""
+    known = _SERIES.get
     ranks: dict[int, array[float]] = {}
     cuda_uuid: dict[int, str] = {}
     gpus: dict[int, tuple[str, array[float]]] = {}
@@ -193,67 +374,57 @@ def frame(samples: Iterable[Sample], t: float) -> Frame:
     steps: list[str] = []
     devices: dict[int, dict[int, str]] = {}
     names: dict[int, str] = {}
-    for name, labels, value, _ in samples:
-        if name == _STEPS:
-            steps.append(labels.get(contract.LABEL_LOCAL_RANK, "?")[:MAX_LABEL_TEXT])
-        gi = _GPU_FIELDS.get(name)
-        if gi is not None or name == contract.GPU_CLOCK_EVENT.name:
-            gpu = _int(labels.get(contract.LABEL_GPU))
-            if gpu is None:
-                continue
-            entry = gpus.get(gpu)
+    for key, value in found:
+        s = known(key)
+        if s is None:
+            s = learn(key)
+        kind = s.kind
+        if kind <= RANK_DEVICE:
+            rank = s.rank
+            row = ranks.get(rank)
+            if row is None:
+                row = ranks[rank] = _RANK_TEMPLATE[:]
+                row[0] = t
+                if s.local_rank is not None:
+                    local[rank] = s.local_rank
+                if s.node_rank is not None:
+                    node[rank] = s.node_rank
+            if kind == RANK_VALUE:
+                row[s.slot] = float(value)
+            elif kind == RANK_STEPS:
+                row[s.slot] = float(value)
+                steps.append(s.steps_local_rank)
+            elif kind == RANK_CUDA:
+                row[s.slot] = float(value)
+                cuda_uuid[rank] = s.uuid
+            elif kind == RANK_PHASE:
+                if float(value) > 0:
+                    row[R_CURRENT_PHASE] = float(s.phase)
+            elif kind == RANK_PEAK:
+                _put_peak(row, s.peak_code, float(value))
+                names[rank] = s.device_name
+            elif kind == RANK_DEVICE:
+                _put_device(devices, rank, s.uuid, float(value))
+        elif kind <= GPU_CLOCK_EVENT:
+            entry = gpus.get(s.gpu)
             if entry is None:
-                uuid = labels.get(contract.LABEL_UUID, "")[:MAX_LABEL_TEXT]
-                entry = gpus[gpu] = (uuid, _row(G_WIDTH, t))
-            row = entry[1]
-            if gi is not None:
-                row[gi] = value
-            else:
-                bit = THROTTLE_BIT.get(labels.get(contract.LABEL_REASON, ""))
-                if bit is not None:
-                    cur = 0 if math.isnan(row[G_THROTTLE]) else int(row[G_THROTTLE])
-                    row[G_THROTTLE] = float(cur | bit) if value > 0 else float(cur)
-            continue
-        if name == contract.GPU_TELEMETRY_AVAILABLE.name:
-            reason = labels.get(contract.LABEL_REASON, "")[:MAX_LABEL_TEXT]
-            if telemetry is None or value > 0:
-                telemetry = contract.TELEMETRY_OK if value > 0 else reason or "unknown"
-            continue
-        rank = _int(labels.get(contract.LABEL_RANK))
-        if rank is None:
-            continue
-        rrow = ranks.get(rank)
-        if rrow is None:
-            rrow = ranks[rank] = _row(R_WIDTH, t)
-            lr = _int(labels.get(contract.LABEL_LOCAL_RANK))
-            nr = _int(labels.get(contract.LABEL_NODE_RANK))
-            if lr is not None:
-                local[rank] = lr
-            if nr is not None:
-                node[rank] = nr
-        ri = _RANK_FIELDS.get(name)
-        if ri is not None:
-            rrow[ri] = value
-            if ri == R_CUDA_RESERVED and contract.LABEL_UUID in labels:
-                cuda_uuid[rank] = labels[contract.LABEL_UUID][:MAX_LABEL_TEXT]
-        elif name == contract.PHASE_SECONDS.name:
-            pi = R_PHASE.get(labels.get(contract.LABEL_PHASE, ""))
-            if pi is not None:
-                rrow[pi] = value
-        elif name == contract.CURRENT_PHASE.name:
-            ci = _PHASE_INDEX.get(labels.get(contract.LABEL_PHASE, ""))
-            if ci is not None and value > 0:
-                rrow[R_CURRENT_PHASE] = ci
-        elif name == contract.PEAK_FLOPS.name:
-            _put_peak(rrow, _peak_code(labels), value)
-            names[rank] = labels.get(contract.LABEL_DEVICE, "")[:MAX_LABEL_TEXT]
-        elif name == contract.RANK_DEVICE.name:
-            _put_device(devices, rank, labels.get(contract.LABEL_UUID, ""), value)
-        elif name == _BUCKETS:
-            le = labels.get("le", "")
-            idx = N_BUCKETS - 1 if le == "+Inf" else _BUCKET_INDEX.get(_float(le), -1)
-            if idx >= 0:
-                rrow[R_BUCKET0 + idx] = value
+                grow = _GPU_TEMPLATE[:]
+                grow[0] = t
+                entry = gpus[s.gpu] = (s.uuid, grow)
+            grow = entry[1]
+            if kind == GPU_VALUE:
+                grow[s.slot] = float(value)
+            elif s.throttle_bit:
+                cur = grow[G_THROTTLE]
+                mask = 0 if cur != cur else int(cur)
+                bit = s.throttle_bit
+                grow[G_THROTTLE] = float(mask | bit) if float(value) > 0 else float(mask)
+        elif kind == TELEMETRY:
+            v = float(value)
+            if telemetry is None or v > 0:
+                telemetry = contract.TELEMETRY_OK if v > 0 else s.reason or "unknown"
+        elif kind == STEPS_UNRANKED:
+            steps.append(s.steps_local_rank)
     return Frame(
         ranks,
         cuda_uuid,
@@ -265,6 +436,20 @@ def frame(samples: Iterable[Sample], t: float) -> Frame:
         _device_tuples(devices),
         names,
     )
+
+
+def frame(samples: Iterable[Sample], t: float) -> Frame:
+    """Boil one endpoint's samples down to rows (samples the frame does not read, or without
+    the label they need, are skipped)."""
+    found = (((name, tuple(labels.items())), value) for name, labels, value, _ in samples)
+    return _build(found, t, _learn_sample)
+
+
+def _learn_sample(key: tuple[str, _Pairs]) -> Series:
+    name, pairs = key
+    s = decode(name, dict(pairs))
+    _keep(key, s, len(name) + sum(len(k) + len(v) for k, v in pairs))
+    return s
 
 
 def _int(text: str | None) -> int | None:
@@ -285,22 +470,6 @@ def _float(text: str) -> float:
 
 # ---- the scraper's path: payload text straight to a frame, in one pass ------------------
 
-NEEDED: Final = sample_names(
-    m
-    for m in contract.ALL_METRICS
-    if m
-    not in (
-        # Exported for dashboards, read by no analysis: left NaN in the GPU rows.
-        contract.GPU_POWER,
-        contract.GPU_POWER_LIMIT,
-        contract.GPU_TEMPERATURE,
-        contract.GPU_SM_CLOCK,
-        contract.GPU_PROFILING_AVAILABLE,
-    )
-)
-"""The sample names the analysis reads; `frame_payload` equals `frame(parse(text, NEEDED))`."""
-
-_STEPS: Final = contract.STEPS.name
 _PREFIX: Final = re.escape(common_prefix(NEEDED))
 _NAME_RE: Final = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 _LVAL_RE: Final = r'"[^"\\\n}]*"'
@@ -326,112 +495,30 @@ _DOC: Final = re.compile(rf"(?>{_LINE_RE})(?:\n(?>{_LINE_RE}))*", re.ASCII)
 # series (name, then the label block up to its closing brace), a space, then the value. Searched in "\n" + text:
 # a literal start lets the regex engine skip to candidates at C speed.
 _OURS: Final = re.compile(rf"\n({_PREFIX}[^ \n{{]*(?:\{{[^}}\n]*\}})?) ([^ \n]+)")
-_PAIR: Final = re.compile(r'([a-zA-Z_]\w*)="([^"]*)"', re.ASCII)
-
-# What one series (name and label set) contributes to a frame, decoded once and cached.
-(
-    _IGNORE,
-    _RANK_ROW,
-    _RANK_BUCKET,
-    _GPU,
-    _TELEMETRY,
-    _STEPS_ONLY,
-    _RANK_CURRENT,
-    _RANK_PEAK,
-    _RANK_DEVICE,
-) = range(9)
-_RANK_KINDS: Final = frozenset({_RANK_ROW, _RANK_BUCKET, _RANK_CURRENT, _RANK_PEAK, _RANK_DEVICE})
-_Action = tuple[int, int, int | None, int | None, int, str | None, str | None]
-"""(kind, key, a, node, index, label, steps' local_rank label). Rank kinds: key is the rank,
-a its local rank, index the row or bucket position (-1: none), label the CUDA UUID. _GPU: key
-is the GPU, a its row position (None for a clock event), index the throttle bit (0: none),
-label its UUID. _TELEMETRY: label is the reason. _RANK_CURRENT: index is the phase's position in
-`contract.PHASES` (-1: unknown), written to R_CURRENT_PHASE when the value is 1. _RANK_PEAK:
-index is `_peak_code`, label the product name. _RANK_DEVICE: label is the GPU's UUID."""
-_NO_ACTION: Final[_Action] = (_IGNORE, -1, None, None, -1, None, None)
-_ACTIONS: dict[str, _Action] = {}
-_ACTIONS_MAX: Final = 65536
-_ACTIONS_MAX_CHARS: Final = 8 * 2**20
-"""The cache's keys hold at most this many characters in all."""
-_ACTIONS_MAX_KEY: Final = 512
-"""Longer series (unusual label values) are decoded every time, never kept."""
-_actions_chars = 0
-_RANK_TEMPLATE: Final = array("d", [NAN]) * R_WIDTH
-_GPU_TEMPLATE: Final = array("d", [NAN]) * G_WIDTH
 
 
 class _Fallback(Exception):
     """The fast path met something only the general parser decides (a duplicate label)."""
 
 
-def _action(series: str) -> _Action:
-    brace = series.find("{")
-    name = series if brace < 0 else series[:brace]
-    if name not in NEEDED:
-        return _NO_ACTION
-    labels: dict[str, str] = {}
-    if brace >= 0:
-        pairs = _PAIR.findall(series, brace + 1, len(series) - 1)
-        labels = dict(pairs)
-        if len(labels) != len(pairs):
-            raise _Fallback(series)
-    gi = _GPU_FIELDS.get(name)
-    if gi is not None or name == contract.GPU_CLOCK_EVENT.name:
-        gpu = _int(labels.get(contract.LABEL_GPU))
-        if gpu is None:
-            return _NO_ACTION
-        uuid = labels.get(contract.LABEL_UUID, "")[:MAX_LABEL_TEXT]
-        if gi is None:
-            bit = THROTTLE_BIT.get(labels.get(contract.LABEL_REASON, ""), 0)
-            return (_GPU, gpu, None, None, bit, uuid, None)
-        return (_GPU, gpu, gi, None, 0, uuid, None)
-    if name == contract.GPU_TELEMETRY_AVAILABLE.name:
-        reason = labels.get(contract.LABEL_REASON, "")[:MAX_LABEL_TEXT]
-        return (_TELEMETRY, -1, None, None, -1, reason, None)
-    steps = labels.get(contract.LABEL_LOCAL_RANK, "?")[:MAX_LABEL_TEXT] if name == _STEPS else None
-    rank = _int(labels.get(contract.LABEL_RANK))
-    if rank is None:
-        return (_STEPS_ONLY, -1, None, None, -1, None, steps) if steps is not None else _NO_ACTION
-    local = _int(labels.get(contract.LABEL_LOCAL_RANK))
-    node = _int(labels.get(contract.LABEL_NODE_RANK))
-    ri = _RANK_FIELDS.get(name)
-    if ri is not None:
-        cuda = labels.get(contract.LABEL_UUID) if ri == R_CUDA_RESERVED else None
-        cuda = cuda[:MAX_LABEL_TEXT] if cuda is not None else None
-        return (_RANK_ROW, rank, local, node, ri, cuda, steps)
-    if name == contract.PHASE_SECONDS.name:
-        pi = R_PHASE.get(labels.get(contract.LABEL_PHASE, ""), -1)
-        return (_RANK_ROW, rank, local, node, pi, None, None)
-    if name == contract.CURRENT_PHASE.name:
-        ci = int(_PHASE_INDEX.get(labels.get(contract.LABEL_PHASE, ""), -1))
-        return (_RANK_CURRENT, rank, local, node, ci, None, None)
-    if name == contract.PEAK_FLOPS.name:
-        device = labels.get(contract.LABEL_DEVICE, "")[:MAX_LABEL_TEXT]
-        return (_RANK_PEAK, rank, local, node, _peak_code(labels), device, None)
-    if name == contract.RANK_DEVICE.name:
-        return (_RANK_DEVICE, rank, local, node, -1, labels.get(contract.LABEL_UUID, ""), None)
-    if name == _BUCKETS:
-        le = labels.get("le", "")
-        idx = N_BUCKETS - 1 if le == "+Inf" else _BUCKET_INDEX.get(_float(le), -1)
-        if idx >= 0:
-            return (_RANK_BUCKET, rank, local, node, idx, None, None)
-    return (_RANK_ROW, rank, local, node, -1, None, None)
+def _series(text: str) -> Series:
+    """The `Series` of one series' text in a canonical payload (name, then its label
+    block), decoded by `decode`, the labels split by `expfmt.label_set`."""
+    brace = text.find("{")
+    if brace < 0:
+        return decode(text, {})
+    if text[:brace] not in NEEDED:
+        return _IGNORED
+    labels = label_set(text[brace + 1 : -1])
+    if labels is None:
+        raise _Fallback(text)
+    return decode(text[:brace], labels)
 
 
-def _remember(series: str, a: _Action) -> None:
-    global _actions_chars
-    if len(series) > _ACTIONS_MAX_KEY:
-        return
-    if len(_ACTIONS) >= _ACTIONS_MAX or _actions_chars > _ACTIONS_MAX_CHARS:
-        _ACTIONS.clear()
-        _actions_chars = 0
-    _ACTIONS[series] = a
-    _actions_chars += len(series)
-
-
-def series_cache_size() -> tuple[int, int]:
-    """(entries, characters of keys) the series cache holds (for tests and benches)."""
-    return len(_ACTIONS), _actions_chars
+def _learn_text(text: str) -> Series:
+    s = _series(text)
+    _keep(text, s, len(text))
+    return s
 
 
 def frame_payload(payload: str | bytes | bytearray | memoryview, t: float) -> Frame:
@@ -474,16 +561,6 @@ def _canonical(text: str) -> bool:
 
 
 def _scan(text: str, t: float) -> Frame:
-    ranks: dict[int, array[float]] = {}
-    cuda_uuid: dict[int, str] = {}
-    gpus: dict[int, tuple[str, array[float]]] = {}
-    local: dict[int, int] = {}
-    node: dict[int, int] = {}
-    telemetry: str | None = None
-    steps: list[str] = []
-    devices: dict[int, dict[int, str]] = {}
-    names: dict[int, str] = {}
-    actions = _ACTIONS
     # A large payload (parsed on a worker thread) is searched with finditer, which hands the
     # GIL back between lines instead of holding it for one long C call; findall is faster.
     found: Iterable[tuple[str, str]] = (
@@ -491,65 +568,4 @@ def _scan(text: str, t: float) -> Frame:
         if len(text) <= _BLOCK
         else ((m[1], m[2]) for m in _OURS.finditer("\n" + text))
     )
-    for series, value_text in found:
-        a = actions.get(series)
-        if a is None:
-            a = _action(series)
-            _remember(series, a)
-        kind, key, lr, nr, idx, text_label, steps_label = a
-        if kind in _RANK_KINDS:
-            row = ranks.get(key)
-            if row is None:
-                row = ranks[key] = _RANK_TEMPLATE[:]
-                row[0] = t
-                if lr is not None:
-                    local[key] = lr
-                if nr is not None:
-                    node[key] = nr
-            if kind == _RANK_ROW:
-                if idx >= 0:
-                    row[idx] = float(value_text)
-                if text_label is not None:
-                    cuda_uuid[key] = text_label
-                if steps_label is not None:
-                    steps.append(steps_label)
-            elif kind == _RANK_CURRENT:
-                if idx >= 0 and float(value_text) > 0:
-                    row[R_CURRENT_PHASE] = float(idx)
-            elif kind == _RANK_BUCKET:
-                row[R_BUCKET0 + idx] = float(value_text)
-            elif kind == _RANK_PEAK:
-                _put_peak(row, idx, float(value_text))
-                names[key] = text_label or ""
-            else:
-                _put_device(devices, key, text_label or "", float(value_text))
-        elif kind == _GPU:
-            entry = gpus.get(key)
-            if entry is None:
-                grow = _GPU_TEMPLATE[:]
-                grow[0] = t
-                entry = gpus[key] = (text_label or "", grow)
-            grow = entry[1]
-            if lr is not None:
-                grow[lr] = float(value_text)
-            elif idx:
-                cur = grow[G_THROTTLE]
-                mask = 0 if cur != cur else int(cur)
-                grow[G_THROTTLE] = float(mask | idx) if float(value_text) > 0 else float(mask)
-        elif kind == _TELEMETRY:
-            value = float(value_text)
-            if telemetry is None or value > 0:
-                telemetry = contract.TELEMETRY_OK if value > 0 else text_label or "unknown"
-        elif kind == _STEPS_ONLY and steps_label is not None:
-            steps.append(steps_label)
-    return Frame(
-        ranks,
-        cuda_uuid,
-        gpus,
-        telemetry,
-        local,
-        node,
-        tuple(steps),
-        _device_tuples(devices),
-        names,
-    )
+    return _build(found, t, _learn_text)

@@ -17,6 +17,7 @@ from gpujob_operator.api import rules as R
 from gpujob_operator.api.base import NamedPassthrough, ResourceQuantity
 from gpujob_operator.api.base import Ruled as _Ruled
 from gpujob_operator.api.base import quantity_value as _q
+from gpujob_operator.api.quantity import parse_quantity
 
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 
@@ -81,7 +82,7 @@ def _resource_list_rules(part: str) -> tuple[R.Rule, ...]:
             + ")",
             f"{path}: extended resources (such as example.com/foo) must be whole numbers",
             lambda m: all(
-                not _extended(k) or (q := kf.parse_quantity(v)) is None or _whole(q)
+                not _extended(k) or (q := parse_quantity(v)) is None or _whole(q)
                 for k, v in (getattr(m, part) or {}).items()
             ),
             field_path=f".{part}",
@@ -106,9 +107,9 @@ def _resource_list_rules(part: str) -> tuple[R.Rule, ...]:
 
 def _hugepages_ok(name: str, value: int | str) -> bool:
     """core/v1: a hugepages-SIZE amount is a whole number of pages of a positive SIZE."""
-    if not name.startswith("hugepages-") or (q := kf.parse_quantity(value)) is None:
+    if not name.startswith("hugepages-") or (q := parse_quantity(value)) is None:
         return True
-    size = kf.parse_quantity(name.removeprefix("hugepages-"))
+    size = parse_quantity(name.removeprefix("hugepages-"))
     return size is not None and size > 0 and _whole(Decimal(float(q) / float(size)))
 
 
