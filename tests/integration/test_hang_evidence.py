@@ -137,7 +137,7 @@ def test_four_ranks_one_asleep_and_restart_on_stall_restarts_only_after_the_evid
 
     def restarted() -> dict[str, Any] | None:
         status = job_status(kube, "hung-four")
-        return status if status.get("restarts", 0) >= 1 else None
+        return status if status.get("gang", {}).get("restarts", 0) >= 1 else None
 
     status = wait_until(restarted, 300, "a gang restart", interval=1.0)
     ev = status["hangEvidence"]
