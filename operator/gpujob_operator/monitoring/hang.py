@@ -37,7 +37,7 @@ from gpujob_operator.monitoring.hangdump import (
     Thread,
     parse,
 )
-from gpujob_operator.monitoring.scrape_result import ScrapeTarget
+from gpujob_operator.monitoring.scrape.result import ScrapeTarget
 from gpujob_trainer import contract
 
 MAX_NAMED: Final = 3

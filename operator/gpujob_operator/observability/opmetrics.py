@@ -352,7 +352,7 @@ class JobMetrics:
             self._ghost_pods[proof] = self._ghost_pods.get(proof, 0.0) + count
 
     def observe_dropped(self, series: int, values: int, bytes_: int) -> None:
-        """Count what a scrape refused from an endpoint (see guard.py and scrape.py)."""
+        """Count what a scrape refused from an endpoint (see monitoring/scrape/: guard, scraper)."""
         if not (series or values or bytes_):
             return
         with self._lock:

@@ -29,11 +29,11 @@ from gpujob_operator.api.children import hang_configmap, hang_configmap_name
 from gpujob_operator.api.display import EVIDENCE_MARK, format_hang
 from gpujob_operator.api.status import attempt_of, stall_evidence, stalled_since
 from gpujob_operator.monitoring import hang, hangdump, hangtext
-from gpujob_operator.monitoring.scrape_result import ScrapeTarget
+from gpujob_operator.monitoring.scrape.result import ScrapeTarget
 from gpujob_operator.runtime.kube import Fenced, Kube
 
 if TYPE_CHECKING:
-    from gpujob_operator.monitoring.scrape import Scraper
+    from gpujob_operator.monitoring.scrape.scraper import Scraper
 
 log = logging.getLogger("gpujob.hang")
 

@@ -41,7 +41,7 @@ from gpujob_operator.api.children import job_uid, uid_of
 from gpujob_operator.api.patches import json_safe, minimal_patch
 from gpujob_operator.api.status import attempt_of
 from gpujob_operator.lifecycle import backoff, gangprobe, observations, planner, refusals
-from gpujob_operator.monitoring.scrape import Scraper
+from gpujob_operator.monitoring.scrape.scraper import Scraper
 from gpujob_operator.observability import opmetrics
 from gpujob_operator.observability.opmetrics import METRICS
 from gpujob_operator.runtime import gangstate
