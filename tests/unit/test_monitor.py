@@ -10,7 +10,7 @@ from gpujob_operator.monitoring.monitor import JobMonitor, exited_ranks, scrape_
 from gpujob_operator.monitoring.scrape import expfmt
 from gpujob_operator.monitoring.scrape.result import ErrorKind, ScrapeResult, ScrapeTarget
 from gpujob_operator.monitoring.update import MonitorUpdate
-from gpujob_operator.monitoring.verdict import HEALTHY, INPUT_BOUND, STALLED
+from gpujob_operator.monitoring.verdicts.verdict import HEALTHY, INPUT_BOUND, STALLED
 from tests.unit.test_analysis import T0, Job, RankSim, slow_steps
 
 SPEC = {

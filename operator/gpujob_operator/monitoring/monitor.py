@@ -27,10 +27,6 @@ from gpujob_operator.api.children import LABEL_NODE_RANK, controller_uid, owned
 from gpujob_operator.api.display import format_hang
 from gpujob_operator.api.events import Event
 from gpujob_operator.api.hostports import metrics_port_rank
-from gpujob_operator.monitoring import hysteresis
-from gpujob_operator.monitoring.analysis import Analysis, analyze
-from gpujob_operator.monitoring.analysis_settings import Settings
-from gpujob_operator.monitoring.progress import ProgressMemory
 from gpujob_operator.monitoring.scrape import guard
 from gpujob_operator.monitoring.scrape.frame import frame
 from gpujob_operator.monitoring.scrape.result import (
@@ -40,7 +36,11 @@ from gpujob_operator.monitoring.scrape.result import (
     ScrapeTarget,
 )
 from gpujob_operator.monitoring.update import REFRESH_SECONDS, MonitorUpdate, PatchClock
-from gpujob_operator.monitoring.verdict import (
+from gpujob_operator.monitoring.verdicts import hysteresis
+from gpujob_operator.monitoring.verdicts.analysis import Analysis, analyze
+from gpujob_operator.monitoring.verdicts.analysis_settings import Settings
+from gpujob_operator.monitoring.verdicts.progress import ProgressMemory
+from gpujob_operator.monitoring.verdicts.verdict import (
     CRITICAL,
     HARDWARE_FAULT,
     HEALTHY,
