@@ -11,7 +11,7 @@ import pytest
 
 from gpujob_operator.api.display import format_hang
 from gpujob_operator.api.status import stall_evidence
-from gpujob_operator.monitoring import hang, hangdump, hangtext
+from gpujob_operator.monitoring.hang import hang, hangdump, hangtext
 from gpujob_operator.monitoring.monitor import with_hang
 from gpujob_operator.monitoring.scrape.result import ScrapeTarget
 from gpujob_operator.runtime import hangcapture
