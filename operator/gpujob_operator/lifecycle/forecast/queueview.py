@@ -1,6 +1,6 @@
 """The cluster as the start-time forecast sees it, read from plain API objects.
 
-Two views, one per way a gang waits (:mod:`.forecast` does the arithmetic):
+Two views, one per way a gang waits (:mod:`.simulation` does the arithmetic):
 
 * **Nodes** (native gang scheduling, or none): a pool per schedulable node with
   ``nvidia.com/gpu`` allocatable; the holders are the bound, unfinished pods that request
@@ -27,7 +27,7 @@ from gpujob_operator.api import children
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.quantity import parse_quantity
 from gpujob_operator.lifecycle import builders, gang, podholds
-from gpujob_operator.lifecycle.forecast import Holder, Waiter
+from gpujob_operator.lifecycle.forecast.simulation import Holder, Waiter
 
 GPU = api.GPU_RESOURCE
 Obj = Mapping[str, Any]
@@ -35,7 +35,7 @@ Obj = Mapping[str, Any]
 
 @dataclass
 class View:
-    """Pools, holders and waiters (in queue order), ready for :func:`forecast.forecast_all`."""
+    """Pools, holders and waiters (in queue order), ready for :func:`simulation.forecast_all`."""
 
     capacity: dict[str, int] = field(default_factory=dict)
     holders: list[Holder] = field(default_factory=list)
