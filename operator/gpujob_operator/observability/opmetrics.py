@@ -366,7 +366,8 @@ class JobMetrics:
 
     def observe_api_error(self, call: str, reason: str) -> None:
         """Count one failed API call: ``call`` (create_pod, patch_status, ...) and the
-        classified reason (:mod:`~gpujob_operator.lifecycle.refusals`); both come from small fixed sets."""
+        classified reason (:mod:`~gpujob_operator.lifecycle.apiserver.refusals`); both come
+        from small fixed sets."""
         with self._lock:
             key = (_label(call), _label(reason))
             self._api_errors[key] = self._api_errors.get(key, 0.0) + 1
