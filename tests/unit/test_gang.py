@@ -14,7 +14,8 @@ import pytest
 from gpujob_operator import api
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.status import attempt_of
-from gpujob_operator.lifecycle import gang, observations, planner
+from gpujob_operator.lifecycle import observations, planner
+from gpujob_operator.lifecycle.gang import gang
 from gpujob_operator.lifecycle.planner import Plan
 from tests.unit.test_planner import Sim, cond, make_job
 

@@ -129,7 +129,7 @@ def test_node_view_holders_are_jobs_with_their_eta_and_foreign_pods_without() ->
 
 
 def test_a_native_sidecars_gpus_count_in_what_a_pod_holds() -> None:
-    """A bound pod holds what the scheduler counts (lifecycle/podholds.py): its app containers
+    """A bound pod holds what the scheduler counts (lifecycle/gang/podholds.py): its app containers
     plus its native sidecars (init containers with restartPolicy: Always), or its largest
     init container if more; a sidecar's GPU used to be left out, and the waiter fit."""
     notebook = pod("notebook", "n1", gpus=2)

@@ -48,12 +48,12 @@ from gpujob_operator.lifecycle import (
     backoff,
     builders,
     converge,
-    gang,
     restarts,
     retries,
     terminal,
 )
 from gpujob_operator.lifecycle.apiserver.refusals import Refused
+from gpujob_operator.lifecycle.gang import gang
 from gpujob_operator.lifecycle.observations import GangObservation, ObservedPod, int_or_none
 from gpujob_operator.lifecycle.planpass import PlanningPass, retired
 

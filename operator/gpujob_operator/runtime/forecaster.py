@@ -22,9 +22,9 @@ from typing import Any, Final
 
 from kubernetes.client.rest import ApiException
 
-from gpujob_operator.lifecycle import gang
 from gpujob_operator.lifecycle.forecast.queuestatus import QueueUpdate, forecast_blocks, updates
 from gpujob_operator.lifecycle.forecast.queueview import World, split_waiting
+from gpujob_operator.lifecycle.gang import gang
 from gpujob_operator.observability.opmetrics import METRICS, error_reason
 from gpujob_operator.runtime.kube import Kube, api_reason
 

@@ -29,7 +29,7 @@ import kopf
 
 from gpujob_operator import api
 from gpujob_operator.api import children
-from gpujob_operator.lifecycle import gang
+from gpujob_operator.lifecycle.gang import gang
 from gpujob_operator.monitoring.scrape.scraper import Scraper
 from gpujob_operator.runtime import peers, standby, webhook
 from gpujob_operator.runtime.forecaster import Forecaster

@@ -41,8 +41,9 @@ from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import job_uid, uid_of
 from gpujob_operator.api.patches import json_safe, minimal_patch
 from gpujob_operator.api.status import attempt_of
-from gpujob_operator.lifecycle import backoff, gangprobe, observations, planner
+from gpujob_operator.lifecycle import backoff, observations, planner
 from gpujob_operator.lifecycle.apiserver import refusals
+from gpujob_operator.lifecycle.gang import gangprobe
 from gpujob_operator.monitoring.scrape.scraper import Scraper
 from gpujob_operator.observability import opmetrics
 from gpujob_operator.observability.opmetrics import METRICS

@@ -26,8 +26,9 @@ from gpujob_operator import api
 from gpujob_operator.api import children
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.quantity import parse_quantity
-from gpujob_operator.lifecycle import builders, gang, podholds
+from gpujob_operator.lifecycle import builders
 from gpujob_operator.lifecycle.forecast.simulation import Holder, Waiter
+from gpujob_operator.lifecycle.gang import gang, podholds
 
 GPU = api.GPU_RESOURCE
 Obj = Mapping[str, Any]
@@ -96,8 +97,8 @@ def _gpus(value: Any) -> int:
 
 
 def pod_gpus(pod: Obj) -> int:
-    """GPUs a pod holds on its node, as the scheduler counts them (:mod:`.podholds`: native
-    sidecars included)."""
+    """GPUs a pod holds on its node, as the scheduler counts them
+    (:mod:`~gpujob_operator.lifecycle.gang.podholds`: native sidecars included)."""
     return _whole_gpus(podholds.requests(pod).get(GPU))
 
 
