@@ -19,9 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-from gpujob_operator.monitoring import hangdump
-from gpujob_operator.monitoring.scrape import Scraper
-from gpujob_operator.monitoring.scrape_result import ScrapeTarget
+from gpujob_operator.monitoring.hang import hangdump
+from gpujob_operator.monitoring.scrape.result import ScrapeTarget
+from gpujob_operator.monitoring.scrape.scraper import Scraper
 from gpujob_operator.runtime.hangcapture import compare_and_render
 from scrape_hostile import (
     PAYLOAD,

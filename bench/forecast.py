@@ -7,7 +7,7 @@ node selectors. The same fleet under Kueue: four ClusterQueues in one cohort, ev
 running job an admitted Workload, every waiting one pending.
 
 Prints, for each view: the time to read the objects into pools (``queueview``), the
-simulation (``forecast``), the whole pass including the status blocks (``queuestatus``),
+simulation (``simulation``), the whole pass including the status blocks (``queuestatus``),
 and the confidences it gave; the median of ``--repeat`` passes. No asserts: figures only.
 Run: ``$(bash hack/venv.sh)/bin/python bench/forecast.py``.
 """
@@ -27,8 +27,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpujob_operator import api
-from gpujob_operator.lifecycle import queuestatus, queueview
-from gpujob_operator.lifecycle.forecast import forecast_all
+from gpujob_operator.lifecycle.forecast import queuestatus, queueview
+from gpujob_operator.lifecycle.forecast.simulation import forecast_all
 
 NOW = 1_796_000_000.0
 POOLS = ("a", "b", "c", "d")

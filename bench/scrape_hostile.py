@@ -30,11 +30,11 @@ from collections.abc import Awaitable, Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from gpujob_operator.monitoring.analysis_settings import Settings
-from gpujob_operator.monitoring.httpclient import MAX_CHUNKS
 from gpujob_operator.monitoring.monitor import JobMonitor
-from gpujob_operator.monitoring.scrape import Scraper
-from gpujob_operator.monitoring.scrape_result import ScrapeResult, ScrapeTarget
+from gpujob_operator.monitoring.scrape.httpclient import MAX_CHUNKS
+from gpujob_operator.monitoring.scrape.result import ScrapeResult, ScrapeTarget
+from gpujob_operator.monitoring.scrape.scraper import Scraper
+from gpujob_operator.monitoring.verdicts.analysis_settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 PAYLOAD = (ROOT / "tests" / "data" / "payloads" / "healthy-scrape2-rank1.prom").read_bytes()

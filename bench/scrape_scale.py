@@ -30,10 +30,10 @@ import urllib.request
 from pathlib import Path
 
 from gpujob_localcluster.ports import free_port
-from gpujob_operator.monitoring.analysis_settings import Settings
 from gpujob_operator.monitoring.monitor import JobMonitor
-from gpujob_operator.monitoring.scrape import Scraper
-from gpujob_operator.monitoring.scrape_result import ScrapeTarget
+from gpujob_operator.monitoring.scrape.result import ScrapeTarget
+from gpujob_operator.monitoring.scrape.scraper import Scraper
+from gpujob_operator.monitoring.verdicts.analysis_settings import Settings
 from gpujob_trainer import contract
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ from typing import Final
 
 from gpujob_operator import api
 from gpujob_operator.api import conditions
-from gpujob_operator.monitoring.verdict import ADVICE, VERDICTS
+from gpujob_operator.monitoring.verdicts.verdict import ADVICE, VERDICTS
 from tests.e2e import commands as c
 from tests.e2e import readme_tables
 

@@ -41,7 +41,7 @@ import yaml
 from gpujob_localcluster import tools
 from gpujob_localcluster.cluster import LocalCluster
 from gpujob_operator.api.display import ETA_WORDS
-from gpujob_operator.monitoring.verdict import VERDICTS
+from gpujob_operator.monitoring.verdicts.verdict import VERDICTS
 from tests.e2e import commands as c
 from tests.support.incluster import rbac_denials
 from tests.support.kube import Kube

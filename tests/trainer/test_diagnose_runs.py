@@ -19,11 +19,11 @@ import pytest
 from trainer_harness import TrainerRun, scrape, torchrun_example, wait_for
 
 from gpujob_operator import api, cli
-from gpujob_operator.monitoring.analysis_settings import Settings
 from gpujob_operator.monitoring.diagnose import compare_ranks, diagnose, targets_from_urls
 from gpujob_operator.monitoring.monitor import JobMonitor
 from gpujob_operator.monitoring.update import MonitorUpdate
-from gpujob_operator.monitoring.verdict import (
+from gpujob_operator.monitoring.verdicts.analysis_settings import Settings
+from gpujob_operator.monitoring.verdicts.verdict import (
     COMMUNICATION_BOUND,
     COMPUTE_BOUND,
     CRITICAL,

@@ -15,7 +15,7 @@ import pytest
 from test_diagnose_runs import BASE, HEALTHY_ARGS, diagnose_until, urls, wait_warm
 from trainer_harness import torchrun_example
 
-from gpujob_operator.monitoring.verdict import (
+from gpujob_operator.monitoring.verdicts.verdict import (
     CHECKPOINT_BOUND,
     COMMUNICATION_BOUND,
     EVAL_BOUND,

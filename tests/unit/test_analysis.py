@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from gpujob_operator import api
-from gpujob_operator.monitoring import expfmt
-from gpujob_operator.monitoring.analysis import Analysis, analyze
-from gpujob_operator.monitoring.analysis_settings import Settings
-from gpujob_operator.monitoring.formatting import iso
-from gpujob_operator.monitoring.frame import frame
-from gpujob_operator.monitoring.stall import median_step_seconds
-from gpujob_operator.monitoring.verdict import (
+from gpujob_operator.monitoring.scrape import expfmt
+from gpujob_operator.monitoring.scrape.frame import frame
+from gpujob_operator.monitoring.verdicts.analysis import Analysis, analyze
+from gpujob_operator.monitoring.verdicts.analysis_settings import Settings
+from gpujob_operator.monitoring.verdicts.formatting import iso
+from gpujob_operator.monitoring.verdicts.stall import median_step_seconds
+from gpujob_operator.monitoring.verdicts.verdict import (
     COMMUNICATION_BOUND,
     CRITICAL,
     GPU_UNDERUTILIZED,

@@ -9,16 +9,17 @@ from dataclasses import dataclass
 import pytest
 
 from gpujob_operator import api
-from gpujob_operator.monitoring import diagnose, expfmt
-from gpujob_operator.monitoring.analysis import Analysis
-from gpujob_operator.monitoring.analysis_settings import Settings
-from gpujob_operator.monitoring.frame import NEEDED, _canonical, frame, frame_payload
-from gpujob_operator.monitoring.guard import admit
-from gpujob_operator.monitoring.latency import BOUNDS, quantile
+from gpujob_operator.monitoring import diagnose
 from gpujob_operator.monitoring.rows import R_FLOPS, R_PEAK
-from gpujob_operator.monitoring.transfer import PCIE_BUSY_BYTES
+from gpujob_operator.monitoring.scrape import expfmt
+from gpujob_operator.monitoring.scrape.frame import NEEDED, _canonical, frame, frame_payload
+from gpujob_operator.monitoring.scrape.guard import admit
 from gpujob_operator.monitoring.update import MonitorUpdate
-from gpujob_operator.monitoring.verdict import (
+from gpujob_operator.monitoring.verdicts.analysis import Analysis
+from gpujob_operator.monitoring.verdicts.analysis_settings import Settings
+from gpujob_operator.monitoring.verdicts.latency import BOUNDS, quantile
+from gpujob_operator.monitoring.verdicts.transfer import PCIE_BUSY_BYTES
+from gpujob_operator.monitoring.verdicts.verdict import (
     COMMUNICATION_BOUND,
     COMPUTE_BOUND,
     DATA_PARALLEL_IMBALANCE,

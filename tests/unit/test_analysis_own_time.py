@@ -12,8 +12,8 @@ from dataclasses import replace
 import pytest
 
 from gpujob_operator import api
-from gpujob_operator.monitoring.analysis import Analysis
-from gpujob_operator.monitoring.verdict import (
+from gpujob_operator.monitoring.verdicts.analysis import Analysis
+from gpujob_operator.monitoring.verdicts.verdict import (
     CHECKPOINT_BOUND,
     COMMUNICATION_BOUND,
     EVAL_BOUND,

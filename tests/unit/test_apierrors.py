@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gpujob_operator.api import conditions as c
-from gpujob_operator.lifecycle import refusals
+from gpujob_operator.lifecycle.apiserver import refusals
 
 
 def status(code: int, reason: str, message: str, **details: Any) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpujob_operator.lifecycle import podreview
+from gpujob_operator.lifecycle.apiserver import podreview
 from gpujob_operator.observability import alerts, dashboards, opfamilies
 from tests.support.chart import (
     CHART,

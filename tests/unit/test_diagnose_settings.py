@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from gpujob_operator import api, cli
-from gpujob_operator.monitoring.analysis_settings import Settings
 from gpujob_operator.monitoring.diagnose import SettingsError, add_arguments, settings_from_args
+from gpujob_operator.monitoring.verdicts.analysis_settings import Settings
 
 MINIMAL = Path(__file__).resolve().parents[2] / "crds" / "samples" / "minimal.yaml"
 

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpujob_operator.monitoring.expfmt import WANTED, ParseError, Sample, parse
+from gpujob_operator.monitoring.scrape.expfmt import WANTED, ParseError, Sample, parse
 
 PAYLOADS = Path(__file__).resolve().parents[1] / "data" / "payloads"
 RECORDED = sorted(PAYLOADS.glob("*.prom"))

@@ -1,11 +1,11 @@
 """The start-time forecast's core on scripted clusters: pools, holders with and without ETAs,
-queues of waiting gangs (lifecycle/forecast.py)."""
+queues of waiting gangs (lifecycle/forecast/simulation.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpujob_operator.lifecycle.forecast import (
+from gpujob_operator.lifecycle.forecast.simulation import (
     EXACT,
     LOWER_BOUND,
     UNKNOWN,

@@ -14,7 +14,8 @@ import pytest
 from gpujob_operator import api
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.status import attempt_of
-from gpujob_operator.lifecycle import gang, observations, planner
+from gpujob_operator.lifecycle import observations, planner
+from gpujob_operator.lifecycle.gang import gang
 from gpujob_operator.lifecycle.planner import Plan
 from tests.unit.test_planner import Sim, cond, make_job
 
@@ -479,7 +480,7 @@ def test_workload_status_patches_apply_only_to_the_version_they_were_computed_fr
 def test_a_refused_kueue_workload_shows_the_refusal_and_waits_for_its_retry() -> None:
     from datetime import timedelta
 
-    from gpujob_operator.lifecycle.refusals import Refusal, Refused
+    from gpujob_operator.lifecycle.apiserver.refusals import Refusal, Refused
 
     sim = GangSim(kueue_job())
     refusal = Refusal(c.OPERATOR_FORBIDDEN, False, "workloads is forbidden", 403)
@@ -568,7 +569,7 @@ def test_a_failed_read_never_deletes_the_gangs_pods(job: dict[str, Any]) -> None
 def test_a_webhook_denying_the_kueue_workload_is_retried_for_its_window_then_fails() -> None:
     from datetime import timedelta
 
-    from gpujob_operator.lifecycle.refusals import Refused, classify
+    from gpujob_operator.lifecycle.apiserver.refusals import Refused, classify
 
     sim = GangSim(kueue_job(runPolicy={"admissionRetrySeconds": 30}))
     body = {"message": 'admission webhook "budget.example.com" denied the request: not now'}
@@ -591,7 +592,7 @@ def test_a_webhook_denying_the_kueue_workload_is_retried_for_its_window_then_fai
 def test_a_workload_created_after_denials_ends_their_run() -> None:
     from datetime import timedelta
 
-    from gpujob_operator.lifecycle.refusals import Refused, classify
+    from gpujob_operator.lifecycle.apiserver.refusals import Refused, classify
 
     sim = GangSim(kueue_job())
     denied = classify(403, {"message": 'admission webhook "b.example.com" denied the request'})

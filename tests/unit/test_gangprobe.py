@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from gpujob_operator.api import parse_spec
-from gpujob_operator.lifecycle import builders, gangprobe, podholds
+from gpujob_operator.lifecycle import builders
+from gpujob_operator.lifecycle.gang import gangprobe, podholds
 
 
 def gang(nodes: int, **resources: Any) -> list[dict[str, Any]]:
@@ -73,7 +74,7 @@ def test_probe_with_pod_level_resources_only() -> None:
 
 
 def test_the_probe_holds_what_the_gang_holds_as_the_quota_counts_it() -> None:
-    """Native sidecars and init containers add up pod by pod (lifecycle/podholds.py); pods
+    """Native sidecars and init containers add up pod by pod (lifecycle/gang/podholds.py); pods
     of different shapes do not add up container by container, so they get no probe."""
     pods = gang(3, requests={"cpu": "1"})
     for p in pods:

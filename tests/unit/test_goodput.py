@@ -384,8 +384,8 @@ def test_the_last_published_shares_split_a_run_that_ends_between_writes() -> Non
 def test_the_monitor_publishes_the_checkpoint_and_eval_shares_of_the_rank_that_spends_most() -> (
     None
 ):
-    from gpujob_operator.monitoring.ranktimes import RankTimes
-    from gpujob_operator.monitoring.steptime import phase_ratios
+    from gpujob_operator.monitoring.verdicts.ranktimes import RankTimes
+    from gpujob_operator.monitoring.verdicts.steptime import phase_ratios
 
     def rank(r: int, run_ckpt: float, run_eval: float) -> RankTimes:
         return RankTimes(

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 from gpujob_operator.api.patches import json_safe
-from gpujob_operator.monitoring import expfmt, guard
-from gpujob_operator.monitoring.frame import frame
 from gpujob_operator.monitoring.rows import G_MEM_USED, G_UTIL, R_CLOCK, R_LAST_STEP, R_STEPS
+from gpujob_operator.monitoring.scrape import expfmt, guard
+from gpujob_operator.monitoring.scrape.frame import frame
 
 T = 1_800_000_000.0
 

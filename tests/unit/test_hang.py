@@ -11,9 +11,9 @@ import pytest
 
 from gpujob_operator.api.display import format_hang
 from gpujob_operator.api.status import stall_evidence
-from gpujob_operator.monitoring import hang, hangdump, hangtext
+from gpujob_operator.monitoring.hang import hang, hangdump, hangtext
 from gpujob_operator.monitoring.monitor import with_hang
-from gpujob_operator.monitoring.scrape_result import ScrapeTarget
+from gpujob_operator.monitoring.scrape.result import ScrapeTarget
 from gpujob_operator.runtime import hangcapture
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "evidence"

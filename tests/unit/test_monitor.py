@@ -6,11 +6,11 @@ from typing import Any
 
 from gpujob_operator import api
 from gpujob_operator.api import conditions as c
-from gpujob_operator.monitoring import expfmt
 from gpujob_operator.monitoring.monitor import JobMonitor, exited_ranks, scrape_targets
-from gpujob_operator.monitoring.scrape_result import ErrorKind, ScrapeResult, ScrapeTarget
+from gpujob_operator.monitoring.scrape import expfmt
+from gpujob_operator.monitoring.scrape.result import ErrorKind, ScrapeResult, ScrapeTarget
 from gpujob_operator.monitoring.update import MonitorUpdate
-from gpujob_operator.monitoring.verdict import HEALTHY, INPUT_BOUND, STALLED
+from gpujob_operator.monitoring.verdicts.verdict import HEALTHY, INPUT_BOUND, STALLED
 from tests.unit.test_analysis import T0, Job, RankSim, slow_steps
 
 SPEC = {

@@ -18,9 +18,9 @@ from gpujob_operator.api.events import Event
 from gpujob_operator.api.patches import minimal_patch
 from gpujob_operator.api.statusupgrade import MOVES, is_legacy
 from gpujob_operator.lifecycle import backoff, observations, planner, restarts
+from gpujob_operator.lifecycle.apiserver.refusals import Refused
 from gpujob_operator.lifecycle.observations import ObservedPod, observe_pod
 from gpujob_operator.lifecycle.planner import Plan
-from gpujob_operator.lifecycle.refusals import Refused
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 

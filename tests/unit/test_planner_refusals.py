@@ -11,7 +11,8 @@ from typing import Any
 
 from gpujob_operator import api
 from gpujob_operator.api import conditions as c
-from gpujob_operator.lifecycle import backoff, refusals
+from gpujob_operator.lifecycle import backoff
+from gpujob_operator.lifecycle.apiserver import refusals
 from tests.unit.test_planner import T0, Sim, cond, make_job
 
 QUOTA = refusals.Refusal(

@@ -1,11 +1,11 @@
-"""What a pod holds, as kube-scheduler and the quota count it (lifecycle/podholds.py)."""
+"""What a pod holds, as kube-scheduler and the quota count it (lifecycle/gang/podholds.py)."""
 
 from __future__ import annotations
 
 from decimal import Decimal
 from typing import Any
 
-from gpujob_operator.lifecycle import podholds
+from gpujob_operator.lifecycle.gang import podholds
 
 GPU = "nvidia.com/gpu"
 

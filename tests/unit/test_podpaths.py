@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from gpujob_operator.lifecycle.apiserver.podpaths import parse, render, user_path
 from gpujob_operator.lifecycle.builders import build_pod
-from gpujob_operator.lifecycle.podpaths import parse, render, user_path
 
 
 def job(**spec: Any) -> dict[str, Any]:

@@ -6,8 +6,8 @@ from typing import Any
 
 from gpujob_operator import api
 from gpujob_operator.api import conditions as c
-from gpujob_operator.lifecycle import podreview
-from gpujob_operator.lifecycle.refusals import Refusal, classify
+from gpujob_operator.lifecycle.apiserver import podreview
+from gpujob_operator.lifecycle.apiserver.refusals import Refusal, classify
 
 SPEC: dict[str, Any] = {
     "image": "img:1",

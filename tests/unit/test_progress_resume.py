@@ -11,14 +11,14 @@ import pytest
 
 from gpujob_operator import api
 from gpujob_operator.api.display import render_display
-from gpujob_operator.monitoring import expfmt
-from gpujob_operator.monitoring.analysis import analyze
-from gpujob_operator.monitoring.analysis_settings import Settings
-from gpujob_operator.monitoring.formatting import iso
-from gpujob_operator.monitoring.frame import frame
 from gpujob_operator.monitoring.monitor import JobMonitor
-from gpujob_operator.monitoring.progress import ProgressMemory, smoothed_step_rate
-from gpujob_operator.monitoring.scrape_result import ScrapeResult, ScrapeTarget
+from gpujob_operator.monitoring.scrape import expfmt
+from gpujob_operator.monitoring.scrape.frame import frame
+from gpujob_operator.monitoring.scrape.result import ScrapeResult, ScrapeTarget
+from gpujob_operator.monitoring.verdicts.analysis import analyze
+from gpujob_operator.monitoring.verdicts.analysis_settings import Settings
+from gpujob_operator.monitoring.verdicts.formatting import iso
+from gpujob_operator.monitoring.verdicts.progress import ProgressMemory, smoothed_step_rate
 from gpujob_operator.monitoring.window import Window
 from gpujob_trainer import contract
 from tests.unit.test_planner import apply_merge_patch

@@ -1,6 +1,6 @@
 """The forecast read from plain API objects and written as status.gang.startForecast
-(lifecycle/queueview.py, lifecycle/queuestatus.py), and the ETA column and metrics that show
-it."""
+(lifecycle/forecast/queueview.py, lifecycle/forecast/queuestatus.py), and the ETA column and
+metrics that show it."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 
 from gpujob_operator import api
 from gpujob_operator.api.display import render_display
-from gpujob_operator.lifecycle import queuestatus as qs
-from gpujob_operator.lifecycle.queueview import World, fits_node, kueue_view, node_view
+from gpujob_operator.lifecycle.forecast import queuestatus as qs
+from gpujob_operator.lifecycle.forecast.queueview import World, fits_node, kueue_view, node_view
 from gpujob_operator.observability.jobsample import JobSample
 
 NOW = 1_796_000_000.0  # 2026-11-30T00:53:20Z
@@ -129,7 +129,7 @@ def test_node_view_holders_are_jobs_with_their_eta_and_foreign_pods_without() ->
 
 
 def test_a_native_sidecars_gpus_count_in_what_a_pod_holds() -> None:
-    """A bound pod holds what the scheduler counts (lifecycle/podholds.py): its app containers
+    """A bound pod holds what the scheduler counts (lifecycle/gang/podholds.py): its app containers
     plus its native sidecars (init containers with restartPolicy: Always), or its largest
     init container if more; a sidecar's GPU used to be left out, and the waiter fit."""
     notebook = pod("notebook", "n1", gpus=2)
@@ -424,7 +424,7 @@ def waiting_with(queue: dict[str, Any]) -> dict[str, Any]:
 
 
 def forecast(start: float, confidence: str = "Exact", **kw: Any) -> dict[str, Any]:
-    from gpujob_operator.lifecycle.forecast import Forecast
+    from gpujob_operator.lifecycle.forecast.simulation import Forecast
 
     f = Forecast(
         "ml/w", start, kw.pop("latest", None), confidence, kw.pop("basis", "GPUs free"), **kw

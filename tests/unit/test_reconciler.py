@@ -97,7 +97,7 @@ def test_a_fresh_loop_continues_the_tries_of_the_status(monkeypatch: pytest.Monk
     goes on doubling from where the status left it, and the run's start is kept."""
     from datetime import timedelta
 
-    from gpujob_operator.lifecycle import refusals
+    from gpujob_operator.lifecycle.apiserver import refusals
     from tests.unit.test_planner import T0, Sim, make_job
 
     monkeypatch.setattr(jobloop.random, "random", lambda: 0.0)

@@ -11,7 +11,7 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from gpujob_operator.api import conditions as c
-from gpujob_operator.lifecycle.gang import ObjectRef
+from gpujob_operator.lifecycle.gang.gang import ObjectRef
 from gpujob_operator.runtime import jobloop
 from tests.unit.test_planner import make_job
 

@@ -12,11 +12,11 @@ from typing import Any
 from aiohttp import web
 
 from gpujob_localcluster.ports import free_port
-from gpujob_operator.monitoring.expfmt import WANTED, parse
-from gpujob_operator.monitoring.frame import NEEDED, frame
 from gpujob_operator.monitoring.rows import R_STEPS
-from gpujob_operator.monitoring.scrape import Scraper
-from gpujob_operator.monitoring.scrape_result import ErrorKind, ScrapeResult, ScrapeTarget
+from gpujob_operator.monitoring.scrape.expfmt import WANTED, parse
+from gpujob_operator.monitoring.scrape.frame import NEEDED, frame
+from gpujob_operator.monitoring.scrape.result import ErrorKind, ScrapeResult, ScrapeTarget
+from gpujob_operator.monitoring.scrape.scraper import Scraper
 
 PAYLOAD = (
     Path(__file__).resolve().parents[1] / "data" / "payloads" / "healthy-scrape2-rank1.prom"
@@ -259,7 +259,7 @@ def split(data: bytes, size: int) -> list[bytes]:
 def test_a_chunked_body_is_decoded_as_it_arrives_not_reparsed() -> None:
     """1 MB in 16 KiB chunks: each read decodes only the new bytes, so what stays buffered
     is bounded by one chunk header (today's quadratic re-parse kept, and re-read, it all)."""
-    from gpujob_operator.monitoring.httpclient import Conn
+    from gpujob_operator.monitoring.scrape.httpclient import Conn
 
     body = (PAYLOAD * (2**20 // len(PAYLOAD) + 1))[: 2**20]
 
@@ -285,7 +285,7 @@ def test_a_chunked_body_is_decoded_as_it_arrives_not_reparsed() -> None:
 def test_chunked_bodies_split_anywhere_decode_the_same() -> None:
     import random
 
-    from gpujob_operator.monitoring.httpclient import Conn
+    from gpujob_operator.monitoring.scrape.httpclient import Conn
 
     rng = random.Random(7)
     message = (
@@ -421,7 +421,7 @@ def one_byte_chunks(n: int) -> bytes:
 def test_a_body_of_one_byte_chunks_is_refused_after_the_chunk_cap() -> None:
     """A real server streams 200,000 one-byte chunks: the scrape fails `too_many_chunks` having
     decoded exactly the cap, and what it read is the cap plus at most one socket read."""
-    from gpujob_operator.monitoring.httpclient import MAX_CHUNKS
+    from gpujob_operator.monitoring.scrape.httpclient import MAX_CHUNKS
 
     head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
     stream = one_byte_chunks(200_000)
@@ -468,7 +468,7 @@ def test_a_body_of_one_byte_chunks_is_refused_after_the_chunk_cap() -> None:
 def chunked_response(max_body: int, max_chunks: int) -> tuple[Any, asyncio.Future[Any]]:
     """A client connection (no socket) that sent a request and got a chunked head back;
     the test feeds the body to it. Call inside a running loop."""
-    from gpujob_operator.monitoring.httpclient import Conn
+    from gpujob_operator.monitoring.scrape.httpclient import Conn
 
     conn = Conn(asyncio.get_running_loop(), ("127.0.0.1", 1))
     conn.connection_made(_NullTransport())
@@ -480,7 +480,7 @@ def chunked_response(max_body: int, max_chunks: int) -> tuple[Any, asyncio.Futur
 def test_decoding_stops_at_the_chunk_cap_however_the_chunks_arrive() -> None:
     """Fed one chunk per read, the decoder counts chunks up to the cap and refuses the next:
     work per response is bounded by the cap, not by what the endpoint keeps sending."""
-    from gpujob_operator.monitoring.httpclient import Failure
+    from gpujob_operator.monitoring.scrape.httpclient import Failure
 
     async def main() -> None:
         conn, fut = chunked_response(2**20, 100)
@@ -500,7 +500,7 @@ def test_decoding_stops_at_the_chunk_cap_however_the_chunks_arrive() -> None:
 def test_chunk_framing_counts_against_a_wire_byte_cap() -> None:
     """Chunk extensions are framing, not body: a few chunks with 4 KB extensions are refused
     on the wire bytes before they are decoded, long before the body or chunk cap."""
-    from gpujob_operator.monitoring.httpclient import Failure, wire_cap
+    from gpujob_operator.monitoring.scrape.httpclient import Failure, wire_cap
 
     async def main() -> None:
         conn, fut = chunked_response(1024, 64)
@@ -519,8 +519,8 @@ def test_chunk_framing_counts_against_a_wire_byte_cap() -> None:
 
 
 def test_heads_are_bounded_in_lines_and_the_reason_phrase_is_clipped() -> None:
-    from gpujob_operator.monitoring.httpclient import MAX_HEADERS
-    from gpujob_operator.monitoring.scrape_result import ENDPOINT_TEXT_MAX
+    from gpujob_operator.monitoring.scrape.httpclient import MAX_HEADERS
+    from gpujob_operator.monitoring.scrape.result import ENDPOINT_TEXT_MAX
 
     many = b"HTTP/1.1 200 OK\r\n" + b"X: y\r\n" * (MAX_HEADERS + 1) + b"Content-Length: 0\r\n\r\n"
     long_line = b"HTTP/1.1 200 OK\r\nX: " + b"y" * 9000 + b"\r\nContent-Length: 0\r\n\r\n"
@@ -600,7 +600,7 @@ def test_endpoint_words_reach_metrics_available_clipped_from_a_real_server() -> 
 def test_a_frame_keeps_no_long_endpoint_label_value() -> None:
     """GPU UUIDs, telemetry reasons and local_rank labels reach status fields and verdict
     summaries: the frame keeps at most MAX_LABEL_TEXT characters of each."""
-    from gpujob_operator.monitoring.frame import MAX_LABEL_TEXT, frame_payload
+    from gpujob_operator.monitoring.scrape.frame import MAX_LABEL_TEXT, frame_payload
 
     v = "v" * 100_000
     text = (

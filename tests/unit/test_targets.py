@@ -6,7 +6,7 @@ import math
 from array import array
 
 from gpujob_operator.monitoring.rows import R_STEPS, R_TARGET, R_WIDTH
-from gpujob_operator.monitoring.targets import MAX_LISTED, job_targets
+from gpujob_operator.monitoring.verdicts.targets import MAX_LISTED, job_targets
 from gpujob_operator.monitoring.window import RankSeries
 
 

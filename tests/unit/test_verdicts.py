@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpujob_operator.monitoring.hysteresis import VerdictState, step
-from gpujob_operator.monitoring.verdict import (
+from gpujob_operator.monitoring.verdicts.hysteresis import VerdictState, step
+from gpujob_operator.monitoring.verdicts.verdict import (
     COMMUNICATION_BOUND,
     HARDWARE_FAULT,
     HEALTHY,

@@ -13,9 +13,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpujob_operator.monitoring import expfmt
-from gpujob_operator.monitoring import frame as fm
-from gpujob_operator.monitoring.frame import NEEDED, frame, frame_payload
 from gpujob_operator.monitoring.rows import (
     G_MEM_USED,
     G_POWER,
@@ -32,6 +29,9 @@ from gpujob_operator.monitoring.rows import (
     rate,
     throttle_reasons,
 )
+from gpujob_operator.monitoring.scrape import expfmt
+from gpujob_operator.monitoring.scrape import frame as fm
+from gpujob_operator.monitoring.scrape.frame import NEEDED, frame, frame_payload
 from gpujob_operator.monitoring.window import Window
 from gpujob_trainer import contract
 
@@ -179,7 +179,7 @@ def test_memory_of_a_thousand_jobs_of_eight_ranks_is_bounded_and_steady() -> Non
     """Full windows (9 rows per series) of 1,000 jobs x 8 ranks through the scraper's own
     path (its series cache counted), and no growth once the windows are full: anything kept
     per scrape (rows, series, cache entries keyed on values) would show as growth."""
-    import gpujob_operator.monitoring.frame as frame_module
+    import gpujob_operator.monitoring.scrape.frame as frame_module
 
     jobs, fill_rounds, more_rounds = 100, 9, 9
     payloads = _fleet_payloads(fill_rounds + more_rounds)
@@ -369,7 +369,7 @@ def test_parse_caches_stay_small_whatever_the_labels() -> None:
     import random
     import tracemalloc
 
-    from gpujob_operator.monitoring import expfmt as ef
+    from gpujob_operator.monitoring.scrape import expfmt as ef
 
     rng = random.Random(3)
 

@@ -102,9 +102,9 @@ STALL_CLEARED: Final = "StallCleared"
 BOTTLENECK_CHANGED: Final = "BottleneckChanged"
 
 METRICS_REJECTED: Final = "MetricsRejected"
-"""Event: a payload carried series or values the operator refused (guard.py)."""
-# Refusals by the API server (lifecycle/refusals.py): the reason of Created/Running=False while a
-# transient one is retried, of Failed=True for a permanent one.
+"""Event: a payload carried series or values the operator refused (monitoring/scrape/guard.py)."""
+# Refusals by the API server (lifecycle/apiserver/refusals.py): the reason of
+# Created/Running=False while a transient one is retried, of Failed=True for a permanent one.
 QUOTA_EXCEEDED: Final = "QuotaExceeded"
 QUOTA_REQUIREMENTS_UNMET: Final = "QuotaRequirementsUnmet"
 """A ResourceQuota requires what the pod does not set (``failed quota: q: must specify

@@ -1,6 +1,6 @@
 """Gang admission in the plan: whether the gang may have pods now, and joining pods to it.
 
-The mechanism in effect (``status.gang.mechanism``, see :func:`.gang.mechanism`) decides:
+The mechanism in effect (``status.gang.mechanism``, see :func:`.gang.gang.mechanism`) decides:
 
 * Native: the cluster must serve ``scheduling.k8s.io`` Workload/PodGroup. The Workload and
   the attempt's PodGroup are ensured before its first pod (the previous attempt's group is
@@ -19,7 +19,7 @@ The mechanism in effect (``status.gang.mechanism``, see :func:`.gang.mechanism`)
   (GangSchedulingUnavailable, QueueNameMissing, PriorityClassNotFound, Queued, Preempted,
   Evicted).
 
-The gang objects themselves are built and read in :mod:`.gang`.
+The gang objects themselves are built and read in :mod:`.gang.gang`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from typing import Any, Final
 
 from gpujob_operator import api
 from gpujob_operator.api import conditions as c
-from gpujob_operator.lifecycle import builders, gang, retries
+from gpujob_operator.lifecycle import builders, retries
+from gpujob_operator.lifecycle.gang import gang
 from gpujob_operator.lifecycle.observations import MESSAGE_MAX_CHARS, ObservedPod, truncate
 from gpujob_operator.lifecycle.planpass import PlanningPass
 

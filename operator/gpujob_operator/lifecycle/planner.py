@@ -48,14 +48,14 @@ from gpujob_operator.lifecycle import (
     backoff,
     builders,
     converge,
-    gang,
     restarts,
     retries,
     terminal,
 )
+from gpujob_operator.lifecycle.apiserver.refusals import Refused
+from gpujob_operator.lifecycle.gang import gang
 from gpujob_operator.lifecycle.observations import GangObservation, ObservedPod, int_or_none
 from gpujob_operator.lifecycle.planpass import PlanningPass, retired
-from gpujob_operator.lifecycle.refusals import Refused
 
 GANG_GRACE_SECONDS: Final = 10.0
 """How long pods of an incomplete, refused gang may hold resources before they are deleted."""

@@ -25,14 +25,20 @@ from gpujob_operator.api.display import render_display
 from gpujob_operator.api.events import Event, EventType
 from gpujob_operator.api.status import furthest_step
 from gpujob_operator.api.statusupgrade import upgrade, without_nulls
-from gpujob_operator.lifecycle import backoff, gang, goodput
+from gpujob_operator.lifecycle import backoff, goodput
+from gpujob_operator.lifecycle.apiserver.refusals import (
+    Refused,
+    backoff_record,
+    denial_record,
+    resume,
+)
+from gpujob_operator.lifecycle.gang import gang
 from gpujob_operator.lifecycle.observations import (
     TERMINATED_PHASES,
     GangObservation,
     ObservedPod,
     int_or_none,
 )
-from gpujob_operator.lifecycle.refusals import Refused, backoff_record, denial_record, resume
 
 _STATUS_KEYS: Final = frozenset(
     f.alias or name for name, f in api.GPUTrainingJobStatus.model_fields.items()

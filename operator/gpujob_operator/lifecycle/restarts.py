@@ -36,7 +36,8 @@ from gpujob_operator.api import children
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.display import EVIDENCE_MARK, format_hang
 from gpujob_operator.api.status import furthest_step, stall_evidence
-from gpujob_operator.lifecycle import gang, terminal
+from gpujob_operator.lifecycle import terminal
+from gpujob_operator.lifecycle.gang import gang
 from gpujob_operator.lifecycle.observations import (
     PREEMPTION_BY_SCHEDULER,
     ObservedPod,

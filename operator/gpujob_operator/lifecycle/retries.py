@@ -1,14 +1,15 @@
 """Refused creates and the restart backoff: when the next pods may be created, and what a
 refusal does to the gang.
 
-* a refused create (:class:`~gpujob_operator.lifecycle.refusals.Refused`, remembered by the
-  shell) shows as the reason of Created/Running=False and a Warning Event, and is retried at
-  its ``retry_at``; a permanent refusal fails the job, and so does an admission webhook's
-  denial once it was retried for ``spec.runPolicy.admissionRetrySeconds`` (counted from the
-  first denial in a row, ``operatorState.admissionDenial``, so an operator restart does not
-  reset it). The tries, the run's start and the next try are kept in
-  ``operatorState.createBackoff``: a shell that forgot its refusal (an operator restart) goes
-  on with it (:func:`.refusals.resume`).
+* a refused create (:class:`~gpujob_operator.lifecycle.apiserver.refusals.Refused`,
+  remembered by the shell) shows as the reason of Created/Running=False and a Warning Event,
+  and is retried at its ``retry_at``; a permanent refusal fails the job, and so does an
+  admission webhook's denial once it was retried for
+  ``spec.runPolicy.admissionRetrySeconds`` (counted from the first denial in a row,
+  ``operatorState.admissionDenial``, so an operator restart does not reset it). The tries,
+  the run's start and the next try are kept in ``operatorState.createBackoff``: a shell that
+  forgot its refusal (an operator restart) goes on with it
+  (:func:`.apiserver.refusals.resume`).
 * a gang is all or nothing: pods of an incomplete gang that is still refused after
   ``gang_grace_seconds`` are deleted, so a job waiting holds nothing.
 * no pod is created before a transient refusal's retry, else before the restart backoff's
@@ -22,9 +23,9 @@ from datetime import datetime, timedelta
 
 from gpujob_operator.api import conditions as c
 from gpujob_operator.lifecycle import terminal
+from gpujob_operator.lifecycle.apiserver.refusals import Refused
 from gpujob_operator.lifecycle.observations import MESSAGE_MAX_CHARS, ObservedPod, truncate
 from gpujob_operator.lifecycle.planpass import PlanningPass
-from gpujob_operator.lifecycle.refusals import Refused
 
 
 def due_at(pp: PlanningPass) -> datetime | None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from gpujob_operator import api
 from gpujob_operator.api import conditions as c
-from gpujob_operator.lifecycle import gang
+from gpujob_operator.lifecycle.gang import gang
 from gpujob_operator.lifecycle.planpass import PlanningPass
 
 

@@ -24,14 +24,14 @@ from pydantic import ValidationError
 
 from gpujob_operator import api
 from gpujob_operator.api.display import format_duration, format_percent, format_rate
-from gpujob_operator.monitoring import hang, hangdump
-from gpujob_operator.monitoring.analysis_settings import Settings
-from gpujob_operator.monitoring.hang import HangReport
+from gpujob_operator.monitoring.hang import hang, hangdump
+from gpujob_operator.monitoring.hang.hang import HangReport
 from gpujob_operator.monitoring.monitor import JobMonitor
-from gpujob_operator.monitoring.scrape import Scraper
-from gpujob_operator.monitoring.scrape_result import ScrapeTarget
+from gpujob_operator.monitoring.scrape.result import ScrapeTarget
+from gpujob_operator.monitoring.scrape.scraper import Scraper
 from gpujob_operator.monitoring.update import MonitorUpdate
-from gpujob_operator.monitoring.verdict import STALLED
+from gpujob_operator.monitoring.verdicts.analysis_settings import Settings
+from gpujob_operator.monitoring.verdicts.verdict import STALLED
 from gpujob_trainer import contract
 
 

@@ -4,7 +4,7 @@ The shell (the per-job reconcile loop) owns one `JobMonitor` per job and, every 
 interval, does::
 
     targets = monitor.scrape_targets(spec, pods)          # or scrape_targets(spec, pods)
-    results = await scraper.scrape_all(targets)           # scrape.Scraper, shared by all jobs
+    results = await scraper.scrape_all(targets)           # scraper.Scraper, shared by all jobs
     update = monitor.observe(results, time.time())
     for event in update.events: post(event)
     patch = update.status_patch(current_status)           # None: nothing worth writing
@@ -27,19 +27,20 @@ from gpujob_operator.api.children import LABEL_NODE_RANK, controller_uid, owned
 from gpujob_operator.api.display import format_hang
 from gpujob_operator.api.events import Event
 from gpujob_operator.api.hostports import metrics_port_rank
-from gpujob_operator.monitoring import guard, hysteresis
-from gpujob_operator.monitoring.analysis import Analysis, analyze
-from gpujob_operator.monitoring.analysis_settings import Settings
-from gpujob_operator.monitoring.frame import frame
-from gpujob_operator.monitoring.progress import ProgressMemory
-from gpujob_operator.monitoring.scrape_result import (
+from gpujob_operator.monitoring.scrape import guard
+from gpujob_operator.monitoring.scrape.frame import frame
+from gpujob_operator.monitoring.scrape.result import (
     ENDPOINT_TEXT_MAX,
     ErrorKind,
     ScrapeResult,
     ScrapeTarget,
 )
 from gpujob_operator.monitoring.update import REFRESH_SECONDS, MonitorUpdate, PatchClock
-from gpujob_operator.monitoring.verdict import (
+from gpujob_operator.monitoring.verdicts import hysteresis
+from gpujob_operator.monitoring.verdicts.analysis import Analysis, analyze
+from gpujob_operator.monitoring.verdicts.analysis_settings import Settings
+from gpujob_operator.monitoring.verdicts.progress import ProgressMemory
+from gpujob_operator.monitoring.verdicts.verdict import (
     CRITICAL,
     HARDWARE_FAULT,
     HEALTHY,

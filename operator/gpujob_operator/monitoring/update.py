@@ -19,8 +19,8 @@ from gpujob_operator.api import conditions as c
 from gpujob_operator.api.display import render_display
 from gpujob_operator.api.events import Event
 from gpujob_operator.api.patches import json_safe, replacing_patch
-from gpujob_operator.monitoring.analysis import Analysis
-from gpujob_operator.monitoring.scrape_result import ScrapeResult
+from gpujob_operator.monitoring.scrape.result import ScrapeResult
+from gpujob_operator.monitoring.verdicts.analysis import Analysis
 
 REFRESH_SECONDS: Final = 60.0
 """Rewrite status at most this often when only noise changed."""

@@ -17,7 +17,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
-from gpujob_operator.monitoring.frame import Frame
 from gpujob_operator.monitoring.rows import (
     NAN,
     R_HEARTBEAT,
@@ -26,6 +25,7 @@ from gpujob_operator.monitoring.rows import (
     latest,
     own_clock_age,
 )
+from gpujob_operator.monitoring.scrape.frame import Frame
 
 T = TypeVar("T")
 

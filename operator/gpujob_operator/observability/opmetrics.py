@@ -352,7 +352,7 @@ class JobMetrics:
             self._ghost_pods[proof] = self._ghost_pods.get(proof, 0.0) + count
 
     def observe_dropped(self, series: int, values: int, bytes_: int) -> None:
-        """Count what a scrape refused from an endpoint (see guard.py and scrape.py)."""
+        """Count what a scrape refused from an endpoint (see monitoring/scrape/: guard, scraper)."""
         if not (series or values or bytes_):
             return
         with self._lock:
@@ -366,7 +366,8 @@ class JobMetrics:
 
     def observe_api_error(self, call: str, reason: str) -> None:
         """Count one failed API call: ``call`` (create_pod, patch_status, ...) and the
-        classified reason (:mod:`~gpujob_operator.lifecycle.refusals`); both come from small fixed sets."""
+        classified reason (:mod:`~gpujob_operator.lifecycle.apiserver.refusals`); both come
+        from small fixed sets."""
         with self._lock:
             key = (_label(call), _label(reason))
             self._api_errors[key] = self._api_errors.get(key, 0.0) + 1

@@ -4,7 +4,7 @@ One task per operator replica that serves jobs. Every ``GPUJOB_FORECAST_INTERVAL
 (or soon after a new job appears) it reads what the forecast needs, only when some job
 waits and only for the kind of wait there is (nodes and GPU pods for native and unmanaged
 gangs; ClusterQueues, LocalQueues and Workloads under Kueue), runs the pure forecast over
-the whole fleet at once (:mod:`~gpujob_operator.lifecycle.queuestatus`) and patches only
+the whole fleet at once (:mod:`~gpujob_operator.lifecycle.forecast.queuestatus`) and patches only
 the jobs whose forecast moved. A refused or failed read makes the affected forecasts
 Unknown with the reason (for example a namespaced install without the forecast's
 ClusterRole); a failed patch is logged and counted, and the next pass writes it again.
@@ -22,9 +22,9 @@ from typing import Any, Final
 
 from kubernetes.client.rest import ApiException
 
-from gpujob_operator.lifecycle import gang
-from gpujob_operator.lifecycle.queuestatus import QueueUpdate, forecast_blocks, updates
-from gpujob_operator.lifecycle.queueview import World, split_waiting
+from gpujob_operator.lifecycle.forecast.queuestatus import QueueUpdate, forecast_blocks, updates
+from gpujob_operator.lifecycle.forecast.queueview import World, split_waiting
+from gpujob_operator.lifecycle.gang import gang
 from gpujob_operator.observability.opmetrics import METRICS, error_reason
 from gpujob_operator.runtime.kube import Kube, api_reason
 

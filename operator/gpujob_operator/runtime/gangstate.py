@@ -20,7 +20,8 @@ from kubernetes.client.rest import ApiException
 from gpujob_operator import api
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.status import attempt_of
-from gpujob_operator.lifecycle import gang, observations
+from gpujob_operator.lifecycle import observations
+from gpujob_operator.lifecycle.gang import gang
 from gpujob_operator.runtime.kube import Kube, api_reason
 
 DISCOVERY_RECHECK_SECONDS = 60.0

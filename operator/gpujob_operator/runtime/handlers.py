@@ -29,8 +29,8 @@ import kopf
 
 from gpujob_operator import api
 from gpujob_operator.api import children
-from gpujob_operator.lifecycle import gang
-from gpujob_operator.monitoring.scrape import Scraper
+from gpujob_operator.lifecycle.gang import gang
+from gpujob_operator.monitoring.scrape.scraper import Scraper
 from gpujob_operator.runtime import peers, standby, webhook
 from gpujob_operator.runtime.forecaster import Forecaster
 from gpujob_operator.runtime.jobloop import JobLoop

@@ -4,7 +4,7 @@ The metrics task calls :func:`due` after each status write; when the job has jus
 Stalled (a Stalled condition whose transition this job's ``status.hangEvidence`` does not
 name yet), :func:`capture` asks every rank for its ``/debug/evidence`` through the scraper
 (its slots, timeout and connection pool, with the evidence's own byte cap), parses and
-compares the answers off the event loop (``monitoring/hang.py``), writes them to a ConfigMap
+compares the answers off the event loop (``monitoring/hang/hang.py``), writes them to a ConfigMap
 owned by the job, and records the comparison in ``status.hangEvidence``, a Warning Event and
 (through the monitor) the Stalled condition's message. ``runPolicy.restartOnStall`` waits for
 that record (``lifecycle/restarts.py``), so the restart never destroys the evidence.
@@ -28,12 +28,12 @@ from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import hang_configmap, hang_configmap_name
 from gpujob_operator.api.display import EVIDENCE_MARK, format_hang
 from gpujob_operator.api.status import attempt_of, stall_evidence, stalled_since
-from gpujob_operator.monitoring import hang, hangdump, hangtext
-from gpujob_operator.monitoring.scrape_result import ScrapeTarget
+from gpujob_operator.monitoring.hang import hang, hangdump, hangtext
+from gpujob_operator.monitoring.scrape.result import ScrapeTarget
 from gpujob_operator.runtime.kube import Fenced, Kube
 
 if TYPE_CHECKING:
-    from gpujob_operator.monitoring.scrape import Scraper
+    from gpujob_operator.monitoring.scrape.scraper import Scraper
 
 log = logging.getLogger("gpujob.hang")
 

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from gpujob_operator.monitoring.scrape import Scraper
+from gpujob_operator.monitoring.scrape.scraper import Scraper
 from gpujob_operator.runtime.kube import JobGone, Kube
 
 EventPoster = Callable[[Mapping[str, Any], str, str, str], None]

@@ -15,11 +15,12 @@ A loop ends when its job is gone: on the DELETED event, or, since watches can mi
 when the API server answers 404 for the job (a status write, or the GET a quiet loop makes
 every `RECHECK_SECONDS`).
 
-Every API error is classified (:mod:`~gpujob_operator.lifecycle.refusals`): a refused create of the gang or its
-Service is remembered (:class:`refusals.Refused`) and handed to the planner, which shows it
-in the status and decides when to retry; any other failed call backs the whole pass off
-exponentially with jitter. Both log one line per error (no traceback for an expected
-refusal) and count it in ``gpujob_operator_api_errors_total{call, reason}``.
+Every API error is classified (:mod:`~gpujob_operator.lifecycle.apiserver.refusals`): a
+refused create of the gang or its Service is remembered (:class:`refusals.Refused`) and
+handed to the planner, which shows it in the status and decides when to retry; any other
+failed call backs the whole pass off exponentially with jitter. Both log one line per error
+(no traceback for an expected refusal) and count it in
+``gpujob_operator_api_errors_total{call, reason}``.
 """
 
 from __future__ import annotations
@@ -40,8 +41,10 @@ from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import job_uid, uid_of
 from gpujob_operator.api.patches import json_safe, minimal_patch
 from gpujob_operator.api.status import attempt_of
-from gpujob_operator.lifecycle import backoff, gangprobe, observations, planner, refusals
-from gpujob_operator.monitoring.scrape import Scraper
+from gpujob_operator.lifecycle import backoff, observations, planner
+from gpujob_operator.lifecycle.apiserver import refusals
+from gpujob_operator.lifecycle.gang import gangprobe
+from gpujob_operator.monitoring.scrape.scraper import Scraper
 from gpujob_operator.observability import opmetrics
 from gpujob_operator.observability.opmetrics import METRICS
 from gpujob_operator.runtime import gangstate

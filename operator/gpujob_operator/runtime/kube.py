@@ -21,7 +21,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from gpujob_operator import api
-from gpujob_operator.lifecycle import gang
+from gpujob_operator.lifecycle.gang import gang
 
 log = logging.getLogger("gpujob.kube")
 

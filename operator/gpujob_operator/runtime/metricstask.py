@@ -23,8 +23,8 @@ from gpujob_operator.api.children import job_uid
 from gpujob_operator.api.status import attempt_of, stall_evidence
 from gpujob_operator.api.statusupgrade import upgrade
 from gpujob_operator.monitoring.monitor import JobMonitor, exited_ranks, with_hang
-from gpujob_operator.monitoring.scrape_result import ErrorKind, ScrapeTarget
-from gpujob_operator.monitoring.verdict import STALLED
+from gpujob_operator.monitoring.scrape.result import ErrorKind, ScrapeTarget
+from gpujob_operator.monitoring.verdicts.verdict import STALLED
 from gpujob_operator.observability.opmetrics import METRICS
 from gpujob_operator.runtime import hangcapture
 from gpujob_operator.runtime.faults import BEFORE_EVIDENCE_RECORD, fault_point

@@ -2,9 +2,9 @@
 
 kopf serves it (``kopf.on.validate`` on the operator's event loop, ``kopf.WebhookServer``
 with the certificate files it is given); the decisions are pure
-(:mod:`~gpujob_operator.lifecycle.podreview`). Each review builds rank 0 (and the last
+(:mod:`~gpujob_operator.lifecycle.apiserver.podreview`). Each review builds rank 0 (and the last
 rank) with the operator's own builder and dry-runs them through the operator's API client,
-bounded by :data:`~gpujob_operator.lifecycle.podreview.DRY_RUN_TIMEOUT`; the calls run in
+bounded by :data:`~gpujob_operator.lifecycle.apiserver.podreview.DRY_RUN_TIMEOUT`; the calls run in
 worker threads, so a slow API server never holds the job loops up.
 
 The webhook never denies for a reason of its own: an error here, a timeout or an API
@@ -34,7 +34,7 @@ from pydantic import ValidationError
 
 from gpujob_operator import api
 from gpujob_operator.api import conditions as c
-from gpujob_operator.lifecycle import podreview, refusals
+from gpujob_operator.lifecycle.apiserver import podreview, refusals
 from gpujob_operator.runtime.kube import Kube
 from gpujob_operator.runtime.settings import Settings
 

@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from gpujob_operator.monitoring.formatting import sig4
 from gpujob_operator.monitoring.rows import R_FLOPS, R_PEAK, R_PEAK_REASON, latest, rate
+from gpujob_operator.monitoring.verdicts.formatting import sig4
 from gpujob_operator.monitoring.window import RankSeries
 from gpujob_trainer import contract
 

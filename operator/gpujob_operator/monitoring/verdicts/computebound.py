@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from gpujob_operator import api
-from gpujob_operator.monitoring.formatting import pct, round4, sig4
-from gpujob_operator.monitoring.mfu import Mfu
-from gpujob_operator.monitoring.ranktimes import RankTimes
-from gpujob_operator.monitoring.verdict import COMPUTE_BOUND, INFO, Evidence, Verdict
+from gpujob_operator.monitoring.verdicts.formatting import pct, round4, sig4
+from gpujob_operator.monitoring.verdicts.mfu import Mfu
+from gpujob_operator.monitoring.verdicts.ranktimes import RankTimes
+from gpujob_operator.monitoring.verdicts.verdict import COMPUTE_BOUND, INFO, Evidence, Verdict
 
 MFU_LOW: Final = 0.30
 """Below it the GPU is busy but inefficient: well-tuned bf16 transformer training reaches

@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from gpujob_operator import api
-from gpujob_operator.monitoring.device import gpu_rows
-from gpujob_operator.monitoring.formatting import pct, round4
 from gpujob_operator.monitoring.rows import G_MEM_USED, G_UTIL, latest, mean
-from gpujob_operator.monitoring.verdict import (
+from gpujob_operator.monitoring.verdicts.device import gpu_rows
+from gpujob_operator.monitoring.verdicts.formatting import pct, round4
+from gpujob_operator.monitoring.verdicts.verdict import (
     ADVICE,
     DATA_PARALLEL_IMBALANCE,
     WARNING,

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Final
 
 from gpujob_operator.monitoring import rows
-from gpujob_operator.monitoring.frame import Frame
+from gpujob_operator.monitoring.scrape.frame import Frame
 from gpujob_trainer import contract
 
 MAX_GPUS_PER_ENDPOINT: Final = 64

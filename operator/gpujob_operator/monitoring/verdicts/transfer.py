@@ -15,11 +15,17 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from gpujob_operator import api
-from gpujob_operator.monitoring.device import gpu_rows
-from gpujob_operator.monitoring.formatting import pct, round4
-from gpujob_operator.monitoring.ranktimes import RankTimes
 from gpujob_operator.monitoring.rows import G_PCIE_RX, G_SM_ACTIVE, mean
-from gpujob_operator.monitoring.verdict import ADVICE, TRANSFER_BOUND, WARNING, Evidence, Verdict
+from gpujob_operator.monitoring.verdicts.device import gpu_rows
+from gpujob_operator.monitoring.verdicts.formatting import pct, round4
+from gpujob_operator.monitoring.verdicts.ranktimes import RankTimes
+from gpujob_operator.monitoring.verdicts.verdict import (
+    ADVICE,
+    TRANSFER_BOUND,
+    WARNING,
+    Evidence,
+    Verdict,
+)
 from gpujob_operator.monitoring.window import Window
 
 PCIE_BUSY_BYTES: Final = 4e9

@@ -21,7 +21,7 @@ from decimal import Decimal
 from typing import Any, Final
 
 from gpujob_operator.api.quantity import format_quantity, parse_quantity, total
-from gpujob_operator.lifecycle import podholds
+from gpujob_operator.lifecycle.gang import podholds
 
 _CONTAINER_LISTS: Final = ("containers", "initContainers")
 _FIELDS: Final = ("requests", "limits")

@@ -1,6 +1,7 @@
 """Pure builders and readers for gang admission: Kubernetes Workload/PodGroup and Kueue.
 
-Plain dicts in, plain dicts out (no client, no kopf), like :mod:`builders`.
+Plain dicts in, plain dicts out (no client, no kopf), like
+:mod:`~gpujob_operator.lifecycle.builders`.
 
 Native (``spec.scheduling.gang: Native``): one ``scheduling.k8s.io`` Workload per job
 (``<job>``, one pod group template ``workers`` with a gang policy ``minCount = nodes``) and

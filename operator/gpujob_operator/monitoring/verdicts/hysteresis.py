@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Final
 
-from gpujob_operator.monitoring.verdict import HARDWARE_FAULT, HEALTHY, STALLED, Verdict
+from gpujob_operator.monitoring.verdicts.verdict import HARDWARE_FAULT, HEALTHY, STALLED, Verdict
 
 IMMEDIATE: Final = frozenset({STALLED, HARDWARE_FAULT})
 

@@ -18,14 +18,14 @@ from gpujob_operator.api import conditions as c
 from gpujob_operator.api.display import format_start, render_display
 from gpujob_operator.api.events import Event
 from gpujob_operator.api.status import start_forecast
-from gpujob_operator.lifecycle.forecast import UNKNOWN, Forecast, forecast_all
-from gpujob_operator.lifecycle.queueview import (
+from gpujob_operator.lifecycle.forecast.queueview import (
     World,
     key,
     kueue_view,
     node_view,
     split_waiting,
 )
+from gpujob_operator.lifecycle.forecast.simulation import UNKNOWN, Forecast, forecast_all
 
 MOVE_SECONDS: Final = 5.0
 MOVE_FRACTION: Final = 0.05

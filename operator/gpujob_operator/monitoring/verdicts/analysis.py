@@ -23,29 +23,35 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpujob_operator.api import conditions as c
-from gpujob_operator.monitoring.analysis_settings import Settings
-from gpujob_operator.monitoring.computebound import compute_bound
-from gpujob_operator.monitoring.dataparallel import data_parallel_imbalance
-from gpujob_operator.monitoring.device import device_verdicts, gpu_summary, hardware_fault
-from gpujob_operator.monitoring.formatting import pct
-from gpujob_operator.monitoring.latency import step_latency
-from gpujob_operator.monitoring.mfu import job_mfu
-from gpujob_operator.monitoring.progress import (
+from gpujob_operator.monitoring.rows import R_T
+from gpujob_operator.monitoring.verdicts.analysis_settings import Settings
+from gpujob_operator.monitoring.verdicts.computebound import compute_bound
+from gpujob_operator.monitoring.verdicts.dataparallel import data_parallel_imbalance
+from gpujob_operator.monitoring.verdicts.device import device_verdicts, gpu_summary, hardware_fault
+from gpujob_operator.monitoring.verdicts.formatting import pct
+from gpujob_operator.monitoring.verdicts.latency import step_latency
+from gpujob_operator.monitoring.verdicts.mfu import job_mfu
+from gpujob_operator.monitoring.verdicts.progress import (
     ProgressMemory,
     progress_status,
     smoothed_step_rate,
 )
-from gpujob_operator.monitoring.ranktimes import post_warmup
-from gpujob_operator.monitoring.rows import R_T
-from gpujob_operator.monitoring.stall import stall_verdict
-from gpujob_operator.monitoring.steptime import (
+from gpujob_operator.monitoring.verdicts.ranktimes import post_warmup
+from gpujob_operator.monitoring.verdicts.stall import stall_verdict
+from gpujob_operator.monitoring.verdicts.steptime import (
     StepTimeFindings,
     phase_ratios,
     step_time_verdicts,
 )
-from gpujob_operator.monitoring.targets import job_targets
-from gpujob_operator.monitoring.transfer import transfer_bound
-from gpujob_operator.monitoring.verdict import HEALTHY, INFO, PRIORITY, Verdict, clean_evidence
+from gpujob_operator.monitoring.verdicts.targets import job_targets
+from gpujob_operator.monitoring.verdicts.transfer import transfer_bound
+from gpujob_operator.monitoring.verdicts.verdict import (
+    HEALTHY,
+    INFO,
+    PRIORITY,
+    Verdict,
+    clean_evidence,
+)
 from gpujob_operator.monitoring.window import Window
 
 

@@ -21,10 +21,10 @@ from types import TracebackType
 from typing import Final
 
 from gpujob_operator.api.conditions import clip
-from gpujob_operator.monitoring import expfmt, guard
-from gpujob_operator.monitoring.expfmt import common_prefix
-from gpujob_operator.monitoring.frame import NEEDED, Frame, frame, frame_payload
-from gpujob_operator.monitoring.httpclient import (
+from gpujob_operator.monitoring.scrape import expfmt, guard
+from gpujob_operator.monitoring.scrape.expfmt import common_prefix
+from gpujob_operator.monitoring.scrape.frame import NEEDED, Frame, frame, frame_payload
+from gpujob_operator.monitoring.scrape.httpclient import (
     MAX_CHUNKS,
     Conn,
     Endpoint,
@@ -34,7 +34,7 @@ from gpujob_operator.monitoring.httpclient import (
     endpoint,
     expire,
 )
-from gpujob_operator.monitoring.scrape_result import (
+from gpujob_operator.monitoring.scrape.result import (
     ENDPOINT_TEXT_MAX,
     ErrorKind,
     ScrapeResult,

@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from gpujob_operator.monitoring.formatting import iso, round4
-from gpujob_operator.monitoring.ranktimes import RankTimes
+from gpujob_operator.monitoring.verdicts.formatting import iso, round4
+from gpujob_operator.monitoring.verdicts.ranktimes import RankTimes
 
 HEALTHY: Final = "Healthy"
 INPUT_BOUND: Final = "InputBound"

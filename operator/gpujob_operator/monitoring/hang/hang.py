@@ -1,6 +1,6 @@
 """A stalled job's ranks compared: who is not where the others are, and where it is instead.
 
-Pure. Each rank's evidence arrives parsed (``monitoring/hangdump.py``) or with why not;
+Pure. Each rank's evidence arrives parsed (``monitoring/hang/hangdump.py``) or with why not;
 :func:`reduce` compares them:
 
 1. **Collectives first** (the Flight Recorder's pending entries). The largest group of ranks
@@ -30,14 +30,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from gpujob_operator.monitoring.hangdump import (
+from gpujob_operator.monitoring.hang.hangdump import (
     Collective,
     EvidenceError,
     RankDump,
     Thread,
     parse,
 )
-from gpujob_operator.monitoring.scrape_result import ScrapeTarget
+from gpujob_operator.monitoring.scrape.result import ScrapeTarget
 from gpujob_trainer import contract
 
 MAX_NAMED: Final = 3

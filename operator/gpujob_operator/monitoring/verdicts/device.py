@@ -15,8 +15,6 @@ import statistics
 from array import array
 from typing import Any, Final
 
-from gpujob_operator.monitoring.analysis_settings import Settings
-from gpujob_operator.monitoring.formatting import pct, round4
 from gpujob_operator.monitoring.rows import (
     G_ECC,
     G_MEM_TOTAL,
@@ -32,7 +30,9 @@ from gpujob_operator.monitoring.rows import (
     latest,
     throttle_reasons,
 )
-from gpujob_operator.monitoring.verdict import (
+from gpujob_operator.monitoring.verdicts.analysis_settings import Settings
+from gpujob_operator.monitoring.verdicts.formatting import pct, round4
+from gpujob_operator.monitoring.verdicts.verdict import (
     ADVICE,
     CRITICAL,
     GPU_UNDERUTILIZED,

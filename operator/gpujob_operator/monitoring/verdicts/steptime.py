@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from gpujob_operator import api
-from gpujob_operator.monitoring.formatting import pct, round4
-from gpujob_operator.monitoring.ranktimes import RankTimes, rank_times
-from gpujob_operator.monitoring.verdict import (
+from gpujob_operator.monitoring.verdicts.formatting import pct, round4
+from gpujob_operator.monitoring.verdicts.ranktimes import RankTimes, rank_times
+from gpujob_operator.monitoring.verdicts.verdict import (
     ADVICE,
     CHECKPOINT_BOUND,
     COMMUNICATION_BOUND,

@@ -19,13 +19,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
-from gpujob_operator.monitoring.expfmt import (
-    Sample,
-    common_prefix,
-    label_set,
-    parse,
-    sample_names,
-)
 from gpujob_operator.monitoring.rows import (
     G_ECC,
     G_MEM_TOTAL,
@@ -65,6 +58,13 @@ from gpujob_operator.monitoring.rows import (
     R_TOKENS,
     R_WIDTH,
     THROTTLE_BIT,
+)
+from gpujob_operator.monitoring.scrape.expfmt import (
+    Sample,
+    common_prefix,
+    label_set,
+    parse,
+    sample_names,
 )
 from gpujob_trainer import contract
 

@@ -24,9 +24,9 @@ from typing import Any, Final
 
 from gpujob_operator import api
 from gpujob_operator.api import conditions as c
-from gpujob_operator.lifecycle import podpaths
+from gpujob_operator.lifecycle.apiserver import podpaths
+from gpujob_operator.lifecycle.apiserver.refusals import Refusal
 from gpujob_operator.lifecycle.builders import build_pod
-from gpujob_operator.lifecycle.refusals import Refusal
 
 DRY_RUN_SUFFIX: Final = "-admission"
 """Appended to a dry-run pod's name: it never collides with the job's live pods (a dry-run

@@ -26,8 +26,6 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Final
 
-from gpujob_operator.monitoring.analysis_settings import Settings
-from gpujob_operator.monitoring.formatting import iso
 from gpujob_operator.monitoring.rows import (
     NAN,
     R_EPOCH,
@@ -43,7 +41,9 @@ from gpujob_operator.monitoring.rows import (
     own_clock_age,
     rate,
 )
-from gpujob_operator.monitoring.targets import Targets, job_targets
+from gpujob_operator.monitoring.verdicts.analysis_settings import Settings
+from gpujob_operator.monitoring.verdicts.formatting import iso
+from gpujob_operator.monitoring.verdicts.targets import Targets, job_targets
 from gpujob_operator.monitoring.window import RankSeries
 
 EWMA_ALPHA: Final = 0.3

@@ -1,6 +1,6 @@
 """The cluster as the start-time forecast sees it, read from plain API objects.
 
-Two views, one per way a gang waits (:mod:`.forecast` does the arithmetic):
+Two views, one per way a gang waits (:mod:`.simulation` does the arithmetic):
 
 * **Nodes** (native gang scheduling, or none): a pool per schedulable node with
   ``nvidia.com/gpu`` allocatable; the holders are the bound, unfinished pods that request
@@ -26,8 +26,9 @@ from gpujob_operator import api
 from gpujob_operator.api import children
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.quantity import parse_quantity
-from gpujob_operator.lifecycle import builders, gang, podholds
-from gpujob_operator.lifecycle.forecast import Holder, Waiter
+from gpujob_operator.lifecycle import builders
+from gpujob_operator.lifecycle.forecast.simulation import Holder, Waiter
+from gpujob_operator.lifecycle.gang import gang, podholds
 
 GPU = api.GPU_RESOURCE
 Obj = Mapping[str, Any]
@@ -35,7 +36,7 @@ Obj = Mapping[str, Any]
 
 @dataclass
 class View:
-    """Pools, holders and waiters (in queue order), ready for :func:`forecast.forecast_all`."""
+    """Pools, holders and waiters (in queue order), ready for :func:`simulation.forecast_all`."""
 
     capacity: dict[str, int] = field(default_factory=dict)
     holders: list[Holder] = field(default_factory=list)
@@ -96,8 +97,8 @@ def _gpus(value: Any) -> int:
 
 
 def pod_gpus(pod: Obj) -> int:
-    """GPUs a pod holds on its node, as the scheduler counts them (:mod:`.podholds`: native
-    sidecars included)."""
+    """GPUs a pod holds on its node, as the scheduler counts them
+    (:mod:`~gpujob_operator.lifecycle.gang.podholds`: native sidecars included)."""
     return _whole_gpus(podholds.requests(pod).get(GPU))
 
 

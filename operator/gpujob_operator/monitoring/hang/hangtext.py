@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from gpujob_operator.monitoring.hang import HangReport, RankAnswer, ranks_text, who
+from gpujob_operator.monitoring.hang.hang import HangReport, RankAnswer, ranks_text, who
 
 MAX_BYTES: Final = 512 * 1024
 """Bytes of text one ConfigMap gets, all ranks together."""

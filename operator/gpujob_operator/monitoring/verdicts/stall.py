@@ -19,17 +19,17 @@ from typing import Final
 
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.display import format_duration
-from gpujob_operator.monitoring.analysis_settings import Settings
-from gpujob_operator.monitoring.formatting import round4
-from gpujob_operator.monitoring.latency import quantile
 from gpujob_operator.monitoring.rows import (
     N_BUCKETS,
     R_CURRENT_PHASE,
     R_STEPS,
     latest,
 )
-from gpujob_operator.monitoring.targets import job_targets
-from gpujob_operator.monitoring.verdict import ADVICE, CRITICAL, STALLED, Evidence, Verdict
+from gpujob_operator.monitoring.verdicts.analysis_settings import Settings
+from gpujob_operator.monitoring.verdicts.formatting import round4
+from gpujob_operator.monitoring.verdicts.latency import quantile
+from gpujob_operator.monitoring.verdicts.targets import job_targets
+from gpujob_operator.monitoring.verdicts.verdict import ADVICE, CRITICAL, STALLED, Evidence, Verdict
 from gpujob_operator.monitoring.window import RankSeries, Window
 from gpujob_trainer import contract
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
 
-from gpujob_operator.monitoring import expfmt
-from gpujob_operator.monitoring.frame import Frame
+from gpujob_operator.monitoring.scrape import expfmt
+from gpujob_operator.monitoring.scrape.frame import Frame
 
 
 class ErrorKind(StrEnum):

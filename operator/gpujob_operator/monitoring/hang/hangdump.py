@@ -3,7 +3,7 @@
 Pure. The document ``gpujob_trainer/evidence.py`` serves is untrusted input: :func:`parse`
 accepts only the expected shape, caps every list and string (keeping the main thread and
 the newest collectives), and turns anything else into an :class:`EvidenceError` that says
-what was wrong, never another exception. ``monitoring/hang.py`` compares the parsed ranks.
+what was wrong, never another exception. ``monitoring/hang/hang.py`` compares the parsed ranks.
 """
 
 from __future__ import annotations

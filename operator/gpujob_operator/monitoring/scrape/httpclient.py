@@ -12,7 +12,7 @@ decodes to: at most `MAX_HEADERS` header lines, `MAX_CHUNKS` chunks and a wire-b
 chunk cap instead of costing seconds of the operator's CPU. Every failure is a `Failure`
 carrying the `ErrorKind` the scrape result reports; endpoint-supplied words in its message
 are clipped (`ENDPOINT_TEXT_MAX`). The pool of kept-alive connections and the deadlines
-belong to the `scrape.Scraper`.
+belong to the `scraper.Scraper`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Final
 from urllib.parse import urlsplit
 
 from gpujob_operator.api.conditions import clip
-from gpujob_operator.monitoring.scrape_result import ENDPOINT_TEXT_MAX, ErrorKind
+from gpujob_operator.monitoring.scrape.result import ENDPOINT_TEXT_MAX, ErrorKind
 
 ACCEPT: Final = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 USER_AGENT: Final = "gpujob-operator"
