@@ -1,4 +1,5 @@
-"""The reconciler's pure helpers (its I/O is covered by tests/integration)."""
+"""The job loop's pure helpers (runtime/jobloop.py, once called the reconciler; its I/O is
+covered by tests/integration)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from gpujob_trainer.env import RankInfo
 from gpujob_trainer.exporter import render_snapshot
 from gpujob_trainer.hooks import to_device
 from gpujob_trainer.tracker import Tracker
-from tests.unit.trainer.test_trainer_hooks import make_loop, train
+from tests.unit.trainer.test_hooks import make_loop, train
 
 PER_SAMPLE = 2 * 16 * 32 * 2 + 2 * 32 * 4 * 3
 """FlopCounterMode's count for make_loop's model: each Linear's forward (2·in·out) and its

@@ -1,6 +1,6 @@
-"""The reconciler's gang I/O: a refused admission object means no pod, and a refusal the
-planner shows like a refused pod. The Kube stand-in records calls; the planner and gang
-builders are the real ones."""
+"""The job loop's gang I/O (runtime/jobloop.py): a refused admission object means no pod,
+and a refusal the planner shows like a refused pod. The Kube stand-in records calls; the
+planner and gang builders are the real ones."""
 
 from __future__ import annotations
 
