@@ -21,6 +21,7 @@ from gpujob_operator.lifecycle import backoff, observations, planner, restarts
 from gpujob_operator.lifecycle.observations import ObservedPod, observe_pod
 from gpujob_operator.lifecycle.planner import Plan
 from gpujob_operator.lifecycle.refusals import Refused
+from tests.support.fakekube import apply_merge_patch
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -141,19 +142,6 @@ class Sim:
 
     def reasons(self) -> list[str]:
         return [e.reason for e in self.events]
-
-
-def apply_merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386, to check minimal_patch against."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = dict(target) if isinstance(target, dict) else {}
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        else:
-            out[k] = apply_merge_patch(out.get(k), v)
-    return out
 
 
 def running_sim(nodes: int = 2, **spec: Any) -> Sim:

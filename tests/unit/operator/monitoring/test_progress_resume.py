@@ -21,7 +21,7 @@ from gpujob_operator.monitoring.progress import ProgressMemory, smoothed_step_ra
 from gpujob_operator.monitoring.scrape_result import ScrapeResult, ScrapeTarget
 from gpujob_operator.monitoring.window import Window
 from gpujob_trainer import contract
-from tests.unit.operator.lifecycle.test_planner import apply_merge_patch
+from tests.support.fakekube import apply_merge_patch
 
 T0 = 1_800_000_000.0
 INTERVAL = 15.0
