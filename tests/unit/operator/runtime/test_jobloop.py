@@ -80,25 +80,13 @@ def test_the_metrics_path_doubles_its_delay_up_to_the_cap(
     assert delays == pytest.approx(doubling + doubling[:2])
 
 
-class _QuotaFull:
-    """A Kube whose pod creates (dry runs included) a full quota refuses."""
-
-    async def create_service(self, ns: str, body: Any) -> None:
-        return None
-
-    async def create_pod(self, ns: str, pod: Any, dry_run: bool = False) -> None:
-        err = Exception("Forbidden")
-        err.status = 403  # type: ignore[attr-defined]
-        err.body = '{"message": "pods \\"x\\" is forbidden: exceeded quota: gpu"}'  # type: ignore[attr-defined]
-        raise err
-
-
 def test_a_fresh_loop_continues_the_tries_of_the_status(monkeypatch: pytest.MonkeyPatch) -> None:
     """After an operator restart the shell's next refusal is try 5, not try 1: its delay
     goes on doubling from where the status left it, and the run's start is kept."""
     from datetime import timedelta
 
     from gpujob_operator.lifecycle import refusals
+    from tests.support.fakekube import FakeKube, api_error
     from tests.unit.operator.lifecycle.test_planner import T0, Sim, make_job
 
     monkeypatch.setattr(jobloop.random, "random", lambda: 0.0)
@@ -110,7 +98,10 @@ def test_a_fresh_loop_continues_the_tries_of_the_status(monkeypatch: pytest.Monk
     sim.now = T0 + timedelta(seconds=8)
     plan = sim.plan()
     assert len(plan.create_pods) == 2
-    loop = JobLoop(kube=cast(Any, _QuotaFull()), post_event=lambda *a: None)
+    full = api_error(403, "Forbidden", 'pods "x" is forbidden: exceeded quota: gpu')
+    loop = JobLoop(
+        kube=cast(Any, FakeKube(refuse={"create_pod": full})), post_event=lambda *a: None
+    )
     loop.body = {"metadata": {"namespace": "ml", "name": "bert", "uid": "u1"}}
     assert asyncio.run(
         loop._create("ml", "bert", plan, plan.status["operatorState"]["createBackoff"])
