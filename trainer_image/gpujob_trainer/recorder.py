@@ -5,7 +5,7 @@ them itself; the hooks then record into it inline, on the training thread, every
 name the tracker only through :class:`Recorder`, so `hooks` never imports `tracker` (which
 imports `hooks` and `flops`, and `flops` uses `hooks.batch_size`): the library's modules
 import each other in one direction only, even for annotations, and
-``tests/unit/test_repository.py`` keeps it so.
+``tests/unit/repo/test_repository.py`` keeps it so.
 
 The members keep the tracker's underscored names: they are the tracker's internals, shared
 with the hooks of this package alone (a public name here would invite users to call them),

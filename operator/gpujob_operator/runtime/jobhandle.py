@@ -4,7 +4,7 @@
 :class:`~gpujob_operator.runtime.metricstask.MetricsTask` and hands it itself; the task sees
 the loop only through :class:`JobHandle`. So the task names no loop type, the loop's
 private methods stay its own, and the two modules import each other in one direction only
-(jobloop → metricstask → jobhandle), which ``tests/unit/test_repository.py`` keeps so.
+(jobloop → metricstask → jobhandle), which ``tests/unit/repo/test_repository.py`` keeps so.
 """
 
 from __future__ import annotations

@@ -1,0 +1,111 @@
+"""The job loop's pure helpers (runtime/jobloop.py, once called the reconciler; its I/O is
+covered by tests/integration)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import pytest
+
+from gpujob_operator.lifecycle import backoff
+from gpujob_operator.runtime import jobloop
+from gpujob_operator.runtime.jobloop import JobLoop
+from gpujob_operator.runtime.metricstask import next_tick
+
+
+def test_each_job_scrapes_on_its_own_phase_of_the_interval() -> None:
+    for now in (1000.0, 1003.3, 1014.99, 1015.0):
+        for uid in ("a", "b", "c"):
+            t = next_tick(now, 15.0, uid)
+            assert now < t <= now + 15.0
+            assert abs(next_tick(t, 15.0, uid) - t - 15.0) < 1e-6  # a steady period afterwards
+    phases = {round(next_tick(1000.0, 15.0, f"uid-{i}") % 15.0, 3) for i in range(100)}
+    assert len(phases) > 50  # a hundred jobs started together spread over the interval
+
+
+def test_an_api_outage_on_the_metrics_path_is_one_line_and_a_backoff(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    loop = JobLoop(kube=cast(Any, object()), post_event=lambda *a: None)
+    loop.body = {"metadata": {"namespace": "ml", "name": "bert", "uid": "u1"}}
+    down = ConnectionRefusedError(111, "Connection refused")
+    with caplog.at_level(logging.WARNING, logger="gpujob.reconciler"):
+        delays = [loop.side_failure("metrics", down, n) for n in (1, 2, 3, 4)]
+    assert delays[-1] > delays[0]  # backs off instead of a fixed retry (doubling: below)
+    assert all(r.exc_info is None for r in caplog.records), "an expected error got a traceback"
+    assert any("call=metrics" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="gpujob.reconciler"):
+        loop.side_failure("metrics", KeyError("bug"), 1)
+    assert any(r.exc_info is not None for r in caplog.records), "a bug must keep its traceback"
+
+
+@pytest.mark.parametrize("rnd", [0.0, 0.5, 1.0])
+def test_the_metrics_path_doubles_its_delay_up_to_the_cap(
+    monkeypatch: pytest.MonkeyPatch, rnd: float
+) -> None:
+    """The metrics task's own loop counts failures in a row; each delay doubles the last
+    (the same jitter throughout) until the cap, and a success starts again from the base."""
+    monkeypatch.setattr(jobloop.random, "random", lambda: rnd)
+    loop = JobLoop(kube=cast(Any, object()), post_event=lambda *a: None)
+    loop.body = {"metadata": {"namespace": "ml", "name": "bert", "uid": "u1"}}
+    loop.retry = backoff.Policy(1.0, 16.0, 0.5)
+    task = loop.metrics
+    delays: list[float] = []
+    real = loop.side_failure
+
+    def side_failure(call: str, e: Exception, failures: int) -> float:
+        delays.append(real(call, e, failures))
+        return 0.0  # the delay is what is asserted; the test does not wait for it
+
+    outcomes = ["fail"] * 8 + ["ok"] + ["fail"] * 2
+
+    async def observe(pods: Any) -> float | None:
+        task.wake.set()  # wake the task at once instead of sleeping through its delay
+        outcome = outcomes.pop(0)
+        if not outcomes:
+            loop.ended = True
+        if outcome == "fail":
+            raise ConnectionRefusedError(111, "Connection refused")
+        return 0.0
+
+    monkeypatch.setattr(loop, "side_failure", side_failure)
+    monkeypatch.setattr(task, "observe", observe)
+    asyncio.run(asyncio.wait_for(task.run(), 30))
+    stretch = 1.0 + 0.5 * rnd
+    doubling = [min(2.0**n, 16.0) * stretch for n in range(8)]  # 1, 2, 4, 8, 16, 16, 16, 16
+    assert delays == pytest.approx(doubling + doubling[:2])
+
+
+def test_a_fresh_loop_continues_the_tries_of_the_status(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After an operator restart the shell's next refusal is try 5, not try 1: its delay
+    goes on doubling from where the status left it, and the run's start is kept."""
+    from datetime import timedelta
+
+    from gpujob_operator.lifecycle.apiserver import refusals
+    from tests.support.fakekube import FakeKube, api_error
+    from tests.unit.operator.lifecycle.test_planner import T0, Sim, make_job
+
+    monkeypatch.setattr(jobloop.random, "random", lambda: 0.0)
+    sim = Sim(make_job(nodes=2, gpusPerNode=8))
+    quota = refusals.Refusal("QuotaExceeded", False, "exceeded quota: gpu", 403)
+    sim.refused = refusals.Refused(quota, "pod bert-node-1", T0, T0 + timedelta(seconds=8), 4)
+    sim.reconcile()
+    sim.refused = None  # the restart
+    sim.now = T0 + timedelta(seconds=8)
+    plan = sim.plan()
+    assert len(plan.create_pods) == 2
+    full = api_error(403, "Forbidden", 'pods "x" is forbidden: exceeded quota: gpu')
+    loop = JobLoop(
+        kube=cast(Any, FakeKube(refuse={"create_pod": full})), post_event=lambda *a: None
+    )
+    loop.body = {"metadata": {"namespace": "ml", "name": "bert", "uid": "u1"}}
+    assert asyncio.run(
+        loop._create("ml", "bert", plan, plan.status["operatorState"]["createBackoff"])
+    )
+    assert loop.refused is not None and loop.refused.tries == 5 and loop.refused.since == T0
+    delay = (loop.refused.retry_at - datetime.now(UTC)).total_seconds()
+    assert delay > backoff.RETRY.delay(4)  # 16 s, not the first try's 1 s
