@@ -149,14 +149,15 @@ def test_long_first_step_checkpoints_and_evaluations_are_not_stalled(
     kube: Kube, operator: OperatorProcess
 ) -> None:
     # Each busy period lasts 25 s, 2.5x the stall timeout, and no step ends meanwhile: a
-    # first step (compilation), checkpoints (one after the last step, as the README's loop
-    # saves its final checkpoint) and an evaluation loop.
+    # first step (compilation), a checkpoint after the last step (as the README's loop saves
+    # its final checkpoint) and two evaluation loops (one mid-run, one at the end). One of
+    # each kind is the proof; more only made the test longer.
     body = trainer_job(
         "busy",
         60,
         "--startup-seconds", "25",
-        "--checkpoint-every", "30", "--checkpoint-seconds", "25",
-        "--eval-every", "20", "--eval-seconds", "25",
+        "--checkpoint-every", "60", "--checkpoint-seconds", "25",
+        "--eval-every", "30", "--eval-seconds", "25",
         stallTimeoutSeconds=10,
     )  # fmt: skip
     body["spec"]["runPolicy"] = {"backoffLimit": 0, "restartOnStall": True}
