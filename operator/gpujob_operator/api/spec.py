@@ -186,6 +186,14 @@ def _shm_fits(s: GPUTrainingJobSpec) -> bool:
 
 
 _SPEC_RULES: Final = (
+    # core/v1 accepts an empty program name, but no runtime can start it: the job would
+    # only fail at run time, on every node, after the gang was scheduled.
+    R.Rule(
+        "!has(self.command) || size(self.command) == 0 || self.command[0] != ''",
+        "spec.command[0] must not be empty: it is the program every rank runs",
+        lambda s: not s.command or s.command[0] != "",
+        field_path=".command",
+    ),
     # A memory-backed /dev/shm counts against the container's memory limit.
     R.Rule(
         "!has(self.template) || !has(self.template.shmSize) || !has(self.resources) || "
