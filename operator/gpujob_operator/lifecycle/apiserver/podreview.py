@@ -17,6 +17,7 @@ What the answer means is decided here, from the refusal as :mod:`refusals` class
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -24,8 +25,8 @@ from typing import Any, Final
 
 from gpujob_operator import api
 from gpujob_operator.api import conditions as c
-from gpujob_operator.lifecycle.apiserver import podpaths
-from gpujob_operator.lifecycle.apiserver.refusals import Refusal
+from gpujob_operator.api.quantity import parse_quantity
+from gpujob_operator.lifecycle.apiserver import podpaths, refusals
 from gpujob_operator.lifecycle.builders import build_pod
 
 DRY_RUN_SUFFIX: Final = "-admission"
@@ -42,7 +43,10 @@ SPEC_CHANGED: Final = "request.operation == 'CREATE' || object.spec != oldObject
 """The webhook's matchCondition: an update that leaves the spec alone (status, labels,
 annotations, finalizers) is not sent to the webhook at all."""
 _REFUSED: Final = frozenset({c.INVALID_POD_TEMPLATE, c.POD_SECURITY_VIOLATION})
-_STRICT: Final = "strict decoding error"
+_STRICT: Final = refusals.STRICT_DECODING
+_QUANTITY_PARENTS: Final = frozenset({"limits", "requests", "overhead"})
+"""Maps whose values core/v1 decodes as quantities (container, pod, claim resources; the
+pod's overhead); with ``sizeLimit`` (emptyDir), every quantity a pod template can hold."""
 _FIELD_IN_MESSAGE: Final = re.compile(r'(unknown field|duplicate field) "([^"]+)"')
 
 
@@ -87,7 +91,7 @@ def review_pods(job: Mapping[str, Any], spec: api.GPUTrainingJobSpec) -> list[di
 
 
 def judge(
-    refusal: Refusal,
+    refusal: refusals.Refusal,
     status: Mapping[str, Any],
     spec: Mapping[str, Any],
     pod: Mapping[str, Any],
@@ -95,7 +99,7 @@ def judge(
     """What the API server's refusal of dry-run ``pod`` (built from the raw ``spec``) means
     for the job: refuse it with the user's field paths, or admit it with a warning."""
     message = str(status.get("message") or refusal.message)
-    strict = refusal.code == 400 and _STRICT in message
+    strict = refusal.code == 400 and refusals.undecodable(message)
     if refusal.reason not in _REFUSED and not strict:
         return Verdict(
             True,
@@ -104,7 +108,11 @@ def judge(
                 f"({refusal.reason}: {refusal.message}); they are checked again when created",
             ),
         )
-    lines = cause_lines(status, spec, pod) or [_mapped_message(message, spec, pod)]
+    lines = (
+        cause_lines(status, spec, pod)
+        or bad_quantity_lines(message, spec, pod)
+        or [_mapped_message(message, spec, pod)]
+    )
     why = "PodSecurity" if refusal.reason == c.POD_SECURITY_VIOLATION else "core/v1"
     return Verdict(
         False,
@@ -133,6 +141,39 @@ def cause_lines(
         elif text:
             lines.append(_mapped_message(text, spec, pod))
     return lines
+
+
+def bad_quantity_lines(message: str, spec: Mapping[str, Any], pod: Mapping[str, Any]) -> list[str]:
+    """For a pod the server could not decode because of a quantity (its message names no
+    field), ``<user path>: <value> is not a quantity`` for each quantity of the pod that
+    core/v1 would not parse; empty when the message is about something else."""
+    if "quantities must" not in message and "quantity" not in message.lower():
+        return []
+    lines: list[str] = []
+    for path, value in _quantities(pod, ""):
+        if parse_quantity(value) is None:
+            where = podpaths.user_path(path.lstrip("."), spec, pod)
+            lines.append(
+                f"{where}: {json.dumps(value)[:64]} is not a quantity (e.g. 500Mi, 2, 1.5)"
+            )
+    return lines
+
+
+def _quantities(node: Any, path: str, parent: str = "") -> list[tuple[str, Any]]:
+    """(pod path, value) of every quantity-valued field under ``node``."""
+    out: list[tuple[str, Any]] = []
+    if isinstance(node, Mapping):
+        for key, value in node.items():
+            keyed = parent in _QUANTITY_PARENTS  # a resource name may hold dots
+            here = f"{path}[{key}]" if keyed else f"{path}.{key}"
+            if (key == "sizeLimit" or keyed) and not isinstance(value, Mapping | list):
+                out.append((here, value))
+                continue
+            out += _quantities(value, here, str(key))
+    elif isinstance(node, list):
+        for i, item in enumerate(node):
+            out += _quantities(item, f"{path}[{i}]")
+    return out
 
 
 def _mapped_message(message: str, spec: Mapping[str, Any], pod: Mapping[str, Any]) -> str:

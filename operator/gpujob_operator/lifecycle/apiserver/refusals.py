@@ -170,11 +170,23 @@ def classify(
     if code == 401:
         return out(c.API_UNAUTHORIZED, False)
     if code == 400:
-        # Strict field validation: a field core/v1 does not know, from a pass-through.
-        if kind == "pod" and "strict decoding error" in message:
+        # Strict field validation (a field core/v1 does not know, from a pass-through), or a
+        # value the server cannot even decode into a Pod (a quantity that is not one).
+        if kind == "pod" and undecodable(message):
             return out(c.INVALID_POD_TEMPLATE, True)
         return out(c.CREATE_REFUSED, True)
     return out(c.API_ERROR, False)
+
+
+STRICT_DECODING: Final = "strict decoding error"
+CANNOT_DECODE: Final = re.compile(r"cannot be handled as an? \w+")
+"""The API server's 400 for a body it cannot decode into the kind at all: a value of the
+wrong type or format (``emptyDir.sizeLimit: lots``), before any validation ran."""
+
+
+def undecodable(message: str) -> bool:
+    """Whether a 400's message says the object as sent can never be decoded by the server."""
+    return STRICT_DECODING in message or CANNOT_DECODE.search(message) is not None
 
 
 def quota_advice(quota: str, why: str) -> str:

@@ -82,6 +82,31 @@ def test_strict_decoding_names_the_users_field() -> None:
     assert 'unknown field "spec.template.volumes[0].secret.defaultMod"' in v.message
 
 
+def test_an_undecodable_quantity_is_refused_naming_the_users_field() -> None:
+    spec = {
+        **SPEC,
+        "template": {
+            "volumes": [
+                {"name": "creds", "secret": {"secretName": "s"}},
+                {"name": "scratch", "emptyDir": {"sizeLimit": "lots"}},
+            ],
+            "resources": {"limits": {"example.com/nic": "1x"}},
+        },
+    }
+    pod = podreview.review_pods(JOB, api.parse_spec(spec))[0]
+    message = (
+        'Pod in version "v1" cannot be handled as a Pod: quantities must match the regular '
+        "expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
+    )
+    status = {"kind": "Status", "code": 400, "reason": "BadRequest", "message": message}
+    v = podreview.judge(classify(400, status), status, spec, pod)
+    assert not v.allowed and v.code == 400
+    assert v.message.split("\n")[1:] == [
+        'spec.template.volumes[1].emptyDir.sizeLimit: "lots" is not a quantity (e.g. 500Mi, 2, 1.5)',
+        'spec.template.resources.limits[example.com/nic]: "1x" is not a quantity (e.g. 500Mi, 2, 1.5)',
+    ]
+
+
 def test_pod_security_is_refused() -> None:
     message = (
         'pods "x" is forbidden: violates PodSecurity "restricted:latest": '

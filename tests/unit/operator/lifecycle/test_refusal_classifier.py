@@ -55,6 +55,7 @@ PSA = (
         (422, "Invalid", 'Pod "x" is invalid: metadata.annotations: Too long: may not be more than 262144 bytes', c.INVALID_POD_TEMPLATE, True),
         (400, "BadRequest", "the body of the request was in an unknown format", c.CREATE_REFUSED, True),
         (400, "BadRequest", 'Pod in version "v1" cannot be handled as a Pod: strict decoding error: unknown field "spec.containers[0].livenessProbe.initialDelaySecond"', c.INVALID_POD_TEMPLATE, True),
+        (400, "BadRequest", "Pod in version \"v1\" cannot be handled as a Pod: quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'", c.INVALID_POD_TEMPLATE, True),
         (403, "Forbidden", 'admission webhook "deny.example.com" denied the request: no GPUs on Fridays', c.ADMISSION_WEBHOOK_DENIED, False),
         (400, "BadRequest", 'admission webhook "v.example.com" denied the request without explanation', c.ADMISSION_WEBHOOK_DENIED, False),
         (403, "Forbidden", 'admission webhook "budget.example.com" denied the request: team quota-team exceeded quota: GPU budget spent for today', c.ADMISSION_WEBHOOK_DENIED, False),
