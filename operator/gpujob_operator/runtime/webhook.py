@@ -22,11 +22,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import concurrent.futures
+import json
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, cast
 
+import aiohttp
+import aiohttp.web
 import kopf
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -34,7 +37,7 @@ from pydantic import ValidationError
 
 from gpujob_operator import api
 from gpujob_operator.api import conditions as c
-from gpujob_operator.lifecycle.apiserver import podreview, refusals
+from gpujob_operator.lifecycle.apiserver import admissionreview, podreview, refusals
 from gpujob_operator.runtime.kube import Kube
 from gpujob_operator.runtime.settings import Settings
 
@@ -115,47 +118,31 @@ def _pods(job: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     return podreview.review_pods(job, spec)
 
 
+PER_SOURCE_REVIEWS: Final = MAX_CONCURRENT_DRY_RUNS - 1
+"""Reviews one client address may have in flight: one caller that floods the port (a pod
+that can reach it) always leaves a dry-run slot to the API server; over it, a review is
+answered at once, allowed and unchecked, with a warning."""
+MAX_REVIEWS_IN_FLIGHT: Final = 32
+"""Reviews being read or judged at once, from every client: with :data:`admissionreview.
+MAX_REVIEW_BYTES` each, this bounds the webhook's memory."""
+PARSE_OFF_LOOP_BYTES: Final = 256 * 1024
+"""A review larger than this is decoded in a worker thread, not on the event loop."""
+
+
 def install(settings: Settings, namespaces: list[str], kube: Callable[[], Kube]) -> None:
-    """Register the webhook's kopf handlers; called only when the webhook is enabled (kopf
-    refuses to start with an admission handler and no server)."""
+    """Serve the webhook once kopf starts; called only when the webhook is enabled.
+
+    No ``kopf.on.validate`` handler: the server answers reviews itself
+    (:class:`GuardedServer`), so a review never reaches kopf's admission engine, which keeps
+    one memory for every object uid an UPDATE review names, for ever, real or not.
+    """
     own = settings
     reviewer = Reviewer(kube)
-
-    async def review_job(
-        body: kopf.Body,
-        old: kopf.Body | None,
-        operation: str | None,
-        warnings: list[str],
-        **_: Any,
-    ) -> None:
-        """Deny a job whose pods core/v1 refuses; admit anything else (warned if unchecked)."""
-        job = dict(body)
-        if operation == "UPDATE" and old is not None and dict(old).get("spec") == job.get("spec"):
-            return  # the matchCondition skips these; a registration without one may not
-        try:
-            verdict = await reviewer.review(
-                job, dict(old) if operation == "UPDATE" and old else None
-            )
-        except Exception as e:
-            log.exception("admission review of %s failed; admitted", _name(job))
-            warnings.append(f"the job's pods could not be checked ({type(e).__name__}: {e})")
-            return
-        warnings.extend(verdict.warnings)
-        if not verdict.allowed:
-            raise kopf.AdmissionError(verdict.message, code=verdict.code)
-
-    kopf.on.validate(
-        api.GROUP,
-        api.VERSION,
-        api.PLURAL,
-        id=podreview.WEBHOOK_PATH,
-        operations=["CREATE", "UPDATE"],
-    )(review_job)  # type: ignore[arg-type]
 
     @kopf.on.startup()
     def serve_webhook(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.admission.managed = None  # the chart's, or ours below: scoped and bounded
-        settings.admission.server = server(own, namespaces, kube)
+        settings.admission.server = server(own, namespaces, kube, reviewer)
 
     @kopf.on.cleanup()
     async def unregister_webhook(**_: Any) -> None:
@@ -163,8 +150,37 @@ def install(settings: Settings, namespaces: list[str], kube: Callable[[], Kube])
             await asyncio.to_thread(unregister, kube(), own.webhook_register)
 
 
+async def answer(reviewer: Reviewer, review: Any, namespaces: Sequence[str]) -> dict[str, Any]:
+    """The reply to one parsed review: a dry run of the job's pods where the API server
+    could have sent it, else an immediate, unchecked admission."""
+    screened = admissionreview.screen(review, namespaces)
+    if isinstance(screened, admissionreview.Skipped):
+        log.info("admission review %r answered unchecked: %s", screened.uid, screened.why)
+        return admissionreview.response(
+            screened.uid, True, warnings=[f"gpujob did not check this request: {screened.why}"]
+        )
+    job, old = dict(screened.job), screened.old
+    if old is not None and old.get("spec") == job.get("spec"):
+        return admissionreview.response(screened.uid, True)  # the matchCondition skips these
+    try:
+        verdict = await reviewer.review(job, dict(old) if old is not None else None)
+    except Exception as e:
+        log.exception("admission review of %s failed; admitted", _name(job))
+        return admissionreview.response(
+            screened.uid,
+            True,
+            warnings=[f"the job's pods could not be checked ({type(e).__name__}: {e})"],
+        )
+    return admissionreview.response(
+        screened.uid, verdict.allowed, verdict.message, verdict.code, verdict.warnings
+    )
+
+
 def server(
-    settings: Settings, namespaces: list[str], kube: Callable[[], Kube]
+    settings: Settings,
+    namespaces: list[str],
+    kube: Callable[[], Kube],
+    reviewer: Reviewer | None = None,
 ) -> kopf.WebhookServer:
     """kopf's HTTPS server with the given certificate; registering itself in host mode."""
     options: dict[str, Any] = {
@@ -175,20 +191,94 @@ def server(
         "cafile": settings.webhook_ca,
         "file_check_interval": 60.0,  # a renewed Secret is picked up without a restart
     }
+    reviewer = reviewer or Reviewer(kube)
     if not settings.webhook_register:
-        return kopf.WebhookServer(**options)
-    return _RegisteringServer(settings.webhook_register, namespaces, kube, **options)
+        return GuardedServer(reviewer, namespaces, **options)
+    return _RegisteringServer(settings.webhook_register, reviewer, namespaces, kube, **options)
 
 
-class _RegisteringServer(kopf.WebhookServer):
+class GuardedServer(kopf.WebhookServer):
+    """kopf's HTTPS server (certificates, their renewal), answering reviews itself: bounded
+    in bytes, in reviews in flight overall and per client address, and dry-running only
+    what the API server could have sent (:func:`admissionreview.screen`)."""
+
+    def __init__(self, reviewer: Reviewer, namespaces: Sequence[str], **options: Any) -> None:
+        super().__init__(**options)
+        self.reviewer = reviewer
+        self.namespaces = list(namespaces)
+        self.per_source: dict[str, int] = {}
+        self.in_flight = 0
+
+    async def _serve(  # type: ignore[override]
+        self, fn: Any, request: aiohttp.web.Request
+    ) -> aiohttp.web.Response:
+        """One review; ``fn`` (kopf's admission engine) is never called."""
+        source = request.remote or ""
+        if (
+            self.in_flight >= MAX_REVIEWS_IN_FLIGHT
+            or self.per_source.get(source, 0) >= PER_SOURCE_REVIEWS
+        ):
+            prefix = await request.content.read(admissionreview.UID_SCAN_BYTES)
+            log.warning("admission review from %s answered unchecked: too many in flight", source)
+            return aiohttp.web.json_response(
+                admissionreview.response(
+                    admissionreview.uid_of_prefix(prefix),
+                    True,
+                    warnings=["gpujob did not check this job's pods: too many reviews in flight"],
+                )
+            )
+        self.in_flight += 1
+        self.per_source[source] = self.per_source.get(source, 0) + 1
+        try:
+            return aiohttp.web.json_response(await self._answer(request))
+        finally:
+            self.in_flight -= 1
+            left = self.per_source.pop(source) - 1
+            if left:
+                self.per_source[source] = left
+
+    async def _answer(self, request: aiohttp.web.Request) -> dict[str, Any]:
+        raw = await read_bounded(request.content, admissionreview.MAX_REVIEW_BYTES)
+        if len(raw) > admissionreview.MAX_REVIEW_BYTES:
+            uid = admissionreview.uid_of_prefix(raw[: admissionreview.UID_SCAN_BYTES])
+            log.warning("admission review %r refused: over %d bytes", uid, len(raw) - 1)
+            return admissionreview.too_large(uid, len(raw) - 1)
+        try:
+            if len(raw) > PARSE_OFF_LOOP_BYTES:
+                review = await asyncio.to_thread(json.loads, raw)
+            else:
+                review = json.loads(raw)
+        except ValueError:
+            review = None
+        return await answer(self.reviewer, review, self.namespaces)
+
+
+async def read_bounded(stream: aiohttp.StreamReader, limit: int) -> bytes:
+    """At most ``limit`` + 1 bytes of a body: one byte more than the bound says it is over."""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= limit:
+        chunk = await stream.read(min(64 * 1024, limit + 1 - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+class _RegisteringServer(GuardedServer):
     """Host mode: once kopf's server listens, point a configuration of our own at it."""
 
     def __init__(
-        self, name: str, namespaces: list[str], kube: Callable[[], Kube], **options: Any
+        self,
+        name: str,
+        reviewer: Reviewer,
+        namespaces: list[str],
+        kube: Callable[[], Kube],
+        **options: Any,
     ) -> None:
-        super().__init__(**options)
+        super().__init__(reviewer, namespaces, **options)
         self.config_name = name
-        self.namespaces = namespaces
         self.kube = kube
         self._registration: asyncio.Task[None] | None = None
 
