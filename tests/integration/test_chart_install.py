@@ -198,6 +198,76 @@ def check_the_charts_webhook(kube: Kube, release: Release, pod: dict[str, Any], 
     assert again is not None and again["data"] == secret["data"], "the upgrade rotated the cert"
 
 
+def check_who_may_submit_a_job(kube: Kube, ns: str) -> None:
+    """The chart's admission policy: a job is created only by someone who may create its
+    pods; `edit` and `view` in a namespace cover jobs through the aggregated roles."""
+    admin = Kube(kube.cluster, ns, kube.cluster.kubeconfig)
+    jobs_only_role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": "jobs-only"},
+        "rules": [
+            {
+                "apiGroups": ["gpujob.dev"],
+                "resources": ["gputrainingjobs"],
+                "verbs": ["create", "get", "list"],
+            }
+        ],
+    }
+    admin.apply(jobs_only_role)
+    for user, kind, role in (
+        ("jobs-only", "Role", "jobs-only"),
+        ("editor", "ClusterRole", "edit"),
+        ("viewer", "ClusterRole", "view"),
+    ):
+        admin.apply(
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": {"name": user},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": role},
+                "subjects": [
+                    {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}
+                ],
+            }
+        )
+
+    def can(user: str, *what: str) -> bool:
+        res = admin.run("auth", "can-i", *what, "--as", user)
+        return res.stdout.strip() == "yes"
+
+    # The aggregation controller adds the chart's rules to edit and view.
+    wait_until(lambda: can("editor", "create", "gputrainingjobs.gpujob.dev"), 60, "edit aggregated")
+    wait_until(lambda: can("viewer", "list", "gputrainingjobs.gpujob.dev"), 60, "view aggregated")
+    assert not can("viewer", "create", "gputrainingjobs.gpujob.dev")
+    assert not can("editor", "update", "gputrainingjobs.gpujob.dev", "--subresource=status")
+    assert not can("jobs-only", "create", "pods")
+
+    # A job that would hand its author a ServiceAccount, a Secret and the node's PID space.
+    job = two_node_job("escalate")
+    job["spec"]["containerSecurityContext"] = {"privileged": True}
+    job["spec"]["template"] = {
+        "serviceAccountName": "deployer",
+        "hostPID": True,
+        "volumes": [{"name": "creds", "secret": {"secretName": "deploy-token"}}],
+        "volumeMounts": [{"name": "creds", "mountPath": "/creds"}],
+    }
+    text = yaml.safe_dump(job)
+
+    def create_as(user: str) -> Any:
+        return admin.run("create", "--dry-run=server", "-f", "-", "--as", user, input=text)
+
+    refused = wait_until(
+        lambda: (r := create_as("jobs-only")).returncode != 0 and r.stderr or None,
+        60,
+        "the admission policy denies",
+    )
+    assert f"jobs-only may not create pods in namespace {ns}" in refused, refused
+    assert "missing permission: create pods" in refused, refused
+    res = create_as("editor")
+    assert res.returncode == 0, res.stderr
+
+
 def test_cluster_mode_install_runs_a_job_with_the_charts_rbac(
     kube: Kube, release: Release, other_namespace: str, sa_kubeconfig: Any, tmp_path: Path
 ) -> None:
@@ -209,6 +279,7 @@ def test_cluster_mode_install_runs_a_job_with_the_charts_rbac(
     # The whole cluster is watched: the job lives outside the release namespace.
     run_job_to_success(kube, other_namespace, release)
     check_the_charts_webhook(kube, release, pod, other_namespace)
+    check_who_may_submit_a_job(kube, other_namespace)
     # /metrics where the Service and Prometheus find it: the pod IP (operator.bindAddress).
     with urllib.request.urlopen(f"http://{pod['status']['podIP']}:8081/metrics", timeout=10) as r:
         assert "gpujob_operator_" in r.read().decode()

@@ -111,8 +111,13 @@ def assert_least_privilege(role: dict[str, Any]) -> None:
 
 
 def operator_roles(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    """The operator's own (cluster) roles or bindings: not the forecast's, tested apart."""
-    return [o for o in find(objs, kind) if not o["metadata"]["name"].endswith("-forecast")]
+    """The operator's own (cluster) roles or bindings: not the forecast's nor the users'
+    aggregated ones, tested apart."""
+    return [
+        o
+        for o in find(objs, kind)
+        if not o["metadata"]["name"].endswith(("-forecast", "-edit", "-view"))
+    ]
 
 
 def test_cluster_mode_rbac() -> None:
@@ -463,3 +468,42 @@ def test_the_webhook_can_use_a_secret_of_its_own() -> None:
     (config,) = find(given, "ValidatingWebhookConfiguration")
     assert config["webhooks"][0]["clientConfig"]["caBundle"] == "Q0E="
     assert "annotations" not in config["metadata"]
+
+
+def test_the_admission_policy_requires_the_author_may_create_pods() -> None:
+    objs = render()
+    (policy,) = find(objs, "ValidatingAdmissionPolicy")
+    (binding,) = find(objs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert (
+        binding["spec"]["validationActions"] == ["Deny"] and "matchResources" not in binding["spec"]
+    )
+    assert policy["spec"]["failurePolicy"] == "Fail"  # a check that cannot run must not admit
+    (rule,) = policy["spec"]["validations"]
+    assert "resource('pods')" in rule["expression"] and "check('create')" in rule["expression"]
+    (cond,) = policy["spec"]["matchConditions"]
+    assert cond["expression"] == podreview.SPEC_CHANGED  # the operator's status writes pass
+    scoped = render(NAMESPACED)
+    (binding,) = find(scoped, "ValidatingAdmissionPolicyBinding")
+    (expr,) = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
+    assert expr["values"] == NAMESPACED["rbac"]["namespaces"]
+    assert not find(render({"admissionPolicy": {"enabled": False}}), "ValidatingAdmissionPolicy")
+
+
+def test_jobs_are_aggregated_into_the_built_in_user_roles() -> None:
+    roles = {
+        label: r
+        for r in find(render(), "ClusterRole")
+        for label in r["metadata"]["labels"]
+        if label.startswith("rbac.authorization.k8s.io/aggregate-to-")
+    }
+    assert set(roles) == {
+        f"rbac.authorization.k8s.io/aggregate-to-{r}" for r in ("admin", "edit", "view")
+    }
+    view = roles["rbac.authorization.k8s.io/aggregate-to-view"]
+    assert {v for rule in view["rules"] for v in rule["verbs"]} == {"get", "list", "watch"}
+    edit = roles["rbac.authorization.k8s.io/aggregate-to-edit"]
+    (status,) = [r for r in edit["rules"] if "gputrainingjobs/status" in r["resources"]]
+    assert set(status["verbs"]) == {"get", "list", "watch"}  # status is the operator's
+    off = render({"rbac": {"aggregateToDefaultRoles": False}})
+    assert not [r for r in find(off, "ClusterRole") if "aggregate" in str(r["metadata"]["labels"])]
