@@ -25,7 +25,7 @@ from gpujob_localcluster.cluster import LocalCluster
 from gpujob_localcluster.ports import free_port
 from gpujob_operator.observability import alerts, dashboards, opfamilies
 from tests.integration.conftest import wait_job_phase
-from tests.support.chart import find, render
+from tests.support.chart import PODMONITOR, find, render
 from tests.support.jobs import repo_code_env
 from tests.support.kube import Kube
 from tests.support.operator import OperatorProcess
@@ -48,7 +48,7 @@ def podmonitor_relabel_configs() -> list[dict[str, Any]]:
     The implicit part (select pods by the PodMonitor's selector, add namespace/pod/container)
     is spelled out here; the explicit relabelings are taken from the rendered chart.
     """
-    objs = render({"metrics": {"podMonitor": {"enabled": True}}})
+    objs = render(PODMONITOR)
     (pm,) = find(objs, "PodMonitor")
     (endpoint,) = pm["spec"]["podMetricsEndpoints"]
     meta = "__meta_kubernetes_"

@@ -17,9 +17,19 @@ CHART = REPO / "charts" / "gpujob"
 
 NAMESPACED = {"rbac": {"mode": "namespaced", "namespaces": ["team-a", "team-b"]}}
 PEERING = {"replicaCount": 2, "peering": {"enabled": True}}
+PROMETHEUS_PEER = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+}
+"""The Prometheus that scrapes the PodMonitor, let through the jobs' NetworkPolicies."""
+PODMONITOR = {
+    "metrics": {"podMonitor": {"enabled": True}},
+    "jobEndpoints": {"networkPolicy": {"metricsFrom": [PROMETHEUS_PEER]}},
+}
 MONITORING = {
     "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}},
     "prometheusRule": {"enabled": True},
+    "jobEndpoints": PODMONITOR["jobEndpoints"],
 }
 MODES: dict[str, dict[str, Any]] = {
     "default": {},

@@ -115,6 +115,8 @@ class FakeKube:
         self.cluster_objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         """Cluster-scoped ones (a Kueue ResourceFlavor), put here by the test."""
         self.configmaps: dict[str, dict[str, Any]] = {}
+        self.created: dict[tuple[str, str], dict[str, Any]] = {}
+        """The job's NetworkPolicy and Secret by (kind, name), as created."""
         self.services: set[str] | None = None
         """The Services that exist by name; None: every one asked about does."""
         self.served = True
@@ -178,6 +180,16 @@ class FakeKube:
         self._refused("create_service")
         if self.services is not None:
             self.services.add(_name(body))
+
+    async def create_network_policy(self, namespace: str, body: dict[str, Any]) -> None:
+        self.calls.append(f"create-networkpolicy {_name(body)}")
+        self._refused("create_network_policy")
+        self.created.setdefault(("NetworkPolicy", _name(body)), copy.deepcopy(body))
+
+    async def create_secret(self, namespace: str, body: dict[str, Any]) -> None:
+        self.calls.append(f"create-secret {_name(body)}")
+        self._refused("create_secret")
+        self.created.setdefault(("Secret", _name(body)), copy.deepcopy(body))
 
     async def service_exists(self, namespace: str, name: str) -> bool:
         self._refused("service_exists")

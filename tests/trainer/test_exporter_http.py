@@ -10,7 +10,7 @@ import pytest
 from trainer_harness import LOOPBACK, scrape
 
 import gpujob_trainer
-from gpujob_trainer import contract
+from gpujob_trainer import contract, evidence
 from gpujob_trainer.env import RankInfo
 
 
@@ -69,9 +69,10 @@ def test_port_in_use_is_logged_and_training_goes_on(caplog: pytest.LogCaptureFix
         tracker.close()
 
 
-def _get(port: int, path: str) -> tuple[int, bytes]:
+def _get(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(f"http://{LOOPBACK}:{port}{path}", headers=headers or {})
     try:
-        with urllib.request.urlopen(f"http://{LOOPBACK}:{port}{path}", timeout=10) as r:
+        with urllib.request.urlopen(req, timeout=10) as r:
             return int(r.status), bytes(r.read())
     except urllib.error.HTTPError as e:
         return int(e.code), bytes(e.read())
@@ -115,5 +116,44 @@ def test_the_evidence_endpoint_serves_every_threads_stack_and_can_be_turned_off(
         status, body = _get(tracker.exporter.port, contract.EVIDENCE_PATH)
         assert status == 404 and b"GPUJOB_EVIDENCE=0" in body
         assert _get(tracker.exporter.port, contract.METRICS_PATH)[0] == 200
+    finally:
+        tracker.close()
+
+
+def test_with_a_token_the_evidence_answers_only_a_request_that_presents_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(contract.ENV_ENDPOINT_TOKEN, "s3cret-token")
+    taken: list[int | None] = []
+    monkeypatch.setattr(evidence, "render", lambda rank: taken.append(rank) or b"{}")
+    tracker = gpujob_trainer.init(port=0, addr=LOOPBACK, rank=RankInfo(0, 0, 0, 1))
+    try:
+        assert tracker.exporter is not None
+        port = tracker.exporter.port
+        for headers in (
+            {},
+            {"Authorization": "Bearer wrong"},
+            {"Authorization": "Bearer s3cret-token-and-more"},
+            {"Authorization": "s3cret-token"},
+        ):
+            status, body = _get(port, contract.EVIDENCE_PATH, headers)
+            assert (status, body) == (401, b"this path needs the job's endpoint token\n"), headers
+        assert _get(port, "/debug/anything-else")[0] == 401
+        assert taken == [], "a refused request made the rank collect its evidence"
+        good = {"Authorization": "Bearer s3cret-token"}
+        assert _get(port, contract.EVIDENCE_PATH, good) == (200, b"{}")
+        assert taken == [0]
+        # /metrics stays open: the PodMonitor's Prometheus has no per-job token
+        assert _get(port, contract.METRICS_PATH)[0] == 200
+    finally:
+        tracker.close()
+
+
+def test_without_a_token_the_evidence_stays_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(contract.ENV_ENDPOINT_TOKEN, raising=False)
+    tracker = gpujob_trainer.init(port=0, addr=LOOPBACK, rank=RankInfo(0, 0, 0, 1))
+    try:
+        assert tracker.exporter is not None
+        assert _get(tracker.exporter.port, contract.EVIDENCE_PATH)[0] == 200
     finally:
         tracker.close()

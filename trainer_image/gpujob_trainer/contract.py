@@ -41,6 +41,13 @@ DEFAULT_METRICS_PORT: Final = 9400
 METRICS_PATH: Final = "/metrics"
 EVIDENCE_PATH: Final = "/debug/evidence"
 """Where the same server answers with the rank's hang evidence (JSON, see evidence.py)."""
+DEBUG_PREFIX: Final = "/debug/"
+"""Every path under it answers only a request that carries the job's endpoint token, when the
+pod has one (``ENV_ENDPOINT_TOKEN``)."""
+ENV_ENDPOINT_TOKEN: Final = "GPUJOB_ENDPOINT_TOKEN"
+"""The job's endpoint token, from a Secret the operator creates (only where the operator is
+configured to: clusters that do not enforce NetworkPolicy). Set: ``/debug/*`` answers 401
+unless the request carries ``Authorization: Bearer <token>``; ``/metrics`` stays open."""
 ENV_EVIDENCE: Final = "GPUJOB_EVIDENCE"
 """0/false/off turns the evidence endpoint off (it is on by default); the user's to set."""
 ENV_FRAMEWORK_CALLBACK: Final = "GPUJOB_FRAMEWORK_CALLBACK"

@@ -75,3 +75,9 @@ def metrics_addr(env: Mapping[str, str] | None = None) -> str:
     """The address the exporter binds: all interfaces unless overridden."""
     env = os.environ if env is None else env
     return env.get(contract.ENV_METRICS_ADDR, "").strip() or "0.0.0.0"
+
+
+def endpoint_token(env: Mapping[str, str] | None = None) -> str | None:
+    """The token ``/debug/*`` requires (None: no token, the path is open to whoever reaches it)."""
+    env = os.environ if env is None else env
+    return env.get(contract.ENV_ENDPOINT_TOKEN, "").strip() or None

@@ -11,11 +11,12 @@ imports no tracker: the tracker imports it, when it starts one.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import socket
 import threading
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -25,7 +26,7 @@ from prometheus_client.registry import Collector
 
 from gpujob_trainer import contract, evidence
 from gpujob_trainer.cuda_memory import CudaMemoryCollector
-from gpujob_trainer.env import RankInfo, metrics_addr, metrics_base_port
+from gpujob_trainer.env import RankInfo, endpoint_token, metrics_addr, metrics_base_port
 from gpujob_trainer.families import family, rank_values
 from gpujob_trainer.nvml import NvmlCollector
 from gpujob_trainer.snapshot import Snapshot
@@ -115,12 +116,46 @@ class _Quiet(WSGIRequestHandler):
         pass
 
 
-def _app(registry: CollectorRegistry, rank: int | None, debug: bool) -> Any:
-    """/metrics from the registry, and (unless turned off) the hang evidence."""
+UNAUTHORIZED: Final = b"this path needs the job's endpoint token\n"
+"""The whole answer to a request without the token: fixed, so a refusal costs nothing."""
+
+
+def _authorized(environ: dict[str, Any], expected: bytes) -> bool:
+    """Whether the request carries ``Authorization: Bearer <token>`` (constant-time compare)."""
+    got = str(environ.get("HTTP_AUTHORIZATION", "")).encode("latin-1", "replace")
+    return hmac.compare_digest(got, expected)
+
+
+def _app(
+    registry: CollectorRegistry, rank: int | None, debug: bool, token: str | None = None
+) -> Any:
+    """/metrics from the registry, and (unless turned off) the hang evidence.
+
+    With a token, ``/debug/*`` is checked first of all: the stacks and the Flight Recorder
+    are the job's secrets, and a caller without the token must not make the rank do the work
+    of collecting them. ``/metrics`` stays open, since the PodMonitor's Prometheus cannot know
+    a per-job token; the NetworkPolicy is what closes it.
+    """
     metrics = make_wsgi_app(registry)
+    expected = f"Bearer {token}".encode() if token else None
 
     def app(environ: dict[str, Any], start_response: Any) -> Any:
-        if environ.get("PATH_INFO") == contract.EVIDENCE_PATH:
+        path = environ.get("PATH_INFO") or ""
+        if (
+            expected is not None
+            and path.startswith(contract.DEBUG_PREFIX)
+            and not _authorized(environ, expected)
+        ):
+            start_response(
+                "401 Unauthorized",
+                [
+                    ("Content-Type", "text/plain"),
+                    ("Content-Length", str(len(UNAUTHORIZED))),
+                    ("WWW-Authenticate", "Bearer"),
+                ],
+            )
+            return [UNAUTHORIZED]
+        if path == contract.EVIDENCE_PATH:
             status = "200 OK" if debug else "404 Not Found"
             body = evidence.render(rank) if debug else b"evidence is off (GPUJOB_EVIDENCE=0)\n"
             kind = "application/json" if debug else "text/plain"
@@ -151,11 +186,14 @@ class Exporter:
         addr: str = "0.0.0.0",
         rank: int | None = None,
         debug: bool | None = None,
+        token: str | None = None,
     ) -> None:
         self.registry = registry
         self.rank = rank
         self.debug = evidence.enabled() if debug is None else debug
         """Whether :data:`contract.EVIDENCE_PATH` is served (``GPUJOB_EVIDENCE``)."""
+        self.token = token
+        """What ``/debug/*`` requires as a bearer token (``GPUJOB_ENDPOINT_TOKEN``; None: open)."""
         self.addr = addr
         self.port = port
         self._server: Any = None
@@ -181,12 +219,18 @@ class Exporter:
             registry.register(NvmlCollector(node_rank=rank.node_rank))
         if port is None:
             port = contract.metrics_port(metrics_base_port(), rank.local_rank)
-        return cls(registry, port, addr if addr is not None else metrics_addr(), rank=rank.rank)
+        return cls(
+            registry,
+            port,
+            addr if addr is not None else metrics_addr(),
+            rank=rank.rank,
+            token=endpoint_token(),
+        )
 
     def start(self) -> int:
         """Start serving in a daemon thread; returns the bound port (useful with port 0)."""
         if self._server is None:
-            app = _app(self.registry, self.rank, self.debug)
+            app = _app(self.registry, self.rank, self.debug, self.token)
             self._server, self._thread = _serve(self.addr, self.port, app)
             self.port = int(self._server.server_port)
             log.info(

@@ -60,7 +60,7 @@ app.kubernetes.io/component: operator
 
 {{/*
 Rules on the namespaced resources the operator touches, shared by the ClusterRole
-(cluster mode) and each Role (namespaced mode). Least privilege: no Secrets, no
+(cluster mode) and each Role (namespaced mode). Least privilege: no reading of Secrets, no
 ConfigMaps, no pods/exec; only the verbs kopf and the reconciler use.
 */}}
 {{- define "gpujob.namespacedRules" -}}
@@ -94,6 +94,18 @@ ConfigMaps, no pods/exec; only the verbs kopf and the reconciler use.
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+{{- if .Values.jobEndpoints.networkPolicy.enabled }}
+# Each job's NetworkPolicy <job>-endpoints (owned by the job, gone with it): created only.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["create"]
+{{- end }}
+{{- if .Values.jobEndpoints.token.enabled }}
+# Each job's endpoint token Secret: created, never read (the operator derives the token).
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
+{{- end }}
 {{- if .Values.gang.native.enabled }}
 # Native gang scheduling: the job's Workload and one PodGroup per gang attempt.
 - apiGroups: ["scheduling.k8s.io"]
@@ -153,4 +165,21 @@ the chart generates.
 */}}
 {{- define "gpujob.webhookSecret" -}}
 {{- .Values.webhook.existingSecret | default (printf "%s-webhook-tls" (include "gpujob.fullname" .)) -}}
+{{- end }}
+
+{{/*
+GPUJOB_JOB_NETWORK_POLICY: the operator's own pods (its namespace and selector labels) first,
+then jobEndpoints.networkPolicy.metricsFrom.
+*/}}
+{{- define "gpujob.jobNetworkPolicy" -}}
+{{- $np := .Values.jobEndpoints.networkPolicy }}
+{{- $ns := dict "matchLabels" (dict "kubernetes.io/metadata.name" .Release.Namespace) }}
+{{- $pods := dict "matchLabels" (include "gpujob.selectorLabels" . | fromYaml) }}
+{{- $operator := dict "namespaceSelector" $ns "podSelector" $pods }}
+{{- dict "metricsFrom" (prepend $np.metricsFrom $operator) "otherPortsOpen" $np.otherPortsOpen | toJson }}
+{{- end }}
+
+{{/* The Secret holding the key of the jobs' endpoint tokens. */}}
+{{- define "gpujob.endpointTokenSecret" -}}
+{{- .Values.jobEndpoints.token.existingSecret | default (printf "%s-endpoint-token-key" (include "gpujob.fullname" .)) -}}
 {{- end }}

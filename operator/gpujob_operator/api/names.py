@@ -19,6 +19,7 @@ ENV_METRICS_PORT: Final = contract.ENV_METRICS_PORT
 ENV_TOTAL_STEPS: Final = contract.ENV_TOTAL_STEPS
 ENV_JOB_NAME: Final = "GPUJOB_JOB_NAME"
 ENV_NAMESPACE: Final = "GPUJOB_NAMESPACE"
+ENV_ENDPOINT_TOKEN: Final = contract.ENV_ENDPOINT_TOKEN
 RESERVED_ENV: Final = (
     "MASTER_ADDR",
     "MASTER_PORT",
@@ -33,6 +34,7 @@ RESERVED_ENV: Final = (
     ENV_TOTAL_STEPS,
     ENV_JOB_NAME,
     ENV_NAMESPACE,
+    ENV_ENDPOINT_TOKEN,
 )
 
 GangMechanism = Literal["None", "Native", "Kueue"]

@@ -282,6 +282,8 @@ async def job_event(
             restart_backoff=own.settings.restart_backoff,
             gang_grace_seconds=own.settings.gang_grace_seconds,
             fault_at=own.settings.fault_exit_at,
+            network_policy=own.settings.job_network_policy,
+            token_key=own.settings.endpoint_token_key,
             on_exit=own.forget,
         )
         loop.start(dict(body), lambda: list(job_pods.get(key, [])))

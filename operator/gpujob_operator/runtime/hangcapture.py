@@ -61,12 +61,13 @@ async def capture(
     targets: Sequence[ScrapeTarget],
     since: str,
     gpus: Mapping[int, str] | None = None,
+    token: str = "",
 ) -> tuple[dict[str, Any], hang.HangReport]:
     """Ask, compare, keep: the ``status.hangEvidence`` record and the comparison
     (``kube``: where the ConfigMap goes; ``gpus``: each rank's CUDA device UUID, from its
-    metrics, to name it by)."""
+    metrics, to name it by; ``token``: the job's endpoint token, "" where it has none)."""
     started = time.time()
-    asked = hang.evidence_targets(targets)
+    asked = hang.evidence_targets(targets, token)
     fetched = await scraper.fetch_all(asked, hangdump.MAX_BYTES)
     answers, report, data = await asyncio.to_thread(compare_and_render, asked, fetched, gpus)
     first = next((a for a in answers if report.culprits and a.rank == report.culprits[0]), None)

@@ -60,6 +60,11 @@ class JobHandle(Protocol):
         ...
 
     @property
+    def token_key(self) -> bytes | None:
+        """The key of the job's endpoint token (None: its pods have none)."""
+        ...
+
+    @property
     def resync_seconds(self) -> float:
         """How long the task sleeps when nothing is due."""
         ...

@@ -41,7 +41,7 @@ from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import job_uid, uid_of
 from gpujob_operator.api.patches import json_safe, minimal_patch
 from gpujob_operator.api.status import attempt_of
-from gpujob_operator.lifecycle import backoff, observations, planner
+from gpujob_operator.lifecycle import backoff, endpoints, observations, planner
 from gpujob_operator.lifecycle.apiserver import refusals
 from gpujob_operator.lifecycle.gang import gangprobe
 from gpujob_operator.monitoring.scrape.scraper import Scraper
@@ -119,6 +119,10 @@ class JobLoop:
     gang_grace_seconds: float = planner.GANG_GRACE_SECONDS
     fault_at: str | None = None
     """The write boundary at which this process dies (tests: GPUJOB_FAULT_EXIT_AT)."""
+    network_policy: endpoints.PolicySettings | None = None
+    """Each job gets a NetworkPolicy guarding its metrics ports (None: none)."""
+    token_key: bytes | None = None
+    """Each job's pods get an endpoint token derived with this key (None: no token)."""
     body: dict[str, Any] = field(default_factory=dict)
     default_gang: str = api.GANG_NONE
     on_exit: Callable[[JobLoop], None] | None = None
@@ -247,7 +251,7 @@ class JobLoop:
                 log.info("%s %s changed meanwhile; re-reading it", ref.plural, ref.name)
                 self.wake.set()
         record = (plan.status.get("operatorState") or {}).get("createBackoff")
-        refused = await self._create(ns, name, plan, record)
+        refused = await self._create(ns, name, plan, record, job)
         if refused:
             self.wake.set()  # plan again at once, so that the status shows the refusal
         for ev in plan.events:
@@ -320,9 +324,15 @@ class JobLoop:
         self.vanished &= {uid_of(p) for p in self._pods()}  # bounded by what the index holds
 
     async def _create(
-        self, ns: str, name: str, plan: planner.Plan, record: Mapping[str, Any] | None = None
+        self,
+        ns: str,
+        name: str,
+        plan: planner.Plan,
+        record: Mapping[str, Any] | None = None,
+        job: Mapping[str, Any] | None = None,
     ) -> bool:
-        """Create the Service and the gang, all or nothing; True when the server refused.
+        """Create the job's endpoint guards, its Service and its gang, all or nothing; True
+        when the server refused.
 
         Every pod is first created with ``dryRun=All``: admission (quota, PodSecurity,
         LimitRange, webhooks) and validation run without persisting anything, so a gang that
@@ -336,9 +346,27 @@ class JobLoop:
             self.refused = refusals.resume(record)
         if plan.create_service is not None or plan.ensure_objects or plan.create_pods:
             self.tried = True
+        pods = plan.create_pods
+        if pods and self.token_key is not None:
+            pods = endpoints.with_token_env(pods, name)
+        body = job if job is not None else self.body
         target = f"service {name}"
         kind = "service"
         try:
+            # The endpoints' guards before any pod: a pod must never run with its endpoints
+            # open, nor wait for its token's Secret. Again before each gang (409: kept), so a
+            # job from before they were turned on gets them too.
+            if self.network_policy is not None and (plan.create_service is not None or pods):
+                self.call = "create_network_policy"
+                target = f"networkpolicy {endpoints.network_policy_name(name)}"
+                policy = endpoints.build_network_policy(body, self.network_policy)
+                await self.kube.create_network_policy(ns, policy)
+            if self.token_key is not None and (plan.create_service is not None or pods):
+                self.call = "create_secret"
+                target = f"secret {endpoints.token_secret_name(name)}"
+                token = endpoints.endpoint_token(self.token_key, body)
+                await self.kube.create_secret(ns, endpoints.build_token_secret(body, token))
+            target = f"service {name}"
             if plan.create_service is not None:
                 self.call = "create_service"
                 await self.kube.create_service(ns, plan.create_service)
@@ -350,11 +378,11 @@ class JobLoop:
                 target = f"{obj['kind']} {obj['apiVersion']} {obj['metadata']['name']}"
                 await self.kube.create_object(ns, obj)
             kind = "pod"
-            if await self._probe_gang(ns, plan.create_pods):
+            if await self._probe_gang(ns, pods):
                 return True
             for call, dry_run in (("dry_run_pod", True), ("create_pod", False)):
                 self.call = call
-                for i, pod in enumerate(plan.create_pods):
+                for i, pod in enumerate(pods):
                     if i and not dry_run:
                         fault_point(self.fault_at, BETWEEN_POD_CREATES)
                     target = f"pod {pod['metadata']['name']}"

@@ -114,6 +114,7 @@ class Kube:
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+        self.networking = client.NetworkingV1Api(api_client)
 
     async def create_pod(self, namespace: str, body: dict[str, Any], dry_run: bool = False) -> bool:
         """Create a pod; False when a pod of that name already exists.
@@ -208,6 +209,25 @@ class Kube:
     async def create_service(self, namespace: str, body: dict[str, Any]) -> None:
         try:
             await asyncio.to_thread(self.core.create_namespaced_service, namespace, cast(Any, body))
+        except ApiException as e:
+            if e.status != 409 and not namespace_terminating(e):
+                raise
+
+    async def create_network_policy(self, namespace: str, body: dict[str, Any]) -> None:
+        """The job's NetworkPolicy (``lifecycle/endpoints.py``); one that exists is kept."""
+        try:
+            await asyncio.to_thread(
+                self.networking.create_namespaced_network_policy, namespace, cast(Any, body)
+            )
+        except ApiException as e:
+            if e.status != 409 and not namespace_terminating(e):
+                raise
+
+    async def create_secret(self, namespace: str, body: dict[str, Any]) -> None:
+        """The job's token Secret; one that exists is kept (create only: the operator may
+        write Secrets, never read them)."""
+        try:
+            await asyncio.to_thread(self.core.create_namespaced_secret, namespace, cast(Any, body))
         except ApiException as e:
             if e.status != 409 and not namespace_terminating(e):
                 raise

@@ -22,6 +22,7 @@ from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import job_uid
 from gpujob_operator.api.status import attempt_of, stall_evidence
 from gpujob_operator.api.statusupgrade import upgrade
+from gpujob_operator.lifecycle import endpoints
 from gpujob_operator.monitoring.monitor import JobMonitor, exited_ranks, with_hang
 from gpujob_operator.monitoring.scrape.result import ErrorKind, ScrapeTarget
 from gpujob_operator.monitoring.verdicts.verdict import STALLED
@@ -136,8 +137,10 @@ class MetricsTask:
         assert loop.scraper is not None
         try:
             gpus = self.monitor.rank_gpus() if self.monitor is not None else {}
+            key = loop.token_key
+            token = endpoints.endpoint_token(key, job) if key is not None else ""
             record, report = await hangcapture.capture(
-                loop.kube, loop.scraper, job, targets, since, gpus
+                loop.kube, loop.scraper, job, targets, since, gpus, token
             )
         except Fenced:
             raise

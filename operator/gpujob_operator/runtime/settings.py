@@ -31,11 +31,14 @@ before kopf starts. Nothing else in the operator reads the environment.
 | ``GPUJOB_WEBHOOK_CERT`` / ``..._KEY`` | unset | the webhook's serving certificate and key (PEM files; required with a port) |
 | ``GPUJOB_WEBHOOK_CA`` | unset | the CA that signed it (PEM file), for a registration of its own |
 | ``GPUJOB_WEBHOOK_REGISTER`` | unset | host mode: register a ValidatingWebhookConfiguration of this name at ``https://127.0.0.1:<port>`` and delete it on exit (the chart registers its own instead) |
+| ``GPUJOB_JOB_NETWORK_POLICY`` | unset | JSON ``{"metricsFrom": [peers], "otherPortsOpen": bool}``: a NetworkPolicy per job (``lifecycle/endpoints.py``); unset: none |
+| ``GPUJOB_ENDPOINT_TOKEN_KEY_FILE`` | unset | a file holding the key of the jobs' endpoint tokens (>= 32 bytes); unset: no tokens |
 | ``GPUJOB_FAULT_EXIT_AT`` | unset | tests only: die at a named write boundary |
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -43,6 +46,7 @@ from typing import Final, TypeVar
 
 from gpujob_operator import api
 from gpujob_operator.lifecycle import backoff
+from gpujob_operator.lifecycle.endpoints import PolicySettings
 from gpujob_operator.lifecycle.planner import GANG_GRACE_SECONDS
 from gpujob_operator.observability import opmetrics
 from gpujob_operator.runtime import faults, peers
@@ -50,6 +54,9 @@ from gpujob_operator.runtime import faults, peers
 T = TypeVar("T")
 
 DEFAULT_LIVENESS: Final = "http://0.0.0.0:8080/healthz"
+MIN_TOKEN_KEY_BYTES: Final = 32
+ENV_JOB_NETWORK_POLICY: Final = "GPUJOB_JOB_NETWORK_POLICY"
+ENV_TOKEN_KEY_FILE: Final = "GPUJOB_ENDPOINT_TOKEN_KEY_FILE"
 
 
 class SettingsError(ValueError):
@@ -89,6 +96,10 @@ class Settings:
     webhook_cert: str | None = None
     webhook_key: str | None = None
     webhook_ca: str | None = None
+    job_network_policy: PolicySettings | None = None
+    """A NetworkPolicy per job, letting only these peers reach its metrics ports; None: none."""
+    endpoint_token_key: bytes | None = None
+    """The key of the jobs' endpoint tokens; None: no tokens (``/debug/*`` open)."""
     webhook_register: str | None = None
     """Host mode: the name of a ValidatingWebhookConfiguration the operator registers for
     itself (URL ``https://127.0.0.1:<port>``) and deletes on exit; None: registered by the
@@ -255,6 +266,8 @@ def from_env(env: Mapping[str, str]) -> Settings:
         webhook_key=webhook_files["key"],
         webhook_ca=webhook_files["ca"],
         webhook_register=env.get("GPUJOB_WEBHOOK_REGISTER", "").strip() or None,
+        job_network_policy=_network_policy(env.get(ENV_JOB_NETWORK_POLICY, "").strip()),
+        endpoint_token_key=_token_key(env.get(ENV_TOKEN_KEY_FILE, "").strip()),
         fault_exit_at=_read(
             env,
             faults.ENV,
@@ -273,3 +286,39 @@ def check_webhook(port: int, cert: str | None, key: str | None) -> None:
             f"GPUJOB_WEBHOOK_PORT={port}: needs GPUJOB_WEBHOOK_CERT and GPUJOB_WEBHOOK_KEY "
             "(PEM files of the webhook's serving certificate)"
         )
+
+
+def _network_policy(raw: str) -> PolicySettings | None:
+    """``GPUJOB_JOB_NETWORK_POLICY``: JSON from the chart (unset or empty: no policy)."""
+    if not raw:
+        return None
+    must = 'JSON {"metricsFrom": [NetworkPolicyPeer objects], "otherPortsOpen": true|false}'
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        doc = None
+    peers_ = doc.get("metricsFrom", []) if isinstance(doc, dict) else None
+    open_ = doc.get("otherPortsOpen", True) if isinstance(doc, dict) else None
+    if (
+        not isinstance(peers_, list)
+        or not all(isinstance(p, dict) and p for p in peers_)
+        or not isinstance(open_, bool)
+    ):
+        raise SettingsError(f"{ENV_JOB_NETWORK_POLICY}={raw[:200]!r}: must be {must}")
+    return PolicySettings(metrics_from=tuple(peers_), other_ports_open=open_)
+
+
+def _token_key(path: str) -> bytes | None:
+    """The token key from the file the chart mounts (unset: no tokens); refused when short."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            key = f.read().strip()
+    except OSError as e:
+        raise SettingsError(f"{ENV_TOKEN_KEY_FILE}={path!r}: cannot be read: {e}") from None
+    if len(key) < MIN_TOKEN_KEY_BYTES:
+        raise SettingsError(
+            f"{ENV_TOKEN_KEY_FILE}={path!r}: the key must be at least {MIN_TOKEN_KEY_BYTES} bytes"
+        )
+    return key

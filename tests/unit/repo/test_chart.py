@@ -14,6 +14,7 @@ from tests.support.chart import (
     CHART,
     MODES,
     NAMESPACED,
+    PROMETHEUS_PEER,
     find,
     helm,
     render,
@@ -308,6 +309,19 @@ BAD_VALUES = [
         "without kopf peering every replica would reconcile every job",
     ),
     (
+        {"metrics": {"podMonitor": {"enabled": True}}},
+        "metrics.podMonitor.enabled with jobEndpoints.networkPolicy.enabled needs "
+        "jobEndpoints.networkPolicy.metricsFrom",
+    ),
+    (
+        {"jobEndpoints": {"networkPolicy": {"metricsFrom": [{}]}}},
+        "at '/jobEndpoints/networkPolicy/metricsFrom/0'",
+    ),
+    (
+        {"jobEndpoints": {"token": {"enabled": "yes"}}},
+        "at '/jobEndpoints/token/enabled'",
+    ),
+    (
         {"metrics": {"service": {"enabled": False}, "serviceMonitor": {"enabled": True}}},
         "metrics.serviceMonitor.enabled needs metrics.service.enabled: "
         "the ServiceMonitor selects that Service",
@@ -507,3 +521,63 @@ def test_jobs_are_aggregated_into_the_built_in_user_roles() -> None:
     assert set(status["verbs"]) == {"get", "list", "watch"}  # status is the operator's
     off = render({"rbac": {"aggregateToDefaultRoles": False}})
     assert not [r for r in find(off, "ClusterRole") if "aggregate" in str(r["metadata"]["labels"])]
+
+
+def test_every_job_gets_a_network_policy_that_lets_the_operator_in_by_default() -> None:
+    from gpujob_operator.runtime.settings import from_env
+
+    objs = render()
+    (role,) = operator_roles(objs, "ClusterRole")
+    assert rules(role)[("networking.k8s.io", "networkpolicies")] == {"create"}
+    assert ("", "secrets") not in rules(role)  # no token by default
+    # What the chart sets is what the operator reads: its own pods, by namespace and labels.
+    setting = from_env(env(objs)).job_network_policy
+    assert setting is not None and setting.other_ports_open
+    (operator_peer,) = setting.metrics_from
+    pod_labels = deployment(objs)["spec"]["template"]["metadata"]["labels"]
+    assert operator_peer == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gpujob-system"}},
+        "podSelector": {"matchLabels": deployment(objs)["spec"]["selector"]["matchLabels"]},
+    }
+    assert operator_peer["podSelector"]["matchLabels"].items() <= pod_labels.items()
+
+    objs = render(MODES["monitoring"])
+    setting = from_env(env(objs)).job_network_policy
+    assert setting is not None and setting.metrics_from[1:] == (PROMETHEUS_PEER,)
+    objs = render({"jobEndpoints": {"networkPolicy": {"enabled": False, "otherPortsOpen": False}}})
+    assert "GPUJOB_JOB_NETWORK_POLICY" not in env(objs)
+    assert ("networking.k8s.io", "networkpolicies") not in rules(
+        operator_roles(objs, "ClusterRole")[0]
+    )
+
+
+@pytest.mark.parametrize("mode", ["default", "namespaced"])
+def test_the_endpoint_token_key_is_a_secret_the_operator_reads_from_a_file(mode: str) -> None:
+    from gpujob_operator.runtime.settings import ENV_TOKEN_KEY_FILE
+
+    values = {**MODES[mode], "jobEndpoints": {"token": {"enabled": True}}}
+    objs = render(values)
+    (secret,) = find(objs, "Secret", "gj-gpujob-endpoint-token-key")
+    assert len(secret["data"]["key"]) >= 64  # base64 of 64 random characters
+    path = env(objs)[ENV_TOKEN_KEY_FILE]
+    c = container(objs)
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == "endpoint-token-key"]
+    (volume,) = [
+        v
+        for v in deployment(objs)["spec"]["template"]["spec"]["volumes"]
+        if v["name"] == "endpoint-token-key"
+    ]
+    assert path == f"{mount['mountPath']}/{volume['secret']['items'][0]['path']}"
+    assert volume["secret"]["secretName"] == "gj-gpujob-endpoint-token-key"
+    roles = operator_roles(objs, "ClusterRole" if mode == "default" else "Role")
+    for role in roles:
+        assert rules(role)[("", "secrets")] == {"create"}  # written, never read
+
+    objs = render({"jobEndpoints": {"token": {"enabled": True, "existingSecret": "mine"}}})
+    assert not find(objs, "Secret", "gj-gpujob-endpoint-token-key")
+    (volume,) = [
+        v
+        for v in deployment(objs)["spec"]["template"]["spec"]["volumes"]
+        if v["name"] == "endpoint-token-key"
+    ]
+    assert volume["secret"]["secretName"] == "mine"

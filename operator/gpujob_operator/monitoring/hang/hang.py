@@ -299,11 +299,14 @@ def reduce(answers: Sequence[RankAnswer]) -> HangReport:
     )
 
 
-def evidence_targets(targets: Sequence[ScrapeTarget]) -> list[ScrapeTarget]:
-    """The same ranks' endpoints, asked for their evidence instead of their metrics."""
+def evidence_targets(targets: Sequence[ScrapeTarget], token: str = "") -> list[ScrapeTarget]:
+    """The same ranks' endpoints, asked for their evidence instead of their metrics (with the
+    job's endpoint token, where its pods have one)."""
     return [
         dataclasses.replace(
-            t, url=t.url.removesuffix(contract.METRICS_PATH) + contract.EVIDENCE_PATH
+            t,
+            url=t.url.removesuffix(contract.METRICS_PATH) + contract.EVIDENCE_PATH,
+            token=token or t.token,
         )
         for t in targets
     ]

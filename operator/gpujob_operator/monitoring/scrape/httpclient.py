@@ -373,8 +373,9 @@ class Endpoint:
     head: bytes
 
 
-def endpoint(url: str) -> Endpoint:
-    """The endpoint of a plain http:// URL (a Failure for any other)."""
+def endpoint(url: str, token: str = "") -> Endpoint:
+    """The endpoint of a plain http:// URL (a Failure for any other); with ``token``, the
+    request presents it as ``Authorization: Bearer``."""
     parts = urlsplit(url)
     if parts.scheme != "http" or not parts.hostname:
         raise Failure(ErrorKind.CONNECTION, f"unsupported URL {url!r} (plain http only)")
@@ -386,9 +387,12 @@ def endpoint(url: str) -> Endpoint:
     if parts.query:
         path += "?" + parts.query
     host = parts.netloc.rsplit("@", 1)[-1]
+    if any(ch in token for ch in "\r\n"):
+        raise Failure(ErrorKind.CONNECTION, "the endpoint token holds a line break")
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
     head = (
         f"GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: {USER_AGENT}\r\n"
-        f"Accept: {ACCEPT}\r\nAccept-Encoding: identity\r\n\r\n"
+        f"Accept: {ACCEPT}\r\nAccept-Encoding: identity\r\n{auth}\r\n"
     ).encode("latin-1")
     return Endpoint((parts.hostname, port), head)
 

@@ -47,6 +47,8 @@ class ScrapeTarget:
     local_rank: int = -1
     rank: int | None = None
     """The global rank expected there (None: accept whatever rank answers)."""
+    token: str = field(default="", repr=False)
+    """The job's endpoint token, presented as a bearer token ("" : none)."""
 
 
 @dataclass(slots=True)

@@ -100,7 +100,7 @@ class Scraper:
         self._idle: dict[tuple[str, int], list[Conn]] = {}
         self._idle_count = 0
         self._swept = 0.0
-        self._endpoints: dict[str, Endpoint] = {}
+        self._endpoints: dict[tuple[str, str], Endpoint] = {}
 
     async def __aenter__(self) -> Scraper:
         self._ensure()
@@ -267,18 +267,18 @@ class Scraper:
             raise Failure(ErrorKind.CONNECTION, str(exc)) from None
         return conn
 
-    def _endpoint(self, url: str) -> Endpoint:
-        ep = self._endpoints.get(url)
+    def _endpoint(self, url: str, token: str = "") -> Endpoint:
+        ep = self._endpoints.get((url, token))
         if ep is None:
-            ep = endpoint(url)
+            ep = endpoint(url, token)
             if len(self._endpoints) > 65536:
                 self._endpoints.clear()
-            self._endpoints[url] = ep
+            self._endpoints[(url, token)] = ep
         return ep
 
     async def _body(self, target: ScrapeTarget, deadline: float, max_bytes: int) -> bytes:
         """The decoded body of a 200 answer; :class:`Failure` or TimeoutError otherwise."""
-        resp = await self._exchange(self._endpoint(target.url), deadline, max_bytes)
+        resp = await self._exchange(self._endpoint(target.url, target.token), deadline, max_bytes)
         if resp.status != 200:
             raise Failure(ErrorKind.HTTP_STATUS, f"HTTP {resp.status} {resp.reason}")
         return decode_body(resp.body, resp.encoding, max_bytes)

@@ -4,11 +4,13 @@ refusing, oversized and foreign endpoints, all in one round; and the global boun
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp import web
 
 from gpujob_localcluster.ports import free_port
@@ -613,3 +615,39 @@ def test_a_frame_keeps_no_long_endpoint_label_value() -> None:
         texts = [*fr.cuda_uuid.values(), *(u for u, _ in fr.gpus.values()), fr.telemetry or ""]
         texts += list(fr.steps_local_ranks)
         assert len(texts) == 4 and all(0 < len(t) <= MAX_LABEL_TEXT for t in texts), texts
+
+
+def test_the_evidence_fetch_presents_the_jobs_token_to_a_real_trainer_endpoint() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from gpujob_operator.monitoring.hang.hang import evidence_targets
+    from gpujob_trainer.exporter import Exporter
+
+    exporter = Exporter(CollectorRegistry(), 0, "127.0.0.1", rank=0, debug=True, token="tok-1")
+    port = exporter.start()
+    metrics = [ScrapeTarget(f"http://127.0.0.1:{port}/metrics", "p", rank=0)]
+
+    async def main() -> None:
+        async with Scraper() as scraper:
+            (without,) = await scraper.fetch_all(evidence_targets(metrics), 2**20)
+            (wrong,) = await scraper.fetch_all(evidence_targets(metrics, "tok-2"), 2**20)
+            (right,) = await scraper.fetch_all(evidence_targets(metrics, "tok-1"), 2**20)
+        for body, kind, message in (without, wrong):
+            assert body is None and kind == ErrorKind.HTTP_STATUS and "401" in message
+        body, kind, _ = right
+        assert kind is None and body is not None and json.loads(body)["rank"] == 0
+
+    try:
+        run(main)
+    finally:
+        exporter.stop()
+
+
+def test_a_token_never_splits_the_request_head() -> None:
+    from gpujob_operator.monitoring.scrape.httpclient import Failure, endpoint
+
+    head = endpoint("http://10.0.0.1:9400/debug/evidence", "abc").head
+    assert b"\r\nAuthorization: Bearer abc\r\n" in head and head.endswith(b"\r\n\r\n")
+    assert b"Authorization" not in endpoint("http://10.0.0.1:9400/metrics").head
+    with pytest.raises(Failure):
+        endpoint("http://10.0.0.1:9400/debug/evidence", "abc\r\nX-Evil: 1")

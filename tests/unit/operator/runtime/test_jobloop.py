@@ -109,3 +109,51 @@ def test_a_fresh_loop_continues_the_tries_of_the_status(monkeypatch: pytest.Monk
     assert loop.refused is not None and loop.refused.tries == 5 and loop.refused.since == T0
     delay = (loop.refused.retry_at - datetime.now(UTC)).total_seconds()
     assert delay > backoff.RETRY.delay(4)  # 16 s, not the first try's 1 s
+
+
+def test_the_endpoint_guards_exist_before_any_pod_and_the_pods_read_the_token() -> None:
+    """The NetworkPolicy and the token's Secret are created before the Service and the
+    gang (a pod must never run with its endpoints open, nor wait for a missing Secret)."""
+    from gpujob_operator.lifecycle import endpoints
+    from tests.support.fakekube import FakeKube
+    from tests.unit.operator.lifecycle.test_planner import Sim, make_job
+
+    sim = Sim(make_job(nodes=2))
+    plan = sim.plan()
+    assert plan.create_service is not None and len(plan.create_pods) == 2
+    kube = FakeKube()
+    peer = {"podSelector": {"matchLabels": {"app": "op"}}}
+    loop = JobLoop(
+        kube=cast(Any, kube),
+        post_event=lambda *a: None,
+        network_policy=endpoints.PolicySettings(metrics_from=(peer,)),
+        token_key=b"k" * 32,
+    )
+    loop.body = sim.job
+    assert not asyncio.run(loop._create("ml", "bert", plan, None, sim.job))
+    creates = [c for c in kube.calls if c.startswith("create")]
+    assert creates[:3] == [
+        "create-networkpolicy bert-endpoints",
+        "create-secret bert-endpoint-token",
+        "create-service bert",
+    ]
+    assert creates[3:] == ["create bert-node-0", "create bert-node-1"]
+    secret = kube.created[("Secret", "bert-endpoint-token")]
+    assert secret["stringData"]["token"] == endpoints.endpoint_token(b"k" * 32, sim.job)
+    assert kube.created[("NetworkPolicy", "bert-endpoints")]["spec"]["ingress"][1]["from"] == [peer]
+    for pod in kube.pods.values():
+        env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+        ref = env["GPUJOB_ENDPOINT_TOKEN"]["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": "bert-endpoint-token", "key": "token"}
+
+    # Neither configured: nothing more than before.
+    kube = FakeKube()
+    loop = JobLoop(kube=cast(Any, kube), post_event=lambda *a: None)
+    loop.body = sim.job
+    assert not asyncio.run(loop._create("ml", "bert", sim.plan(), None, sim.job))
+    assert not kube.created
+    assert all(
+        e["name"] != "GPUJOB_ENDPOINT_TOKEN"
+        for p in kube.pods.values()
+        for e in p["spec"]["containers"][0]["env"]
+    )

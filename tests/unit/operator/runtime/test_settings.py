@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -155,3 +156,29 @@ def test_zero_means_no_backoff_and_no_grace_and_an_empty_liveness_means_none() -
     )
     assert s.restart_backoff == backoff.Policy(0.0, 0.0)
     assert s.gang_grace_seconds == 0.0 and s.liveness is None
+
+
+def test_the_job_endpoint_guards_are_read_and_a_bad_one_refused(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from gpujob_operator.lifecycle.endpoints import PolicySettings
+
+    assert from_env({}).job_network_policy is None and from_env({}).endpoint_token_key is None
+    peer = {"podSelector": {"matchLabels": {"app": "op"}}}
+    s = from_env(
+        {"GPUJOB_JOB_NETWORK_POLICY": json.dumps({"metricsFrom": [peer], "otherPortsOpen": False})}
+    )
+    assert s.job_network_policy == PolicySettings(metrics_from=(peer,), other_ports_open=False)
+    for bad in ("{", "[]", '{"metricsFrom": {}}', '{"metricsFrom": [{}]}', '{"otherPortsOpen": 1}'):
+        with pytest.raises(SettingsError, match="GPUJOB_JOB_NETWORK_POLICY"):
+            from_env({"GPUJOB_JOB_NETWORK_POLICY": bad})
+
+    key = Path(str(tmp_path)) / "key"
+    key.write_bytes(b"0123456789abcdef0123456789abcdef\n")
+    s = from_env({"GPUJOB_ENDPOINT_TOKEN_KEY_FILE": str(key)})
+    assert s.endpoint_token_key == b"0123456789abcdef0123456789abcdef"
+    key.write_bytes(b"short")
+    with pytest.raises(SettingsError, match="at least 32 bytes"):
+        from_env({"GPUJOB_ENDPOINT_TOKEN_KEY_FILE": str(key)})
+    with pytest.raises(SettingsError, match="cannot be read"):
+        from_env({"GPUJOB_ENDPOINT_TOKEN_KEY_FILE": str(key) + ".missing"})

@@ -1,0 +1,165 @@
+"""Who can reach a job's endpoints: its NetworkPolicy and its endpoint token (pure).
+
+Each rank's metrics port serves ``/metrics`` and ``/debug/evidence`` (every thread's stacks,
+the Flight Recorder). Open to the whole cluster, another tenant could read a job's stacks and
+spend its ranks' CPU. Two means close it, each an operator setting (the chart's
+``jobEndpoints`` values):
+
+* A NetworkPolicy per job (``<job>-endpoints``, owned by the job): only the operator and the
+  peers the chart names (Prometheus) reach the metrics ports. Where the cluster's network
+  plugin enforces NetworkPolicy, this closes both paths.
+* A token per job, for clusters that do not enforce NetworkPolicy (or ranks on the host
+  network, which most plugins do not police): HMAC(operator key, job UID), so the operator
+  recomputes it for every request and never reads a Secret back; the pods get it from a Secret
+  ``<job>-endpoint-token`` owned by the job. The trainer then answers ``/debug/*`` only to a
+  request carrying it; ``/metrics`` stays open (Prometheus has no per-job token).
+
+The I/O shell (``runtime/jobloop.py``) creates both before the job's pods.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import hmac
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from gpujob_operator import api
+from gpujob_operator.api.children import (
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+    job_meta,
+    owner_reference,
+    selector_labels,
+)
+from gpujob_operator.lifecycle.builders import CONTAINER_NAME, job_ports
+from gpujob_trainer.contract import ENV_ENDPOINT_TOKEN
+
+TOKEN_KEY: Final = "token"
+"""The key of the token in the job's Secret."""
+MAX_PORT: Final = 65535
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    """What the job's NetworkPolicy lets in (the operator's ``GPUJOB_JOB_NETWORK_POLICY``)."""
+
+    metrics_from: tuple[Mapping[str, Any], ...]
+    """NetworkPolicyPeers that may reach the metrics ports: the operator's pods (the chart
+    puts them first) and the Prometheus that scrapes the PodMonitor."""
+    other_ports_open: bool = True
+    """Every other port stays reachable from anywhere, as without the policy. False where a
+    namespace's default-deny policy must keep them closed: policies add up, so an allow here
+    would reopen what that one denies."""
+
+
+def network_policy_name(job_name: str) -> str:
+    return f"{job_name}-endpoints"
+
+
+def token_secret_name(job_name: str) -> str:
+    return f"{job_name}-endpoint-token"
+
+
+def _metrics_range(first: int, last: int) -> dict[str, Any]:
+    port: dict[str, Any] = {"protocol": "TCP", "port": first}
+    if last > first:
+        port["endPort"] = last
+    return port
+
+
+def build_network_policy(
+    job: Mapping[str, Any], settings: PolicySettings, spec: api.GPUTrainingJobSpec | None = None
+) -> dict[str, Any]:
+    """The job's ingress policy: its metrics ports for ``metrics_from`` only.
+
+    Once a pod is selected by a policy for Ingress, whatever no rule allows is denied. So the
+    policy must allow, besides the metrics ports:
+
+    * everything from the job's own pods, on every port and protocol: the rendezvous, NCCL
+      and gloo open ports of their own choosing between ranks;
+    * (``other_ports_open``) everything from anywhere except the metrics ports, which a
+      NetworkPolicy cannot say directly ("all but N"): it allows TCP on the ranges below and
+      above the metrics block (``port`` .. ``endPort``), and UDP and SCTP on every port.
+
+    A rule with no ``from`` admits every source, so with no ``metrics_from`` peer the
+    metrics rule is left out rather than written empty.
+    """
+    spec = spec if spec is not None else api.parse_spec(job["spec"])
+    name, namespace, _ = job_meta(job)
+    first = job_ports(job, spec).metrics
+    last = first + spec.procs_per_node - 1
+    rules: list[dict[str, Any]] = [
+        {"from": [{"podSelector": {"matchLabels": selector_labels(name)}}]}
+    ]
+    if settings.metrics_from:
+        rules.append(
+            {
+                "from": [copy.deepcopy(dict(p)) for p in settings.metrics_from],
+                "ports": [_metrics_range(first, last)],
+            }
+        )
+    if settings.other_ports_open:
+        ports = [
+            _metrics_range(lo, hi) for lo, hi in ((1, first - 1), (last + 1, MAX_PORT)) if lo <= hi
+        ]
+        ports += [{"protocol": "UDP"}, {"protocol": "SCTP"}]
+        rules.append({"ports": ports})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": network_policy_name(name),
+            "namespace": namespace,
+            "labels": {**selector_labels(name), LABEL_MANAGED_BY: MANAGED_BY},
+            "ownerReferences": [owner_reference(job)],
+        },
+        "spec": {
+            "podSelector": {"matchLabels": selector_labels(name)},
+            "policyTypes": ["Ingress"],
+            "ingress": rules,
+        },
+    }
+
+
+def endpoint_token(key: bytes, job: Mapping[str, Any]) -> str:
+    """The job's token: derived from its UID, so no Secret is ever read back (and the operator
+    needs no permission to read Secrets); a new job of the same name gets another."""
+    name, namespace, uid = job_meta(job)
+    message = b"gpujob endpoint token\0" + (uid or f"{namespace}/{name}").encode()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+def build_token_secret(job: Mapping[str, Any], token: str) -> dict[str, Any]:
+    """The Secret the job's pods read their token from, owned by the job."""
+    name, namespace, _ = job_meta(job)
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": token_secret_name(name),
+            "namespace": namespace,
+            "labels": {**selector_labels(name), LABEL_MANAGED_BY: MANAGED_BY},
+            "ownerReferences": [owner_reference(job)],
+        },
+        "stringData": {TOKEN_KEY: token},
+    }
+
+
+def with_token_env(pods: Sequence[Mapping[str, Any]], job_name: str) -> list[dict[str, Any]]:
+    """The same pods, their trainer container reading ``GPUJOB_ENDPOINT_TOKEN`` from the
+    job's Secret (not optional: a pod must not start with its evidence open)."""
+    out: list[dict[str, Any]] = []
+    for original in pods:
+        pod = copy.deepcopy(dict(original))
+        for container in pod["spec"]["containers"]:
+            if container.get("name") == CONTAINER_NAME:
+                ref = {"name": token_secret_name(job_name), "key": TOKEN_KEY}
+                env = [e for e in container.get("env") or () if e.get("name") != ENV_ENDPOINT_TOKEN]
+                env.append({"name": ENV_ENDPOINT_TOKEN, "valueFrom": {"secretKeyRef": ref}})
+                container["env"] = env
+        out.append(pod)
+    return out
