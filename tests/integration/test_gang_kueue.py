@@ -8,6 +8,7 @@ the quota back when Kueue evicts it. Two nodes of 4 GPUs, a ClusterQueue of 8 GP
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from gpujob_localcluster.cluster import LocalCluster
 from tests.integration.conftest import fresh_namespace, job_status, own_cluster
 from tests.integration.test_chart_install import SA, Release
 from tests.support import forecast
-from tests.support.jobs import python_job
+from tests.support.jobs import paced_job, python_job
 from tests.support.kube import Kube
 from tests.support.operator import OperatorProcess
 from tests.support.waiting import wait_until
@@ -252,4 +253,62 @@ def test_a_queued_job_is_forecast_to_start_when_the_first_holder_ends_and_does(
     """8 GPUs of quota held by two 4-GPU jobs with different ETAs; two more wait in the
     ClusterQueue (tests/support/forecast.py says what each forecast must be)."""
     forecast.run(kkube, kop, labels={QUEUE_LABEL: queues(kkube)})
+    assert kop.rbac_denials() == []
+
+
+def test_best_effort_fifo_admits_a_small_job_behind_a_big_one_at_once_as_forecast(
+    kkube: Kube, kop: OperatorProcess
+) -> None:
+    """Kueue's default queueingStrategy, BestEffortFIFO: 4 of 8 GPUs held for 10 h, big
+    (8 GPUs) then small (2) wait. small is forecast to start now, not Exact (it jumps ahead
+    of big), and Kueue admits it at once; big's Queued condition quotes Kueue's reason. The
+    ClusterQueue is held (``stopPolicy: Hold``) while they queue, so the forecast is read
+    before Kueue admits small."""
+    labels = {QUEUE_LABEL: queues(kkube)}
+    cq = f"gpus-{kkube.namespace}"
+    holder = paced_job("holder", 72_000, 0.5, labels=labels)  # 10 h of 0.5 s steps
+    holder["spec"]["monitoring"]["warmupSteps"] = forecast.WARMUP_STEPS
+    kkube.apply(holder)
+    wait_until(
+        lambda: forecast.progress_end(kkube, "holder"), 90, "holder's ETA", interval=forecast.POLL
+    )
+
+    def stop_policy(policy: str) -> None:
+        patch = f'{{"spec": {{"stopPolicy": "{policy}"}}}}'
+        kkube.run("patch", "clusterqueue", cq, "--type=merge", "-p", patch, ns=False, check=True)
+
+    stop_policy("Hold")
+    big = python_job("big", "import time; time.sleep(3600)", 2, 4, labels)
+    kkube.apply(big)
+    wait_until(  # big's Workload first: Kueue orders by its creation
+        lambda: (job_status(kkube, "big").get("gang") or {}).get("workload"),
+        30,
+        "big's Workload",
+        interval=forecast.POLL,
+    )
+    kkube.apply(python_job("small", "import time; time.sleep(3600)", 1, 2, labels))
+    said = wait_until(
+        lambda: forecast.queue(kkube, "small").get("confidence"),
+        30,
+        "small's forecast",
+        interval=forecast.POLL,
+    )
+    q = forecast.queue(kkube, "small")
+    assert said == "LowerBound" and f"jumps ahead of job {kkube.namespace}/big" in q["reason"], q
+    assert forecast.epoch(q["estimatedStartTime"]) <= time.time() + 5, q  # now, not in 10 h
+
+    stop_policy("None")
+    wait_until(
+        lambda: (job_status(kkube, "small").get("gang") or {}).get("admitted"),
+        60,
+        "small admitted past big",
+        interval=forecast.POLL,
+    )
+    wait_until(
+        lambda: "insufficient unused quota" in running_cond(kkube, "big").get("message", ""),
+        30,
+        "big's Queued condition in Kueue's words",
+        interval=forecast.POLL,
+    )
+    assert running_cond(kkube, "big")["reason"] == "Queued"
     assert kop.rbac_denials() == []

@@ -248,8 +248,8 @@ class QueueForecast(StatusModel):
 
     estimated_start_time: Time | None = Field(
         default=None,
-        description="Earliest time at which enough GPUs are free for the whole gang, "
-        "assuming the jobs ahead of it start first.",
+        description="Earliest time at which enough GPUs are free for the whole gang, the jobs "
+        "ahead of it that fit starting first (in a StrictFIFO ClusterQueue, every job ahead).",
     )
     latest_start_time: Time | None = Field(
         default=None,
@@ -259,7 +259,8 @@ class QueueForecast(StatusModel):
     confidence: Literal["Exact", "LowerBound", "Unknown"] | None = Field(
         default=None,
         description="Exact (as exact as the holders' ETAs), LowerBound (holders without an "
-        "ETA, named in reason, could delay it) or Unknown (cannot start as asked; see reason).",
+        "ETA, named in reason, could delay it, or it starts past a job ahead that does not fit "
+        "yet) or Unknown (cannot start as asked; see reason).",
     )
     basis: str | None = Field(
         default=None,

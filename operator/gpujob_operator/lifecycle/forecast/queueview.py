@@ -9,8 +9,12 @@ Two views, one per way a gang waits (:mod:`.simulation` does the arithmetic):
   tolerations of the node's NoSchedule/NoExecute taints, cordoned nodes excluded).
 * **Kueue quota**: a pool per ClusterQueue and GPU flavor (nominal quota, plus what it may
   borrow in its cohort) and one per cohort and flavor; the holders are the admitted
-  Workloads, the waiters the pending ones in priority, then creation, order. A waiting
-  Workload of another framework keeps its place in the queue without a forecast.
+  Workloads, the waiters the pending ones in priority, then creation, order, each in its
+  ClusterQueue's ``queueingStrategy`` (StrictFIFO; else Kueue's default, BestEffortFIFO). A
+  waiting Workload of another framework keeps its place in the queue without a forecast.
+
+kube-scheduler places each waiting pod on its own, so node waiters are best effort: one that
+fits starts, whoever waits ahead of it.
 """
 
 from __future__ import annotations
@@ -338,6 +342,9 @@ def _finished(wl: Obj) -> bool:
     )
 
 
+STRICT_FIFO: Final = "StrictFIFO"
+"""``spec.queueingStrategy`` under which a ClusterQueue's head that does not fit holds back
+the rest of it; Kueue's default, BestEffortFIFO, lets those behind it that fit start."""
 PREEMPTING: Final = frozenset({"LowerPriority", "LowerOrNewerEqualPriority"})
 """``spec.preemption.withinClusterQueue`` values under which a queue's head may evict."""
 
@@ -376,6 +383,11 @@ def kueue_view(
     }
     lq_to_cq = {
         key(lq): str((lq.get("spec") or {}).get("clusterQueue") or "") for lq in local_queues
+    }
+    strict = {
+        str(q["metadata"]["name"])
+        for q in cqs
+        if (q.get("spec") or {}).get("queueingStrategy") == STRICT_FIFO
     }
     jobs_by_key = {key(j): j for j in jobs}
     admitted: list[_Entry] = []
@@ -420,7 +432,10 @@ def kueue_view(
         if gpus == 0:
             continue
         duration = job_duration(job) if job is not None else None
-        waiter = Waiter(name, tuple(cq_slots[queue]), 1, gpus, duration, target)
+        waiter = Waiter(
+            name, tuple(cq_slots[queue]), 1, gpus, duration, target,
+            queue=queue, strict=queue in strict,
+        )  # fmt: skip
         pending.append(_Entry(None, waiter, queue, _priority(wl), created(wl)))
     policies = {
         str(q["metadata"]["name"]): str(
@@ -503,7 +518,10 @@ def _preempt(
             admitted.remove(e)
             h = e.holder
             left = max(h.ends_at - now, 0.0) if h.ends_at is not None else None
-            again = Waiter(f"{h.name} (preempted)", w.slots, 1, h.usage[pool], left, False)
+            again = replace(
+                w, name=f"{h.name} (preempted)", per=h.usage[pool], duration=left,
+                target=False, preempts=(),
+            )  # fmt: skip
             admitted.append(_Entry(Holder(h.name, h.usage, now), None, cq, e.priority, e.created))
             pending.append(_Entry(None, again, cq, e.priority, e.created))
     return admitted, pending

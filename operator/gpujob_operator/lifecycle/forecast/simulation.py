@@ -3,25 +3,30 @@
 The world is a set of *pools* of GPUs: the GPU nodes (native gangs, or none), or a Kueue
 ClusterQueue's quota per flavor (and its cohort's, where it borrows). *Holders* use GPUs of
 some pools until they end (a running job's ETA; unknown for pods gpujob does not manage and
-jobs without an ETA). *Waiters* queue in order, and the forecast assumes the jobs ahead of
-a waiter start first (FIFO): each waiter starts at the first moment, no earlier than the
-one ahead of it, at which its gang fits in what the holders and the waiters placed before
-it leave free.
+jobs without an ETA). *Waiters* queue in order: whenever GPUs are released, the waiters that
+fit start, in queue order. How one that does not fit affects those behind it is its queue's
+strategy: under strict FIFO (Kueue's StrictFIFO) no one behind it in its ClusterQueue
+starts first; under best effort (Kueue's default BestEffortFIFO, and kube-scheduler, which
+places each pod on its own) it holds back no one, and a smaller gang behind it may start
+now. A waiter that starts while one ahead of it still waits is never Exact: were the ETAs a
+little off, the one ahead might fit first and take the GPUs, and neither Kueue nor the
+scheduler promises otherwise.
 
 Unknown ends are bracketed, not guessed: the simulation runs twice, once with every
 unknown holder gone now (and every waiter of unknown duration done the moment it starts)
 and once with them never ending. The first gives the earliest possible start (a lower
 bound); where both agree the forecast is exact as far as the ETAs are; where they differ
 the second, if finite, is the latest start. Cost: each holder's end is consumed once per
-waiter group, and a waiter's fit is checked against its candidate slots only, so 1,000
-waiters over 1,000 holders on 500 nodes is a few milliseconds per scenario (measured in
-``bench/forecast.py``).
+waiter group; waiters that fit or not together (same queue, slots and size) share one count
+of their roomy slots, updated as GPUs are held and released, so each moment GPUs are
+released costs a look per kind of waiter, not per waiter (``bench/forecast.py``).
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
@@ -68,6 +73,12 @@ class Waiter:
     only take their place in the queue."""
     preempts: tuple[str, ...] = ()
     """Holders its queue will evict for it (Kueue's preemption): they end as it starts."""
+    queue: str = ""
+    """The queue it waits in (a Kueue ClusterQueue); what ``strict`` orders."""
+    strict: bool = False
+    """Strict FIFO (Kueue's StrictFIFO): while it does not fit, no one behind it in its queue
+    starts. Otherwise best effort (Kueue's BestEffortFIFO, kube-scheduler): a waiter that
+    does not fit holds back no one."""
 
     @property
     def pools(self) -> list[str]:
@@ -97,6 +108,37 @@ class Forecast:
 class _Placed:
     start: float | None
     waits_for: tuple[str, ...]
+    passes: str = ""
+    """The first waiter ahead of it that still waited when it started (best-effort order)."""
+    order: int = -1
+    """Its place among the waiters started in this scenario (-1: never started)."""
+
+
+class _Shape:
+    """The waiters that fit or not together (same queue, slots, count and share): whether
+    they fit is kept up to date as GPUs are held and released, so a step of the simulation
+    looks only at the shapes that fit, not at every waiter."""
+
+    def __init__(self, w: Waiter, free: Mapping[str, int]) -> None:
+        self.slots, self.count, self.per = w.slots, w.count, w.per
+        self.roomy = [all(free.get(p, 0) >= w.per for p in s) for s in w.slots]
+        self.room = sum(self.roomy)
+        self.pending: deque[int] = deque()
+        self.since = 0
+        """The step in which it last came to fit (releases made room for it then)."""
+
+    @property
+    def fits(self) -> bool:
+        return self.room >= self.count
+
+    def update(self, j: int, free: Mapping[str, int], step: int) -> None:
+        roomy = all(free.get(p, 0) >= self.per for p in self.slots[j])
+        if roomy != self.roomy[j]:
+            was = self.fits
+            self.roomy[j] = roomy
+            self.room += 1 if roomy else -1
+            if self.fits and not was:
+                self.since = step
 
 
 class _Pools:
@@ -106,11 +148,24 @@ class _Pools:
         self.free = dict(capacity)
         self._ends: list[tuple[float, int, str, Mapping[str, int]]] = []
         self._seq = 0
+        self._watch: dict[str, list[tuple[_Shape, int]]] = {}
+        self.step = 0
 
-    def hold(self, name: str, usage: Mapping[str, int], end: float) -> None:
+    def watch(self, shape: _Shape) -> None:
+        """Keep ``shape.fits`` current from now on."""
+        for j, slot in enumerate(shape.slots):
+            for pool in slot:
+                self._watch.setdefault(pool, []).append((shape, j))
+
+    def _change(self, usage: Mapping[str, int], sign: int) -> None:
         for pool, gpus in usage.items():
             if pool in self.free:
-                self.free[pool] -= gpus
+                self.free[pool] += sign * gpus
+                for shape, j in self._watch.get(pool, ()):
+                    shape.update(j, self.free, self.step)
+
+    def hold(self, name: str, usage: Mapping[str, int], end: float) -> None:
+        self._change(usage, -1)
         if not math.isinf(end):
             self._seq += 1
             heapq.heappush(self._ends, (end, self._seq, name, usage))
@@ -120,9 +175,7 @@ class _Pools:
         names = []
         while self._ends and self._ends[0][0] <= t:
             _, _, name, usage = heapq.heappop(self._ends)
-            for pool, gpus in usage.items():
-                if pool in self.free:
-                    self.free[pool] += gpus
+            self._change(usage, +1)
             names.append(name)
         return names
 
@@ -157,35 +210,66 @@ def _simulate(
     waiters: Sequence[Waiter],
     unknown_end: float,
 ) -> list[_Placed]:
-    """One scenario: unknown ends at ``unknown_end`` (now, or never); FIFO placement."""
+    """One scenario: unknown ends at ``unknown_end`` (now, or never). At each moment GPUs are
+    released, the waiters that fit start in queue order; one that does not fit holds back
+    those behind it only in a strict queue."""
     pools = _Pools(capacity)
     for h in holders:
         pools.hold(h.name, h.usage, unknown_end if h.ends_at is None else max(h.ends_at, now))
-    out: list[_Placed] = []
+    out = [_Placed(None, ()) for _ in waiters]  # never fits: it blocks no one behind it
+    shapes: dict[tuple[object, ...], _Shape] = {}
+    shape_of: dict[int, _Shape] = {}
+    strict: dict[str, deque[int]] = {}  # a strict queue's waiters still waiting, in order
+    for i, w in enumerate(waiters):
+        if not _fits_empty(capacity, w):
+            continue
+        k = (w.queue, w.strict, w.slots, w.count, w.per)
+        shape = shapes.get(k)
+        if shape is None:
+            shape = shapes[k] = _Shape(w, pools.free)
+            pools.watch(shape)
+        shape.pending.append(i)
+        shape_of[i] = shape
+        if w.strict:
+            strict.setdefault(w.queue, deque()).append(i)
+    waiting = sorted(shape_of)  # a heap: the first waiter still waiting (lazily cleaned)
+    placed: set[int] = set()
     clock = now
     pools.release_until(clock)
-    for w in waiters:
-        if not _fits_empty(capacity, w):
-            out.append(_Placed(None, ()))  # never fits: it blocks no one behind it
-            continue
-        released: list[str] = []
-        chosen = pools.choose(w)
-        while chosen is None:
-            nxt = pools.next_end()
-            if nxt is None:
-                break
-            clock = max(clock, nxt)
-            released = pools.release_until(clock)
-            chosen = pools.choose(w)
-        if chosen is None:
-            out.append(_Placed(None, ()))
-            # FIFO: everything behind it waits for it, and it never starts in this scenario.
-            out.extend(_Placed(None, ()) for _ in waiters[len(out) :])
+    released: list[str] = []
+    while True:
+        heads = [(s.pending[0], id(s), s) for s in shapes.values() if s.pending and s.fits]
+        heapq.heapify(heads)
+        while heads:
+            i, _, shape = heapq.heappop(heads)
+            w = waiters[i]
+            if w.strict and strict[w.queue][0] != i:
+                continue  # its queue's head waits: nothing behind it starts before it
+            chosen = pools.choose(w) if shape.fits else None
+            if chosen is None:
+                continue  # nor does any other of its shape, now
+            end = clock + w.duration if w.duration is not None else unknown_end
+            pools.hold(w.name, _usage(chosen, w.per), end)
+            shape.pending.popleft()
+            if w.strict:
+                strict[w.queue].popleft()
+            placed.add(i)
+            while waiting and waiting[0] in placed:
+                heapq.heappop(waiting)
+            passes = waiters[waiting[0]].name if waiting and waiting[0] < i else ""
+            # Releases made room for it now, or it only waited for those ahead to start.
+            waits = tuple(released) if shape.since == pools.step else ()
+            out[i] = _Placed(clock, waits, passes, len(placed))
+            if shape.pending:
+                heapq.heappush(heads, (shape.pending[0], id(shape), shape))
+        if not waiting:
             return out
-        end = clock + w.duration if w.duration is not None else unknown_end
-        pools.hold(w.name, _usage(chosen, w.per), end)
-        out.append(_Placed(clock, tuple(released)))
-    return out
+        nxt = pools.next_end()
+        if nxt is None:
+            return out  # what still waits never starts in this scenario
+        clock = max(clock, nxt)
+        pools.step += 1
+        released = pools.release_until(clock)
 
 
 def _roomy(capacity: Mapping[str, int], w: Waiter) -> int:
@@ -207,13 +291,18 @@ def forecast_queue(
     early = _simulate(now, capacity, holders, waiters, unknown_end=now)
     late = _simulate(now, capacity, holders, waiters, unknown_end=math.inf)
     unknown = [(h.name, set(h.usage)) for h in holders if h.ends_at is None]
-    unknown_ahead: list[str] = []
-    out = []
-    for i, w in enumerate(waiters):
+    # The waiters of unknown duration that start before each one: ahead of it, or behind it
+    # where a best-effort queue lets them start first (the order the earliest run placed them).
+    unknown_before: list[str] = []
+    found: dict[int, Forecast] = {}
+    started = sorted((i for i, p in enumerate(early) if p.order >= 0), key=lambda i: early[i].order)
+    for i in started + [i for i, p in enumerate(early) if p.order < 0]:
+        w = waiters[i]
         if w.target:
-            out.append(_one(now, w, i, early[i], late[i], capacity, unknown, unknown_ahead))
-        if w.duration is None:
-            unknown_ahead.append(w.name)
+            found[i] = _one(now, w, i, early[i], late[i], capacity, unknown, unknown_before)
+        if w.duration is None and early[i].order >= 0:
+            unknown_before.append(w.name)
+    out = [found[i] for i in sorted(found)]
     return out
 
 
@@ -225,27 +314,38 @@ def _one(
     late: _Placed,
     capacity: Mapping[str, int],
     unknown: Sequence[tuple[str, set[str]]],
-    unknown_ahead: Sequence[str],
+    unknown_before: Sequence[str],
 ) -> Forecast:
     """One waiter's forecast from its two scenarios; ``unknown``: the holders without an
-    ETA and their pools, ``unknown_ahead``: the waiters ahead of unknown duration."""
+    ETA and their pools, ``unknown_before``: the waiters of unknown duration that start
+    before it."""
     if early.start is None:
         return Forecast(
             w.name, None, None, UNKNOWN, "never fits", reason=_too_big(capacity, w), ahead=ahead
         )
     start = early.start
     basis = _basis(early, late, ahead, now, w.preempts)
-    early = _Placed(start, w.preempts + early.waits_for)
-    if late.start is not None and abs(late.start - start) < SAME_SECONDS:
-        return Forecast(w.name, start, None, EXACT, basis, ahead=ahead, waits_for=early.waits_for)
-    pools = set(w.pools)
-    relevant = [name for name, used in unknown if pools & used]
-    named = relevant + list(unknown_ahead)
-    reason = "no known end: " + _names(named or [name for name, _ in unknown])
-    waits = tuple(dict.fromkeys(early.waits_for + late.waits_for))
-    latest = max(late.start, start) if late.start is not None else None
+    first = w.preempts + early.waits_for
+    same = late.start is not None and abs(late.start - start) < SAME_SECONDS
+    passes = early.passes or late.passes
+    if same and not passes:
+        return Forecast(w.name, start, None, EXACT, basis, ahead=ahead, waits_for=first)
+    reasons = []
+    if passes:
+        # Were the ETAs a little off, the one ahead might fit first and take the GPUs.
+        reasons.append(
+            f"jumps ahead of {passes}, which does not fit yet; best-effort queues do not "
+            "promise who gets freed GPUs first"
+        )
+    if not same:
+        pools = set(w.pools)
+        relevant = [name for name, used in unknown if pools & used]
+        named = relevant + list(unknown_before)
+        reasons.append("no known end: " + _names(named or [name for name, _ in unknown]))
+    waits = tuple(dict.fromkeys(first + late.waits_for))
+    latest = max(late.start, start) if late.start is not None and not passes else None
     return Forecast(
-        w.name, start, latest, LOWER_BOUND, basis, reason=reason, ahead=ahead,
+        w.name, start, latest, LOWER_BOUND, basis, reason="; ".join(reasons), ahead=ahead,
         waits_for=waits,
     )  # fmt: skip
 

@@ -276,6 +276,38 @@ def _true(obj: Mapping[str, Any] | None, type_: str) -> bool:
     return cond is not None and cond.get("status") == "True"
 
 
+KUEUE_WORDS_MAX: Final = 300
+"""The most of a Kueue condition message quoted in the job's status: it is another
+controller's text, of any length ("N more needed" for every resource and pod set)."""
+
+
+def kueue_words(message: Any) -> str | None:
+    """Kueue's own message made safe to quote: one line of printable text, at most
+    :data:`KUEUE_WORDS_MAX` characters; None when it says nothing."""
+    if not isinstance(message, str):
+        return None
+    text = " ".join("".join(ch if ch.isprintable() else " " for ch in message).split())
+    if len(text) > KUEUE_WORDS_MAX:
+        text = text[: KUEUE_WORDS_MAX - 3] + "..."
+    return text or None
+
+
+def pending_words(workload: Mapping[str, Any] | None) -> str | None:
+    """Why Kueue has not admitted the Workload, in Kueue's words: QuotaReserved=False's
+    message ("couldn't assign flavors to pod set workers: insufficient unused quota ..."),
+    or once quota is reserved, Admitted=False's (admission checks not ready yet). None where
+    Kueue said nothing yet: the caller says it in its own words."""
+    reserved = _cond(workload, KUEUE_QUOTA_RESERVED)
+    if reserved is None:
+        return None
+    if reserved.get("status") == "True":
+        admitted = _cond(workload, KUEUE_ADMITTED) or {}
+        if admitted.get("status") == "False":
+            return kueue_words(admitted.get("message"))
+        return None
+    return kueue_words(reserved.get("message"))
+
+
 @dataclass(frozen=True)
 class KueueState:
     """What the planner needs of the job's Kueue Workload."""
@@ -288,6 +320,7 @@ class KueueState:
     evicted_message: str | None = None
     finished: bool = False
     pending_message: str | None = None
+    """Why it is not admitted, in Kueue's words (:func:`pending_words`)."""
     cluster_queue: str | None = None
     flavors: dict[str, str] = field(default_factory=dict)
     pod_set_update: dict[str, Any] = field(default_factory=dict)
@@ -304,7 +337,6 @@ def kueue_state(workload: Mapping[str, Any] | None) -> KueueState:
         {},
     )
     evicted = _cond(workload, KUEUE_EVICTED)
-    pending = _cond(workload, KUEUE_QUOTA_RESERVED)
     update: dict[str, Any] = {}
     for check in status.get("admissionChecks") or []:
         for psu in check.get("podSetUpdates") or []:
@@ -318,9 +350,9 @@ def kueue_state(workload: Mapping[str, Any] | None) -> KueueState:
         quota_reserved=_true(workload, KUEUE_QUOTA_RESERVED),
         evicted=evicted is not None and evicted.get("status") == "True",
         evicted_reason=(evicted or {}).get("reason"),
-        evicted_message=(evicted or {}).get("message"),
+        evicted_message=kueue_words((evicted or {}).get("message")),
         finished=_true(workload, KUEUE_FINISHED),
-        pending_message=(pending or {}).get("message") if pending else None,
+        pending_message=pending_words(workload),
         cluster_queue=admission.get("clusterQueue"),
         flavors={str(k): str(v) for k, v in (assignment.get("flavors") or {}).items()},
         pod_set_update=update,

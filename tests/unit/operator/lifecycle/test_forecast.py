@@ -9,6 +9,7 @@ from gpujob_operator.lifecycle.forecast.simulation import (
     EXACT,
     LOWER_BOUND,
     UNKNOWN,
+    Forecast,
     Holder,
     Waiter,
     forecast_all,
@@ -67,13 +68,57 @@ def test_a_queue_starts_in_order_and_a_waiter_of_unknown_duration_makes_the_rest
     )
 
 
-def test_a_waiter_held_back_only_by_queue_order_says_so() -> None:
+def test_a_waiter_held_back_only_by_a_strict_queues_order_says_so() -> None:
     """w2 could use n2 now, but w1 (ahead, sharing n1) starts first, at a's end."""
     holders = [Holder("job a", {"n1": 4}, NOW + 100)]
-    waiters = [gang("w1", ["n1"]), gang("w2", ["n1", "n2"])]
+    waiters = [gang("w1", ["n1"], strict=True), gang("w2", ["n1", "n2"], strict=True)]
     got = forecast_all(NOW, nodes("n1", "n2"), holders, waiters)
     assert got["w2"].start == NOW + 100
     assert got["w2"].basis == "once the jobs ahead of it have started; 1 ahead in queue"
+
+
+def fleet(strict: bool) -> dict[str, Forecast]:
+    """A queue of 8 GPUs, 6 held for 10 h; a (8 GPUs, runs 1 h) then b (2 GPUs) wait."""
+    holders = [Holder("job h", {"cq": 6}, NOW + 36_000)]
+    waiters = [
+        gang("a", ["cq"], per=8, duration=3600.0, queue="cq", strict=strict),
+        gang("b", ["cq"], per=2, queue="cq", strict=strict),
+    ]
+    return forecast_all(NOW, {"cq": 8}, holders, waiters)
+
+
+def test_best_effort_a_small_gang_behind_one_that_does_not_fit_starts_now_not_exact() -> None:
+    """Kueue's default BestEffortFIFO (and kube-scheduler) start b at once, past a."""
+    b = fleet(strict=False)["b"]
+    assert (b.start, b.latest, b.confidence) == (NOW, None, LOWER_BOUND)
+    assert b.reason.startswith("jumps ahead of a, which does not fit yet")
+    a = fleet(strict=False)["a"]
+    # a now waits for b too: at the earliest h's end (b over at once), else never.
+    assert (a.start, a.confidence, a.reason) == (NOW + 36_000, LOWER_BOUND, "no known end: b")
+
+
+def test_strict_fifo_holds_the_small_gang_behind_the_head_exactly() -> None:
+    got = fleet(strict=True)
+    assert (got["a"].start, got["a"].confidence) == (NOW + 36_000, EXACT)
+    assert (got["b"].start, got["b"].confidence) == (NOW + 39_600, EXACT)
+    assert got["b"].waits_for == ("a",)
+
+
+def test_a_strict_queue_holds_back_only_its_own_waiters() -> None:
+    """Two ClusterQueues in one cohort: q1's head waits, q2's waiter starts (and is not
+    Exact: it jumps ahead of q1's head), q1's second waits behind its head."""
+    cap = {"cq:q1/f": 8, "cq:q2/f": 8, "cohort:c/f": 8}
+    holders = [Holder("job h", {"cq:q1/f": 6, "cohort:c/f": 6}, NOW + 100)]
+
+    def w(name: str, q: str, per: int) -> Waiter:
+        return Waiter(name, ((f"cq:{q}/f", "cohort:c/f"),), 1, per, 50.0, queue=q, strict=True)
+
+    got = forecast_all(
+        NOW, cap, holders, [w("head", "q1", 8), w("next", "q1", 2), w("other", "q2", 2)]
+    )
+    assert (got["head"].start, got["head"].confidence) == (NOW + 100, EXACT)
+    assert (got["next"].start, got["next"].confidence) == (NOW + 150, EXACT)
+    assert (got["other"].start, got["other"].confidence) == (NOW, LOWER_BOUND)
 
 
 def test_the_latest_start_is_never_before_the_earliest() -> None:

@@ -298,6 +298,60 @@ def test_kueue_job_creates_its_workload_and_no_pod_until_admitted() -> None:
     assert sim.status["gang"]["admitted"] is False and sim.pods == {}
 
 
+def workload_with(*conds: tuple[str, str, str]) -> dict[str, Any]:
+    return {
+        "status": {"conditions": [{"type": t, "status": st, "message": m} for t, st, m in conds]}
+    }
+
+
+QUOTA = "couldn't assign flavors to pod set workers: insufficient unused quota for nvidia.com/gpu"
+
+
+@pytest.mark.parametrize(
+    ("wl", "words"),
+    [
+        (workload_with(("QuotaReserved", "False", QUOTA)), QUOTA),
+        (
+            workload_with(
+                ("QuotaReserved", "True", "Quota reserved in ClusterQueue gpus"),
+                ("Admitted", "False", "The workload has not all checks ready"),
+            ),
+            "The workload has not all checks ready",
+        ),
+        (workload_with(("QuotaReserved", "False", "")), None),  # Kueue said nothing: ours
+        (workload_with(("QuotaReserved", "False", 42)), None),  # type: ignore[arg-type]
+        ({"status": {}}, None),  # not looked at by Kueue yet
+        (None, None),
+    ],
+    ids=["quota", "admission-checks", "empty", "not-text", "no-conditions", "no-workload"],
+)
+def test_why_kueue_has_not_admitted_is_in_kueues_own_words(
+    wl: dict[str, Any] | None, words: str | None
+) -> None:
+    assert gang.pending_words(wl) == words
+
+
+def test_kueues_words_are_one_bounded_line_whatever_it_wrote() -> None:
+    hostile = "insufficient\nquota\x1b[31m " + "x" * 5000
+    words = gang.pending_words(workload_with(("QuotaReserved", "False", hostile)))
+    assert words is not None and len(words) == gang.KUEUE_WORDS_MAX
+    assert words.startswith("insufficient quota [31m x") and words.endswith("...")
+    assert words.isprintable()
+
+
+def test_a_queued_jobs_condition_quotes_kueue_bounded() -> None:
+    sim = GangSim(kueue_job())
+    sim.reconcile()
+    sim.pending(QUOTA + ", 4 more needed" * 100)
+    sim.reconcile()
+    running = cond_of(sim)
+    assert running["reason"] == c.QUEUED
+    assert running["message"].startswith(
+        f"queued in LocalQueue team, waiting for Kueue to admit it: {QUOTA}, 4 more needed"
+    )
+    assert len(running["message"]) < 100 + gang.KUEUE_WORDS_MAX
+
+
 def test_admission_gives_pods_the_flavors_node_labels_and_tolerations() -> None:
     job = kueue_job(template={"nodeSelector": {"zone": "a"}})
     sim = GangSim(job)

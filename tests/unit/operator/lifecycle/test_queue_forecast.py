@@ -207,6 +207,7 @@ def cq(
     cohort: str | None = None,
     borrow: int | None = None,
     preemption: str | None = None,
+    strategy: str | None = None,
 ) -> dict[str, Any]:
     res: dict[str, Any] = {"name": "nvidia.com/gpu", "nominalQuota": nominal}
     if borrow is not None:
@@ -220,6 +221,8 @@ def cq(
         spec["cohortName"] = cohort
     if preemption:
         spec["preemption"] = {"withinClusterQueue": preemption}
+    if strategy:
+        spec["queueingStrategy"] = strategy
     return {"metadata": {"name": name}, "spec": spec}
 
 
@@ -354,6 +357,57 @@ def test_kueue_forecast_end_to_end_from_objects() -> None:
         "after job ml/third end, at the latest after job ml/b end; 1 ahead in queue"
     )
     assert fourth["waitsFor"] == ["job ml/third", "job ml/b"]
+
+
+def small_behind_big(strategy: str | None) -> dict[str, dict[str, Any]]:
+    """A ClusterQueue of 8 GPUs, 6 held for 10 h; big (8 GPUs, 1 h) then small (2) wait."""
+    jobs = [
+        job("holder", "Running", nodes=2, gpus=3, eta_at=NOW + 36_000, labels=KUEUE),
+        job("big", nodes=2, gpus=4, eta_at=NOW + 3600, labels=KUEUE),
+        job("small", gpus=2, labels=KUEUE),
+    ]
+    world = World(
+        cluster_queues=[cq("gpus", 8, strategy=strategy)],
+        local_queues=[lq("team", "gpus")],
+        workloads=[
+            workload("w-holder", "team", gpus=6, admitted_in="gpus", job_name="holder"),
+            workload("w-big", "team", gpus=8, job_name="big", created="2026-11-30T00:01:00Z"),
+            workload("w-small", "team", gpus=2, job_name="small", created="2026-11-30T00:02:00Z"),
+        ],
+    )
+    return qs.forecast_blocks(NOW, jobs, world, "None")
+
+
+def test_kueue_best_effort_fifo_starts_a_small_job_behind_a_big_one_now_and_not_exact() -> None:
+    """Kueue's default queueingStrategy, BestEffortFIFO, admits small at once, past big."""
+    small = small_behind_big(None)["ml/small"]
+    assert (small["estimatedStartTime"], small["confidence"]) == (iso(NOW), "LowerBound")
+    assert small["latestStartTime"] is None and small["ahead"] == 1
+    assert "jumps ahead of job ml/big" in small["reason"]
+
+
+def test_kueue_strict_fifo_holds_a_small_job_behind_the_big_head() -> None:
+    got = small_behind_big("StrictFIFO")
+    assert (got["ml/big"]["estimatedStartTime"], got["ml/big"]["confidence"]) == (
+        iso(NOW + 36_000),
+        "Exact",
+    )
+    small = got["ml/small"]
+    assert (small["estimatedStartTime"], small["confidence"]) == (iso(NOW + 39_600), "Exact")
+    assert small["waitsFor"] == ["job ml/big"]
+
+
+def test_kube_scheduler_starts_a_small_native_gang_behind_a_big_one_now_and_not_exact() -> None:
+    """Each pod is placed on its own: the gang that fits starts, whoever waits ahead."""
+    jobs = [
+        job("holder", "Running", eta_at=NOW + 36_000),
+        job("big", gpus=8, created="2026-11-30T00:01:00Z"),
+        job("small", gpus=2, created="2026-11-30T00:02:00Z"),
+    ]
+    world = World(nodes=[node("n1", gpus=8)], pods=[pod("holder-0", "n1", 6, owner="holder")])
+    small = qs.forecast_blocks(NOW, jobs, world, "None")["ml/small"]
+    assert (small["estimatedStartTime"], small["confidence"]) == (iso(NOW), "LowerBound")
+    assert "jumps ahead of job ml/big" in small["reason"]
 
 
 def preemption_world(policy: str | None) -> tuple[list[dict[str, Any]], World]:
