@@ -282,6 +282,7 @@ async def job_event(
             restart_backoff=own.settings.restart_backoff,
             gang_grace_seconds=own.settings.gang_grace_seconds,
             fault_at=own.settings.fault_exit_at,
+            host_ports=own.settings.host_port_range,
             on_exit=own.forget,
         )
         loop.start(dict(body), lambda: list(job_pods.get(key, [])))

@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from gpujob_operator import api
-from gpujob_operator.api import children
+from gpujob_operator.api import children, hostports
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import job_uid, uid_of
 from gpujob_operator.api.patches import json_safe, minimal_patch
@@ -119,6 +119,8 @@ class JobLoop:
     gang_grace_seconds: float = planner.GANG_GRACE_SECONDS
     fault_at: str | None = None
     """The write boundary at which this process dies (tests: GPUJOB_FAULT_EXIT_AT)."""
+    host_ports: tuple[int, int] = hostports.RANGE
+    """Node ports a host-network job may have scraped (GPUJOB_HOST_PORT_RANGE)."""
     body: dict[str, Any] = field(default_factory=dict)
     default_gang: str = api.GANG_NONE
     on_exit: Callable[[JobLoop], None] | None = None

@@ -31,6 +31,7 @@ before kopf starts. Nothing else in the operator reads the environment.
 | ``GPUJOB_WEBHOOK_CERT`` / ``..._KEY`` | unset | the webhook's serving certificate and key (PEM files; required with a port) |
 | ``GPUJOB_WEBHOOK_CA`` | unset | the CA that signed it (PEM file), for a registration of its own |
 | ``GPUJOB_WEBHOOK_REGISTER`` | unset | host mode: register a ValidatingWebhookConfiguration of this name at ``https://127.0.0.1:<port>`` and delete it on exit (the chart registers its own instead) |
+| ``GPUJOB_HOST_PORT_RANGE`` | ``20000-29999`` | node ports the operator may scrape for ``hostNetworkPorts: Spec`` jobs on the host network |
 | ``GPUJOB_FAULT_EXIT_AT`` | unset | tests only: die at a named write boundary |
 """
 
@@ -42,6 +43,7 @@ from dataclasses import dataclass
 from typing import Final, TypeVar
 
 from gpujob_operator import api
+from gpujob_operator.api import hostports
 from gpujob_operator.lifecycle import backoff
 from gpujob_operator.lifecycle.planner import GANG_GRACE_SECONDS
 from gpujob_operator.observability import opmetrics
@@ -80,6 +82,9 @@ class Settings:
     metrics_port: int = opmetrics.DEFAULT_PORT
     metrics_addr: str = "0.0.0.0"
     fault_exit_at: str | None = None
+    host_port_range: tuple[int, int] = hostports.RANGE
+    """Node ports (half-open) a host-network job with ``hostNetworkPorts: Spec`` may have
+    scraped (``GPUJOB_HOST_PORT_RANGE``, inclusive ``LOW-HIGH``): never a node daemon's."""
     forecast_interval: float = 30.0
     """Seconds between start-time forecasts of waiting jobs (``GPUJOB_FORECAST_INTERVAL``);
     0 turns forecasting off."""
@@ -132,6 +137,16 @@ def _positive_seconds(v: float) -> bool:
 
 def _seconds_or_zero(v: float) -> bool:
     return math.isfinite(v) and v >= 0
+
+
+def _port_range(raw: str) -> tuple[int, int]:
+    low, sep, high = raw.partition("-")
+    if not sep:
+        raise ValueError(raw)
+    lo, hi = int(low), int(high)
+    if not 1024 <= lo <= hi <= 65535:
+        raise ValueError(raw)
+    return lo, hi + 1
 
 
 def _flag(raw: str) -> bool:
@@ -262,6 +277,13 @@ def from_env(env: Mapping[str, str]) -> Settings:
             str,
             "one of " + ", ".join(faults.POINTS),
             lambda v: v in faults.POINTS,
+        ),
+        host_port_range=_read(
+            env,
+            "GPUJOB_HOST_PORT_RANGE",
+            d.host_port_range,
+            _port_range,
+            "LOW-HIGH, two ports with 1024 <= LOW <= HIGH <= 65535",
         ),
     )
 

@@ -155,3 +155,11 @@ def test_zero_means_no_backoff_and_no_grace_and_an_empty_liveness_means_none() -
     )
     assert s.restart_backoff == backoff.Policy(0.0, 0.0)
     assert s.gang_grace_seconds == 0.0 and s.liveness is None
+
+
+def test_the_host_port_range_is_read_inclusive_and_checked() -> None:
+    assert from_env({}).host_port_range == (20000, 30000)
+    assert from_env({"GPUJOB_HOST_PORT_RANGE": "40000-40999"}).host_port_range == (40000, 41000)
+    for bad in ("9100", "500-900", "3000-2000", "a-b", "40000-70000"):
+        with pytest.raises(SettingsError, match="GPUJOB_HOST_PORT_RANGE"):
+            from_env({"GPUJOB_HOST_PORT_RANGE": bad})
