@@ -156,8 +156,9 @@ def test_dead_endpoints_of_one_job_never_delay_another_jobs_restart(
     op = OperatorProcess(kube.kubeconfig, [kube.namespace], tmp_path / "op.log", env).start()
     try:
         # Scraped only once both endpoints listen (a round with one refused rank would hold
-        # a single slot for the whole test).
-        monitoring = {"scrapeIntervalSeconds": 1, "enabled": False}
+        # a single slot for the whole test). Its ranks never step: past the 2 s start-up
+        # timeout its goodput is unobserved, with no ratio (checked at the end, for free).
+        monitoring = {"scrapeIntervalSeconds": 1, "enabled": False, "startupTimeoutSeconds": 2}
         kube.apply(job("deaf", DEAF, nodes=2, monitoring=monitoring))
         wait_job_phase(kube, "deaf", ("Running",), timeout=60)
 
@@ -202,5 +203,19 @@ def test_dead_endpoints_of_one_job_never_delay_another_jobs_restart(
         )
         assert status["gang"]["restarts"] == 1, status
         assert job_status(kube, "deaf")["phase"] == "Running"
+        # Never seen stepping (monitoring off, then a deaf endpoint): neither 0 % nor lost.
+        deaf = wait_until(
+            lambda: (
+                (((s := job_status(kube, "deaf")).get("goodput") or {}).get("seconds", {})).get(
+                    "unobserved", 0
+                )
+                > 0
+                and s
+            ),
+            45,
+            "the deaf job's goodput to count unobserved time",
+        )
+        assert "ratio" not in deaf["goodput"] and "lostGPUHours" not in deaf["goodput"], deaf
+        assert deaf["operatorState"]["goodput"]["cause"] == "unobserved", deaf
     finally:
         op.stop()

@@ -38,6 +38,9 @@ from typing import Any, Protocol
 
 from kubernetes.client.rest import ApiException
 
+from gpujob_operator.api.children import controller_uid, holder, owner_uids
+from gpujob_operator.runtime.kube import NameTaken
+
 
 def apply_merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386, to check minimal_patch against."""
@@ -224,6 +227,9 @@ class FakeKube:
     async def put_configmap(self, namespace: str, body: dict[str, Any]) -> None:
         self.calls.append(f"put-configmap {_name(body)}")
         self._refused("put_configmap")
+        held = self.configmaps.get(_name(body))
+        if held is not None and controller_uid(body) not in owner_uids(held):
+            raise NameTaken("ConfigMap", _name(body), holder(held))  # as the real one
         self.configmaps[_name(body)] = copy.deepcopy(body)
 
     # -- gang admission objects ---------------------------------------------------------------

@@ -71,8 +71,11 @@ class Training(_Model):
         description="With spec.template.hostNetwork, the ranks share their node's ports with "
         "other jobs. Auto: the operator gives the job its own block of ports from "
         "20000-29999, chosen from its UID, instead of metricsPort and masterPort. Spec: "
-        "metricsPort and masterPort as written. Either way the ports are declared as "
-        "hostPorts, so the scheduler never puts two pods that would collide on one node.",
+        "metricsPort and masterPort as written; the operator scrapes the metrics ports only "
+        "within its allowed node port range (GPUJOB_HOST_PORT_RANGE, default 20000-29999), "
+        "else MetricsAvailable=False (HostPortsNotAllowed) and the job runs unscraped. "
+        "Either way the ports are declared as hostPorts, so the scheduler never puts two "
+        "pods that would collide on one node.",
     )
 
 

@@ -399,7 +399,17 @@ class GoodputSeconds(StatusModel):
     queued: float = Field(
         default=0.0, description="Suspended, or waiting for the gang to be placed the first time."
     )
-    startup: float = Field(default=0.0, description="From the gang placed to the job's first step.")
+    startup: float = Field(
+        default=0.0,
+        description="From the gang placed to the job's first step, at most "
+        "spec.monitoring.startupTimeoutSeconds.",
+    )
+    unobserved: float = Field(
+        default=0.0,
+        description="Running past the start-up timeout without a step the operator saw, or "
+        "with spec.monitoring.enabled false: not known to be productive or lost, so while "
+        "there is any, ratio and lostGPUHours are absent.",
+    )
     restart: float = Field(
         default=0.0,
         description="From a failure or eviction to the new attempt's first step, plus the "
@@ -434,7 +444,9 @@ class Goodput(StatusModel):
     )
     seconds: GoodputSeconds | None = Field(default=None, description="Seconds by cause.")
     ratio: float | None = Field(
-        default=None, description="Productive seconds over all seconds (0..1)."
+        default=None,
+        description="Productive seconds over all seconds (0..1); absent while any second is "
+        "unobserved.",
     )
     gpu_hours: float | None = Field(
         default=None, alias="gpuHours", description="GPU-hours accounted (seconds x GPUs)."
@@ -442,7 +454,8 @@ class Goodput(StatusModel):
     lost_gpu_hours: float | None = Field(
         default=None,
         alias="lostGPUHours",
-        description="GPU-hours not productive: seconds of the other causes x GPUs / 3600.",
+        description="GPU-hours not productive: seconds of the other causes x GPUs / 3600; "
+        "absent while any second is unobserved.",
     )
     mean_samples_per_second: float | None = Field(
         default=None,
@@ -532,8 +545,8 @@ class GPUTrainingJobStatus(StatusModel):
     goodput: Goodput | None = Field(
         default=None,
         description="The share of the job's GPU time that made kept steps, the rest by cause "
-        "(queued, startup, restart, stall, checkpoint, eval), and the run's mean throughput "
-        "and verdicts.",
+        "(queued, startup, unobserved, restart, stall, checkpoint, eval), and the run's mean "
+        "throughput and verdicts.",
     )
     display: Display | None = Field(default=None, description="Strings for kubectl get columns.")
     operator_state: OperatorState | None = Field(

@@ -14,7 +14,13 @@ job left alone mostly stays in the state it reached.
 The causes, in the order they are decided:
 
 - ``queued``: suspended, or no pod of the job ever had every rank of its gang on a node;
-- ``startup``: the gang was placed but the job never finished a step;
+- ``startup``: the gang was placed but the job never finished a step, for at most
+  ``spec.monitoring.startupTimeoutSeconds`` (summed over the attempts);
+- ``unobserved``: past that timeout the operator has still never seen a step (monitoring
+  off, a trainer without the library, a blocked metrics port), or monitoring is off while
+  the job runs: whether that time made steps is unknown, so while the ledger holds any,
+  it publishes no ratio and no lost GPU-hours rather than calling all of it lost. Seen
+  steps after all, it was start-up: the unobserved seconds move to ``startup``;
 - ``stall``: the job runs and its Stalled condition is True;
 - ``restart``: the job stepped before, and now restarts, or its current attempt has not
   stepped yet, or its step is below the furthest step reached (steps recomputed);
@@ -39,13 +45,15 @@ from gpujob_operator.api import conditions as c
 
 QUEUED: Final = "queued"
 STARTUP: Final = "startup"
+UNOBSERVED: Final = "unobserved"
 RESTART: Final = "restart"
 STALL: Final = "stall"
 CHECKPOINT: Final = "checkpoint"
 EVAL: Final = "eval"
 PRODUCTIVE: Final = "productive"
-CAUSES: Final = (QUEUED, STARTUP, RESTART, STALL, CHECKPOINT, EVAL, PRODUCTIVE)
-LOST_CAUSES: Final = tuple(x for x in CAUSES if x != PRODUCTIVE)
+CAUSES: Final = (QUEUED, STARTUP, UNOBSERVED, RESTART, STALL, CHECKPOINT, EVAL, PRODUCTIVE)
+LOST_CAUSES: Final = tuple(x for x in CAUSES if x not in (PRODUCTIVE, UNOBSERVED))
+"""Causes of time known to have made no kept step (unobserved time is not known either way)."""
 STEPPING: Final = (CHECKPOINT, EVAL, PRODUCTIVE)
 """Causes of time in which the job made steps it kept."""
 
@@ -85,6 +93,11 @@ class JobState:
     samples_per_second: float | None = None
     tokens_per_second: float | None = None
     completion_time: datetime | None = None
+    monitored: bool = True
+    """``spec.monitoring.enabled``: off, the operator never sees a step."""
+    startup_timeout: float | None = None
+    """``spec.monitoring.startupTimeoutSeconds``: start-up time past it, still without a
+    step, is unobserved (None: never)."""
 
     @property
     def finished(self) -> bool:
@@ -132,9 +145,14 @@ class Ledger:
         return sum(self.seconds.get(x, 0.0) for x in STEPPING)
 
     @property
+    def unobserved(self) -> float:
+        return self.seconds.get(UNOBSERVED, 0.0)
+
+    @property
     def ratio(self) -> float | None:
+        """Productive over all seconds; None with none, or with unobserved ones (unknown)."""
         total = self.total
-        return self.productive / total if total > 0 else None
+        return self.productive / total if total > 0 and self.unobserved <= 0 else None
 
 
 def start(state: JobState, now: datetime, created: datetime | None) -> Ledger:
@@ -163,11 +181,15 @@ def advance(
     # A long gap went unaccounted: what the job is doing now is the better guess, unless it
     # finished meanwhile (then it did what it did before, until its completionTime).
     cause = found if dt > GAP_SECONDS and found is not None else ledger.cause
-    charged = _charge(tracked, cause, dt)
+    cap = None if state.stalled else state.startup_timeout
+    charged = _charge(tracked, cause, dt, cap)
+    if ledger.stage == STAGE_STARTING and tracked.stage == STAGE_STEPPED:
+        # A step after all: the time that looked unobserved was a long start-up.
+        charged = _reclassify(charged, UNOBSERVED, STARTUP)
     return replace(
         charged,
         until=end,
-        cause=found,
+        cause=cause_of(charged, state),
         verdict=state.verdict if not state.finished else None,
         rank=state.rank if not state.finished else None,
     )
@@ -182,7 +204,11 @@ def cause_of(ledger: Ledger, state: JobState) -> str | None:
     if ledger.stage == STAGE_QUEUED:
         return QUEUED
     if ledger.stage == STAGE_STARTING:
-        return STARTUP
+        timeout = state.startup_timeout
+        past = timeout is not None and ledger.seconds.get(STARTUP, 0.0) >= timeout
+        return UNOBSERVED if past and not state.stalled else STARTUP
+    if state.phase == c.PHASE_RUNNING and not state.monitored:
+        return UNOBSERVED
     if state.phase == c.PHASE_RUNNING and state.stalled:
         return STALL
     if state.phase != c.PHASE_RUNNING or not ledger.attempt_stepped:
@@ -232,12 +258,19 @@ def _track(ledger: Ledger, state: JobState, now: datetime) -> Ledger:
     return ledger
 
 
-def _charge(ledger: Ledger, cause: str | None, dt: float) -> Ledger:
+def _charge(ledger: Ledger, cause: str | None, dt: float, cap: float | None = None) -> Ledger:
+    """Charge `dt` seconds to `cause`; start-up beyond `cap` seconds is unobserved."""
     if cause is None or dt <= 0:
         return ledger
     seconds = dict(ledger.seconds)
     samples, tokens = ledger.samples, ledger.tokens
-    if cause == PRODUCTIVE:
+    if cause == STARTUP and cap is not None:
+        room = min(max(cap - seconds.get(STARTUP, 0.0), 0.0), dt)
+        if room > 0:
+            seconds[STARTUP] = seconds.get(STARTUP, 0.0) + room
+        if dt > room:
+            seconds[UNOBSERVED] = seconds.get(UNOBSERVED, 0.0) + dt - room
+    elif cause == PRODUCTIVE:
         ck = _ratio(ledger.checkpoint_ratio)
         ev = min(_ratio(ledger.eval_ratio), 1.0 - ck)
         for name, part in ((CHECKPOINT, ck), (EVAL, ev), (PRODUCTIVE, 1.0 - ck - ev)):
@@ -260,6 +293,14 @@ def _charge(ledger: Ledger, cause: str | None, dt: float) -> Ledger:
         verdict_seconds=_bounded(verdicts, MAX_VERDICTS),
         rank_seconds=_bounded(ranks, MAX_RANKS),
     )
+
+
+def _reclassify(ledger: Ledger, old: str, new: str) -> Ledger:
+    if old not in ledger.seconds:
+        return ledger
+    seconds = dict(ledger.seconds)
+    seconds[new] = seconds.get(new, 0.0) + seconds.pop(old)
+    return replace(ledger, seconds=seconds)
 
 
 def _bounded(d: Mapping[str, float], limit: int) -> dict[str, float]:
@@ -298,15 +339,16 @@ def to_status(ledger: Ledger, gpus: int) -> tuple[dict[str, Any], dict[str, Any]
     did while it ran, not diluted by its waits, which the ratio already tells.
     """
     total = ledger.total
+    known = ledger.unobserved <= 0  # else neither the ratio nor the loss is known
     lost = total - ledger.productive
     stepping = ledger.stepping
     worst = worst_rank(ledger.rank_seconds)
     public: dict[str, Any] = {
         "since": c.format_time(ledger.since),
         "seconds": {k: round(ledger.seconds.get(k, 0.0), 3) for k in CAUSES},
-        "ratio": round(ledger.productive / total, 4) if total > 0 else None,
+        "ratio": round(ledger.productive / total, 4) if total > 0 and known else None,
         "gpuHours": round(total * max(gpus, 0) / 3600.0, 3),
-        "lostGPUHours": round(lost * max(gpus, 0) / 3600.0, 3),
+        "lostGPUHours": round(lost * max(gpus, 0) / 3600.0, 3) if known else None,
         "meanSamplesPerSecond": (
             round(ledger.samples / stepping, 3) if stepping > 0 and ledger.samples > 0 else None
         ),

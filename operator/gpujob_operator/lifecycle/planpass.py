@@ -415,6 +415,8 @@ class PlanningPass:
             samples_per_second=_float(progress.get("samplesPerSecond")),
             tokens_per_second=_float(progress.get("tokensPerSecond")),
             completion_time=_when(status.get("completionTime")),
+            monitored=self.spec.monitoring.enabled,
+            startup_timeout=float(self.spec.monitoring.startup_timeout_seconds),
         )
 
 

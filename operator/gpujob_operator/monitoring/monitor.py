@@ -26,7 +26,8 @@ from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import LABEL_NODE_RANK, controller_uid, owned
 from gpujob_operator.api.display import format_hang
 from gpujob_operator.api.events import Event
-from gpujob_operator.api.hostports import metrics_port_rank
+from gpujob_operator.api.hostports import RANGE as HOST_RANGE
+from gpujob_operator.api.hostports import metrics_port_rank, scrape_port
 from gpujob_operator.monitoring.scrape import guard
 from gpujob_operator.monitoring.scrape.frame import frame
 from gpujob_operator.monitoring.scrape.result import (
@@ -86,6 +87,7 @@ def scrape_targets(
     spec: api.GPUTrainingJobSpec | Mapping[str, Any],
     pods: Iterable[Mapping[str, Any]],
     uid: str | None = None,
+    host_ports: tuple[int, int] = HOST_RANGE,
 ) -> list[ScrapeTarget]:
     """One target per rank of every running pod with an IP (camelCase pod dicts).
 
@@ -93,10 +95,11 @@ def scrape_targets(
     global rank is
     n * procsPerNode + local rank (torchrun's static rendezvous). With `uid`, only pods
     whose controller is that job are scraped (an old job's pods under the same name are not).
+    A pod on its node's network is scraped only on the ports the job was given
+    (:func:`~gpujob_operator.api.hostports.scrape_port`; `host_ports`: the operator's range).
     """
     s = api.parse_spec(spec)
     procs = s.procs_per_node
-    base = s.training.metrics_port
     out: list[ScrapeTarget] = []
     for pod in pods:
         meta = pod.get("metadata") or {}
@@ -112,8 +115,11 @@ def scrape_targets(
             continue
         host = f"[{ip}]" if ":" in ip else ip
         declared = _declared_metrics_ports(pod)
+        on_host = bool((pod.get("spec") or {}).get("hostNetwork"))
         for local in range(procs):
-            port = declared.get(local) or contract.metrics_port(base, local)
+            port = scrape_port(s, uid, local, declared.get(local), on_host, host_ports)
+            if port is None:
+                continue  # a node port the job was not given: never asked
             out.append(
                 ScrapeTarget(
                     url=f"http://{host}:{port}{contract.METRICS_PATH}",
@@ -204,9 +210,10 @@ class JobMonitor:
         spec: api.GPUTrainingJobSpec | Mapping[str, Any],
         pods: Iterable[Mapping[str, Any]],
         uid: str | None = None,
+        host_ports: tuple[int, int] = HOST_RANGE,
     ) -> list[ScrapeTarget]:
         """Same as the module function (kept here for a one-object API)."""
-        return scrape_targets(spec, pods, uid)
+        return scrape_targets(spec, pods, uid, host_ports)
 
     def observe(
         self, results: Sequence[ScrapeResult], now: float, *, exited: int = 0

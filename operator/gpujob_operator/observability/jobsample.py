@@ -80,6 +80,9 @@ class JobSample:
     lost_gpu_seconds: Mapping[str, float] = field(default_factory=dict)
     """GPU-seconds by lost cause (status.goodput.seconds x status.gang.gpus.requested)."""
     productive_gpu_seconds: float | None = None
+    unobserved_gpu_seconds: float | None = None
+    """GPU-seconds whose steps the operator could not see; with any, the job exports no
+    ratio, lost or productive GPU-seconds (the fleet's goodput leaves it out)."""
 
     @classmethod
     def from_status(cls, status: Mapping[str, Any]) -> JobSample:
@@ -121,7 +124,8 @@ class JobSample:
         seconds: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
         lost: dict[str, float] = {}
         productive = None
-        if gpu_count is not None and seconds:
+        unobserved = _num(seconds.get("unobserved")) or 0.0
+        if gpu_count is not None and seconds and unobserved <= 0:
             lost = {
                 k: v * gpu_count for k in LOST_CAUSES if (v := _num(seconds.get(k))) is not None
             }
@@ -153,7 +157,10 @@ class JobSample:
             start_forecast=forecast,
             start_forecast_confidence=str(confidence) if forecast is not None else None,
             start_forecast_error=error,
-            goodput_ratio=_num(ledger.get("ratio")),
+            goodput_ratio=_num(ledger.get("ratio")) if unobserved <= 0 else None,
             lost_gpu_seconds=lost,
             productive_gpu_seconds=productive,
+            unobserved_gpu_seconds=(
+                unobserved * gpu_count if gpu_count is not None and unobserved > 0 else None
+            ),
         )

@@ -134,9 +134,17 @@ JOB_PRODUCTIVE_GPU_SECONDS = Family(
     "GPU-seconds of the job that made steps it kept (status.goodput.seconds x GPUs).",
     "seconds",
 )
+JOB_UNOBSERVED_GPU_SECONDS = Family(
+    "gpujob_job_unobserved_gpu_seconds",
+    "GPU-seconds of a job whose steps the operator cannot see (monitoring off, no step past "
+    "the start-up timeout): status.goodput.seconds.unobserved x GPUs. Such a job exports no "
+    "goodput ratio, lost or productive GPU-seconds.",
+    "seconds",
+)
 CONFIDENCES: Final = ("Exact", "LowerBound")
 LOST_CAUSES: Final = ("queued", "startup", "restart", "stall", "checkpoint", "eval")
-"""The causes of ``gpujob_job_lost_gpu_seconds`` (the goodput ledger's, less productive)."""
+"""The causes of ``gpujob_job_lost_gpu_seconds`` (the goodput ledger's, less productive and
+unobserved: time not known to be lost is not counted as lost)."""
 
 # ---- operator health -------------------------------------------------------------------
 RECONCILES = Family("gpujob_operator_reconciles_total", "Reconcile passes, by result.")
@@ -218,6 +226,7 @@ JOB_FAMILIES: Final = (
     JOB_GOODPUT,
     JOB_LOST_GPU_SECONDS,
     JOB_PRODUCTIVE_GPU_SECONDS,
+    JOB_UNOBSERVED_GPU_SECONDS,
 )
 HEALTH_FAMILIES: Final = (
     RECONCILES,

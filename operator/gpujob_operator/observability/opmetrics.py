@@ -68,6 +68,7 @@ from gpujob_operator.observability.opfamilies import (
     JOB_STEP_P95,
     JOB_TARGET_STEPS,
     JOB_TOKENS_RATE,
+    JOB_UNOBSERVED_GPU_SECONDS,
     JOB_VERDICT,
     JOBS,
     PHASES,
@@ -134,6 +135,7 @@ class _JobCollector(Collector):
             JOB_START_FORECAST_ERROR: "start_forecast_error",
             JOB_GOODPUT: "goodput_ratio",
             JOB_PRODUCTIVE_GPU_SECONDS: "productive_gpu_seconds",
+            JOB_UNOBSERVED_GPU_SECONDS: "unobserved_gpu_seconds",
         }
         fams: dict[Family, GaugeMetricFamily] = {m: _gauge(m, JOB_LABELS) for m in simple}
         phase = _gauge(JOB_PHASE, (*JOB_LABELS, "phase"))

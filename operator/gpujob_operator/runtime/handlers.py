@@ -284,6 +284,7 @@ async def job_event(
             fault_at=own.settings.fault_exit_at,
             network_policy=own.settings.job_network_policy,
             token_key=own.settings.endpoint_token_key,
+            host_ports=own.settings.host_port_range,
             on_exit=own.forget,
         )
         loop.start(dict(body), lambda: list(job_pods.get(key, [])))

@@ -10,7 +10,8 @@ owned by the job, and records the comparison in ``status.hangEvidence``, a Warni
 that record (``lifecycle/restarts.py``), so the restart never destroys the evidence.
 
 Every failure still ends in a record: ranks that do not answer are named as silent, a
-ConfigMap the API server refuses leaves a ``note``; the record is what lets the restart go.
+ConfigMap the API server refuses, or one of that name that another owner holds (never
+overwritten), leaves a ``note``; the record is what lets the restart go.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from gpujob_operator.api.display import EVIDENCE_MARK, format_hang
 from gpujob_operator.api.status import attempt_of, stall_evidence, stalled_since
 from gpujob_operator.monitoring.hang import hang, hangdump, hangtext
 from gpujob_operator.monitoring.scrape.result import ScrapeTarget
-from gpujob_operator.runtime.kube import Fenced, Kube
+from gpujob_operator.runtime.kube import Fenced, Kube, NameTaken
 
 if TYPE_CHECKING:
     from gpujob_operator.monitoring.scrape.scraper import Scraper
@@ -77,6 +78,9 @@ async def capture(
     why = None
     try:
         await kube.put_configmap(namespace, hang_configmap(job, attempt, data))
+    except NameTaken as e:  # someone else's ConfigMap under our name: never overwritten
+        why, cm = f"the evidence was not stored: {str(e)[:800]}; delete or rename it", None
+        log.warning("hang evidence of %s/%s not stored: %s", namespace, name, e)
     except ApiException as e:
         why, cm = f"the ConfigMap was not written: {e.status} {e.reason}", None
     except Fenced:

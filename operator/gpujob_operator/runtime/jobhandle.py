@@ -65,6 +65,11 @@ class JobHandle(Protocol):
         ...
 
     @property
+    def host_ports(self) -> tuple[int, int]:
+        """Node ports (half-open) a host-network job may have scraped."""
+        ...
+
+    @property
     def resync_seconds(self) -> float:
         """How long the task sleeps when nothing is due."""
         ...

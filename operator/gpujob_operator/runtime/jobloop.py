@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from gpujob_operator import api
-from gpujob_operator.api import children
+from gpujob_operator.api import children, hostports
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import job_uid, uid_of
 from gpujob_operator.api.patches import json_safe, minimal_patch
@@ -123,6 +123,8 @@ class JobLoop:
     """Each job gets a NetworkPolicy guarding its metrics ports (None: none)."""
     token_key: bytes | None = None
     """Each job's pods get an endpoint token derived with this key (None: no token)."""
+    host_ports: tuple[int, int] = hostports.RANGE
+    """Node ports a host-network job may have scraped (GPUJOB_HOST_PORT_RANGE)."""
     body: dict[str, Any] = field(default_factory=dict)
     default_gang: str = api.GANG_NONE
     on_exit: Callable[[JobLoop], None] | None = None

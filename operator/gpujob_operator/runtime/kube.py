@@ -21,6 +21,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from gpujob_operator import api
+from gpujob_operator.api import children
 from gpujob_operator.lifecycle.gang import gang
 
 log = logging.getLogger("gpujob.kube")
@@ -89,6 +90,14 @@ def _dry_run(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     admission webhook answers on every replica)."""
     url = str(args[1] if len(args) > 1 else kwargs.get("url", ""))
     return "dryRun=" in url.partition("?")[2]
+
+
+class NameTaken(Exception):
+    """An object of the name we write exists and is not owned by our job: left alone."""
+
+    def __init__(self, kind: str, name: str, holder: str) -> None:
+        super().__init__(f"{kind} {name} exists and is not this job's (owner: {holder})")
+        self.kind, self.name, self.holder = kind, name, holder
 
 
 class JobGone(Exception):
@@ -288,8 +297,11 @@ class Kube:
                 raise
 
     async def put_configmap(self, namespace: str, body: dict[str, Any]) -> None:
-        """Create the ConfigMap, or replace the data of the one of that name (no read).
-        Each call is bounded (:data:`EVIDENCE_WRITE_TIMEOUT`): the stall's restart waits."""
+        """Create the ConfigMap, or replace the data of the one of that name if it is owned
+        by the same job (``body``'s controller). A ConfigMap of that name someone else owns
+        is never overwritten: :class:`NameTaken`. The replace is conditional on the version
+        read, so one deleted and re-created meanwhile is not overwritten either. Each call
+        is bounded (:data:`EVIDENCE_WRITE_TIMEOUT`): the stall's restart waits."""
         limit: dict[str, Any] = {"_request_timeout": EVIDENCE_WRITE_TIMEOUT}
         try:
             await asyncio.to_thread(
@@ -298,8 +310,19 @@ class Kube:
         except ApiException as e:
             if e.status != 409:
                 raise
-            patch = [{"op": "replace", "path": "/data", "value": body["data"]}]
             name = body["metadata"]["name"]
+            found = await asyncio.to_thread(
+                self.core.read_namespaced_config_map, name, namespace, **limit
+            )
+            existing = self.core.api_client.sanitize_for_serialization(found)
+            ours = children.controller_uid(body)
+            if ours is None or ours not in children.owner_uids(existing):
+                raise NameTaken("ConfigMap", name, children.holder(existing)) from None
+            version = (existing.get("metadata") or {}).get("resourceVersion")
+            patch = [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": version},
+                {"op": "replace", "path": "/data", "value": body["data"]},
+            ]
             await asyncio.to_thread(
                 self.core.patch_namespaced_config_map, name, namespace, cast(Any, patch), **limit
             )

@@ -16,10 +16,13 @@ import time
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import job_uid
+from gpujob_operator.api.hostports import host_port_refusal
+from gpujob_operator.api.spec import parse_spec
 from gpujob_operator.api.status import attempt_of, stall_evidence
 from gpujob_operator.api.statusupgrade import upgrade
 from gpujob_operator.lifecycle import endpoints
@@ -84,7 +87,11 @@ class MetricsTask:
         if now < self.next_scrape:
             return self.next_scrape - now
         self.next_scrape = next_tick(now, interval, job_uid(job))
-        targets = monitor.scrape_targets(spec, pods, job_uid(job))
+        refusal = host_port_refusal(parse_spec(spec), loop.host_ports)
+        if refusal is not None:
+            await self.refuse_ports(refusal)
+            return interval
+        targets = monitor.scrape_targets(spec, pods, job_uid(job), loop.host_ports)
         results = await loop.scraper.scrape_all(targets)
         for r in results:
             METRICS.observe_scrape(r.seconds, r.ok, None if r.error is None else str(r.error))
@@ -128,6 +135,24 @@ class MetricsTask:
         if self.unwritten is not None:
             await self.record_evidence(identity)
         return interval
+
+    async def refuse_ports(self, message: str) -> None:
+        """The job's metrics ports are node ports the operator may not scrape: say so in
+        MetricsAvailable (reason HostPortsNotAllowed) and a Warning Event, once."""
+        loop = self.loop
+        async with loop.lock:
+            job = loop.freshest(loop.body)
+            status, meta = job.get("status") or {}, job["metadata"]
+            old = c.find(status.get("conditions"), c.METRICS_AVAILABLE) or {}
+            if old.get("reason") == c.HOST_PORTS_NOT_ALLOWED and old.get("message") == message:
+                return
+            conditions = c.set_condition(
+                status.get("conditions"), c.METRICS_AVAILABLE, c.FALSE,
+                c.HOST_PORTS_NOT_ALLOWED, message, datetime.now(UTC),
+                int(meta.get("generation") or 0),
+            )  # fmt: skip
+            await loop.write_status(meta["namespace"], meta["name"], {"conditions": conditions})
+            loop.post_event(job, "Warning", c.HOST_PORTS_NOT_ALLOWED, message)
 
     async def take_evidence(
         self, job: Mapping[str, Any], targets: list[ScrapeTarget], since: str

@@ -33,6 +33,7 @@ before kopf starts. Nothing else in the operator reads the environment.
 | ``GPUJOB_WEBHOOK_REGISTER`` | unset | host mode: register a ValidatingWebhookConfiguration of this name at ``https://127.0.0.1:<port>`` and delete it on exit (the chart registers its own instead) |
 | ``GPUJOB_JOB_NETWORK_POLICY`` | unset | JSON ``{"metricsFrom": [peers], "otherPortsOpen": bool}``: a NetworkPolicy per job (``lifecycle/endpoints.py``); unset: none |
 | ``GPUJOB_ENDPOINT_TOKEN_KEY_FILE`` | unset | a file holding the key of the jobs' endpoint tokens (>= 32 bytes); unset: no tokens |
+| ``GPUJOB_HOST_PORT_RANGE`` | ``20000-29999`` | node ports the operator may scrape for ``hostNetworkPorts: Spec`` jobs on the host network |
 | ``GPUJOB_FAULT_EXIT_AT`` | unset | tests only: die at a named write boundary |
 """
 
@@ -45,6 +46,7 @@ from dataclasses import dataclass
 from typing import Final, TypeVar
 
 from gpujob_operator import api
+from gpujob_operator.api import hostports
 from gpujob_operator.lifecycle import backoff
 from gpujob_operator.lifecycle.endpoints import PolicySettings
 from gpujob_operator.lifecycle.planner import GANG_GRACE_SECONDS
@@ -87,6 +89,9 @@ class Settings:
     metrics_port: int = opmetrics.DEFAULT_PORT
     metrics_addr: str = "0.0.0.0"
     fault_exit_at: str | None = None
+    host_port_range: tuple[int, int] = hostports.RANGE
+    """Node ports (half-open) a host-network job with ``hostNetworkPorts: Spec`` may have
+    scraped (``GPUJOB_HOST_PORT_RANGE``, inclusive ``LOW-HIGH``): never a node daemon's."""
     forecast_interval: float = 30.0
     """Seconds between start-time forecasts of waiting jobs (``GPUJOB_FORECAST_INTERVAL``);
     0 turns forecasting off."""
@@ -143,6 +148,16 @@ def _positive_seconds(v: float) -> bool:
 
 def _seconds_or_zero(v: float) -> bool:
     return math.isfinite(v) and v >= 0
+
+
+def _port_range(raw: str) -> tuple[int, int]:
+    low, sep, high = raw.partition("-")
+    if not sep:
+        raise ValueError(raw)
+    lo, hi = int(low), int(high)
+    if not 1024 <= lo <= hi <= 65535:
+        raise ValueError(raw)
+    return lo, hi + 1
 
 
 def _flag(raw: str) -> bool:
@@ -275,6 +290,13 @@ def from_env(env: Mapping[str, str]) -> Settings:
             str,
             "one of " + ", ".join(faults.POINTS),
             lambda v: v in faults.POINTS,
+        ),
+        host_port_range=_read(
+            env,
+            "GPUJOB_HOST_PORT_RANGE",
+            d.host_port_range,
+            _port_range,
+            "LOW-HIGH, two ports with 1024 <= LOW <= HIGH <= 65535",
         ),
     )
 

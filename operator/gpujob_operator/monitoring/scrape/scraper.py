@@ -49,6 +49,9 @@ DEFAULT_MAX_LINES: Final = 100_000
 """Lines per payload (a rank's is ~100-300, a node's local rank 0 with 16 GPUs ~600)."""
 DEFAULT_MAX_SAMPLES: Final = 10_000
 """Lines of the metrics contract per payload."""
+NOT_PROMETHEUS: Final = "the endpoint's reply is not Prometheus text"
+"""A payload the parser refused, in a fixed phrase: the body itself is never quoted (its
+words would reach the job's status, and on the host network it may be any node service)."""
 INLINE_PARSE_BYTES: Final = 256 * 1024
 """Larger payloads are parsed off the event loop."""
 IDLE_SECONDS: Final = 60.0
@@ -280,7 +283,8 @@ class Scraper:
         """The decoded body of a 200 answer; :class:`Failure` or TimeoutError otherwise."""
         resp = await self._exchange(self._endpoint(target.url, target.token), deadline, max_bytes)
         if resp.status != 200:
-            raise Failure(ErrorKind.HTTP_STATUS, f"HTTP {resp.status} {resp.reason}")
+            # The status code only: the reason phrase is the endpoint's own words.
+            raise Failure(ErrorKind.HTTP_STATUS, f"HTTP {resp.status}", len(resp.body))
         return decode_body(resp.body, resp.encoding, max_bytes)
 
     def _failed(self, target: ScrapeTarget, exc: TimeoutError | Failure) -> ScrapeResult:
@@ -336,8 +340,10 @@ class Scraper:
                 samples, fr = await loop.run_in_executor(_parser(), self._parse, body, t)
             else:
                 samples, fr = self._parse(body, t)
-        except expfmt.ParseError as exc:
-            return ScrapeResult(target, t, error=ErrorKind.PARSE, message=str(exc), size=len(body))
+        except expfmt.ParseError:
+            # Nothing of the body: on the host network it may be any service of the node.
+            message = f"{NOT_PROMETHEUS} ({len(body)} bytes)"
+            return ScrapeResult(target, t, error=ErrorKind.PARSE, message=message, size=len(body))
         missing = _missing_rank(target, fr)
         if missing:
             return ScrapeResult(

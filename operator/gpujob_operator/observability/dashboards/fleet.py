@@ -253,12 +253,15 @@ def build() -> dict[str, Any]:
     )
     lost = opfamilies.JOB_LOST_GPU_SECONDS.name
     productive = opfamilies.JOB_PRODUCTIVE_GPU_SECONDS.name
+    unobserved = opfamilies.JOB_UNOBSERVED_GPU_SECONDS.name
     goodput = Row(
         "Goodput",
         [
             Panel(
                 "Fleet goodput",
-                "Productive GPU-seconds over all accounted GPU-seconds of the selected jobs.",
+                "Productive GPU-seconds over all accounted GPU-seconds of the selected jobs. "
+                "Jobs whose steps the operator cannot see (monitoring off, no step past the "
+                "start-up timeout) are left out: see Unobserved GPU-hours.",
                 [
                     t(
                         f"sum({_per_job(productive)}) / (sum({_per_job(productive)}) + "
@@ -303,6 +306,23 @@ def build() -> dict[str, Any]:
                     t(
                         f"sort_desc(sum by (namespace) ({_per_job(lost)})) / 3600",
                         "{{namespace}}",
+                        instant=True,
+                    )
+                ],
+                kind="bargauge",
+                unit="suffix: GPU-h",
+                w=6,
+                h=8,
+            ),
+            Panel(
+                "Unobserved GPU-hours",
+                "GPU-hours of jobs whose steps the operator cannot see (monitoring off, a "
+                "trainer without the library, a blocked metrics port): neither productive nor "
+                "lost, and left out of the fleet goodput.",
+                [
+                    t(
+                        f"topk(10, sum by (namespace, job_name) ({_per_job(unobserved)})) / 3600",
+                        "{{namespace}}/{{job_name}}",
                         instant=True,
                     )
                 ],

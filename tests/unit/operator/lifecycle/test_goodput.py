@@ -405,3 +405,89 @@ def test_the_monitor_publishes_the_checkpoint_and_eval_shares_of_the_rank_that_s
     assert shares == {"checkpointRatio": 0.12, "evalRatio": 0.03}
     assert phase_ratios({}) == {}
     api.Progress.model_validate(shares)
+
+
+# ---- jobs whose steps the operator cannot see ---------------------------------------------
+
+
+def _never_steps(monitored: bool, timeout: float = 120.0) -> g.JobState:
+    return g.JobState(
+        phase=c.PHASE_RUNNING, placed=True, monitored=monitored, startup_timeout=timeout
+    )
+
+
+@pytest.mark.parametrize("monitored", [False, True], ids=["monitoring-off", "never-a-step"])
+def test_past_the_startup_timeout_a_job_never_seen_stepping_is_unobserved(monitored: bool) -> None:
+    """Monitoring off (or a trainer the operator never saw step): the first 120 s (the
+    start-up timeout) are start-up, the rest unobserved, and no ratio or loss is claimed."""
+    state = _never_steps(monitored)
+    ledger = g.advance(None, g.JobState(phase=c.PHASE_PENDING, placed=False), T0, T0)
+    for s in range(30, 601, 30):
+        ledger = g.advance(ledger, state, T0 + timedelta(seconds=s), T0)
+    assert ledger.seconds == {"queued": 30.0, "startup": 120.0, "unobserved": 450.0}
+    assert ledger.cause == g.UNOBSERVED
+    assert ledger.ratio is None
+    public, cursor = g.to_status(ledger, GPUS)
+    assert "ratio" not in public and "lostGPUHours" not in public, "not 0 % nor all lost"
+    assert public["gpuHours"] == pytest.approx(600 * GPUS / 3600, abs=0.001)
+    assert public["seconds"]["unobserved"] == 450.0
+    api.Goodput.model_validate(public)
+    again = g.from_status(public, cursor)
+    assert again is not None and again.cause == g.UNOBSERVED and again.unobserved == 450.0
+
+
+def test_one_long_pass_splits_startup_and_unobserved_at_the_timeout() -> None:
+    ledger = g.advance(None, _never_steps(False), T0, None)
+    ledger = g.advance(ledger, _never_steps(False), T0 + timedelta(seconds=1000), None)
+    assert ledger.seconds == {"startup": 120.0, "unobserved": 880.0}
+
+
+def test_a_late_first_step_turns_the_unobserved_time_into_startup() -> None:
+    """A slow start (a long compile) outlived the timeout: once a step is seen, what looked
+    unobserved was start-up, and the ratio is back."""
+    state = _never_steps(True)
+    ledger = g.advance(None, state, T0, None)
+    ledger = g.advance(ledger, state, T0 + timedelta(seconds=300), None)
+    assert ledger.seconds == {"startup": 120.0, "unobserved": 180.0}
+    stepped = replace(state, step=1, last_step_time=T0 + timedelta(seconds=310))
+    ledger = g.advance(ledger, stepped, T0 + timedelta(seconds=320), None)
+    assert ledger.seconds["startup"] == 320.0 and "unobserved" not in ledger.seconds
+    assert ledger.cause == g.PRODUCTIVE
+    ledger = g.advance(ledger, stepped, T0 + timedelta(seconds=400), None)
+    assert ledger.ratio == pytest.approx(80 / 400)
+
+
+def test_monitoring_turned_off_after_steps_counts_unobserved_not_productive() -> None:
+    on = g.JobState(phase=c.PHASE_RUNNING, placed=True, step=5, last_step_time=T0)
+    ledger = g.advance(None, on, T0 - timedelta(seconds=1), None)
+    ledger = g.advance(ledger, on, T0 + timedelta(seconds=60), None)
+    off = replace(on, monitored=False, startup_timeout=120.0)
+    ledger = g.advance(ledger, off, T0 + timedelta(seconds=61), None)
+    ledger = g.advance(ledger, off, T0 + timedelta(seconds=661), None)
+    assert ledger.seconds["unobserved"] == 600.0 and ledger.ratio is None
+
+
+def test_the_planner_publishes_no_ratio_for_an_unmonitored_job_past_the_startup_timeout() -> None:
+    from tests.unit.operator.lifecycle.test_planner import Sim, make_job
+
+    job = make_job(nodes=1, gpusPerNode=8, monitoring={"enabled": False})
+    job["spec"]["monitoring"]["startupTimeoutSeconds"] = 120
+    job["metadata"]["creationTimestamp"] = c.format_time(T0)
+    sim = Sim(job)
+    sim.reconcile()
+    for pod in sim.pods.values():
+        pod["spec"]["nodeName"] = "gpu-a"
+    sim.run_all()
+    sim.reconcile()
+    assert sim.status["operatorState"]["goodput"]["cause"] == "startup"
+    sim.now += timedelta(seconds=100)
+    sim.reconcile()
+    assert sim.status["operatorState"]["goodput"]["cause"] == "startup", "within the timeout"
+    sim.now += timedelta(seconds=500)
+    sim.reconcile()
+    st = sim.status
+    assert st["operatorState"]["goodput"]["cause"] == "unobserved"
+    assert "ratio" not in st["goodput"] and "lostGPUHours" not in st["goodput"]
+    assert st["goodput"]["seconds"]["unobserved"] == pytest.approx(480.0)
+    assert "goodput" not in st.get("display", {}), "kubectl get shows no 0.0 %"
+    api.GPUTrainingJobStatus.model_validate(st)

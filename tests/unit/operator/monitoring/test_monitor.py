@@ -6,6 +6,7 @@ from typing import Any
 
 from gpujob_operator import api
 from gpujob_operator.api import conditions as c
+from gpujob_operator.api.children import LABEL_NODE_RANK
 from gpujob_operator.monitoring.monitor import JobMonitor, exited_ranks, scrape_targets
 from gpujob_operator.monitoring.scrape import expfmt
 from gpujob_operator.monitoring.scrape.result import ErrorKind, ScrapeResult, ScrapeTarget
@@ -446,3 +447,79 @@ def test_endpoint_words_cannot_push_metrics_available_past_the_crds_limit() -> N
     assert patch is not None
     for written in patch["conditions"]:
         Condition.model_validate(written)
+
+
+# ---- host network: only the ports the job was given --------------------------------------
+
+
+def _host_spec(mode: str, metrics_port: int = 9400) -> dict[str, Any]:
+    return {
+        "image": "t:1",
+        "command": ["python"],
+        "gpusPerNode": 2,
+        "template": {"hostNetwork": True},
+        "training": {"hostNetworkPorts": mode, "metricsPort": metrics_port},
+    }
+
+
+def _host_pod(ports: dict[int, int], host: bool = True) -> dict[str, Any]:
+    from gpujob_operator.api.hostports import metrics_port_name
+
+    return {
+        "metadata": {
+            "name": "j-0",
+            "labels": {LABEL_NODE_RANK: "0"},
+            "ownerReferences": [{"uid": "uid-1", "controller": True}],
+        },
+        "spec": {
+            "hostNetwork": host,
+            "containers": [
+                {
+                    "ports": [
+                        {"name": metrics_port_name(r), "containerPort": p} for r, p in ports.items()
+                    ]
+                }
+            ],
+        },
+        "status": {"phase": "Running", "podIP": "192.168.0.7"},
+    }
+
+
+def test_a_spec_mode_host_job_outside_the_allowed_range_is_refused_naming_the_field() -> None:
+    from gpujob_operator import api
+    from gpujob_operator.api.hostports import RANGE, host_port_refusal
+
+    kubelet = api.parse_spec(_host_spec("Spec", 10250))
+    why = host_port_refusal(kubelet)
+    assert why is not None and why.startswith("spec.training.metricsPort")
+    assert "10250-10251" in why and "20000-29999" in why
+    assert host_port_refusal(api.parse_spec(_host_spec("Spec", 29999))) is not None, "rank 1"
+    assert host_port_refusal(api.parse_spec(_host_spec("Spec", 29998))) is None
+    assert host_port_refusal(api.parse_spec(_host_spec("Auto", 10250))) is None, "own block"
+    assert host_port_refusal(kubelet, (10000, 11000)) is None, "the operator's setting"
+    pod_net = {**_host_spec("Spec", 10250), "template": {}}
+    assert host_port_refusal(api.parse_spec(pod_net)) is None, "a pod's own ports"
+    assert RANGE == (20000, 30000)
+
+
+def test_a_host_network_pod_is_scraped_only_on_the_ports_the_job_was_given() -> None:
+    from gpujob_operator import api
+    from gpujob_operator.api.hostports import rank_ports
+
+    # Spec mode, metricsPort 9100 (node exporter): never scraped on the node.
+    assert scrape_targets(_host_spec("Spec", 9100), [_host_pod({0: 9100, 1: 9101})], None) == []
+    inside = scrape_targets(_host_spec("Spec", 25000), [_host_pod({0: 25000, 1: 25001})], None)
+    assert [t.url for t in inside] == [
+        "http://192.168.0.7:25000/metrics",
+        "http://192.168.0.7:25001/metrics",
+    ]
+    # Auto: the job's own block only; a pod that declares another port is not followed.
+    spec = _host_spec("Auto")
+    block = rank_ports(api.parse_spec(spec), "uid-1").metrics
+    pod = _host_pod({0: block, 1: 10250})
+    urls = [t.url for t in scrape_targets(spec, [pod], "uid-1")]
+    assert urls == [f"http://192.168.0.7:{block}/metrics"]
+    # A pod on the host network that the spec does not put there: its ports must be in range.
+    off = {**_host_spec("Spec", 9100), "template": {}}
+    assert scrape_targets(off, [_host_pod({0: 9100, 1: 9101})], None) == []
+    assert len(scrape_targets(off, [_host_pod({0: 9100, 1: 9101}, host=False)], None)) == 2

@@ -263,3 +263,16 @@ def test_what_scrapes_refused_is_counted() -> None:
     assert get(s, "gpujob_operator_scrape_dropped_series_total") == 4
     assert get(s, "gpujob_operator_scrape_dropped_values_total") == 2
     assert get(s, "gpujob_operator_scrape_dropped_bytes_total") == 4_194_305
+
+
+def test_a_job_with_unobserved_time_is_left_out_of_the_fleet_goodput() -> None:
+    """Its seconds are neither lost nor productive: only the unobserved GPU-seconds export."""
+    m = fresh()
+    seconds = {**GOODPUT["seconds"], "productive": 0.0, "unobserved": 500.0}  # type: ignore[dict-item]
+    m.update("team-a", "blind", {**STATUS, "goodput": {"seconds": seconds, "gpuHours": 1.0}})
+    s = samples(m)
+    key = {"namespace": "team-a", "job_name": "blind"}
+    assert get(s, "gpujob_job_unobserved_gpu_seconds", **key) == 500.0 * 16
+    assert get(s, "gpujob_job_goodput_ratio", **key) is None
+    assert get(s, "gpujob_job_productive_gpu_seconds", **key) is None
+    assert not any(n == "gpujob_job_lost_gpu_seconds" for n, _ in s)

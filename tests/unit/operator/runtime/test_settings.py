@@ -182,3 +182,11 @@ def test_the_job_endpoint_guards_are_read_and_a_bad_one_refused(tmp_path: object
         from_env({"GPUJOB_ENDPOINT_TOKEN_KEY_FILE": str(key)})
     with pytest.raises(SettingsError, match="cannot be read"):
         from_env({"GPUJOB_ENDPOINT_TOKEN_KEY_FILE": str(key) + ".missing"})
+
+
+def test_the_host_port_range_is_read_inclusive_and_checked() -> None:
+    assert from_env({}).host_port_range == (20000, 30000)
+    assert from_env({"GPUJOB_HOST_PORT_RANGE": "40000-40999"}).host_port_range == (40000, 41000)
+    for bad in ("9100", "500-900", "3000-2000", "a-b", "40000-70000"):
+        with pytest.raises(SettingsError, match="GPUJOB_HOST_PORT_RANGE"):
+            from_env({"GPUJOB_HOST_PORT_RANGE": bad})
