@@ -318,6 +318,10 @@ BAD_VALUES = [
         "at '/jobEndpoints/networkPolicy/metricsFrom/0'",
     ),
     (
+        {"webhook": {"networkPolicy": {"enabled": True}}},
+        "webhook.networkPolicy.enabled needs webhook.networkPolicy.from",
+    ),
+    (
         {"jobEndpoints": {"token": {"enabled": "yes"}}},
         "at '/jobEndpoints/token/enabled'",
     ),
@@ -581,3 +585,21 @@ def test_the_endpoint_token_key_is_a_secret_the_operator_reads_from_a_file(mode:
         if v["name"] == "endpoint-token-key"
     ]
     assert volume["secret"]["secretName"] == "mine"
+
+
+def test_only_the_api_server_may_reach_the_webhook_port_when_its_policy_is_on() -> None:
+    assert not [
+        p for p in find(render(), "NetworkPolicy") if p["metadata"]["name"].endswith("-webhook")
+    ]
+    apiserver = [{"ipBlock": {"cidr": "10.0.0.0/24"}}]
+    objs = render({"webhook": {"networkPolicy": {"enabled": True, "from": apiserver}}})
+    (policy,) = [
+        p for p in find(objs, "NetworkPolicy") if p["metadata"]["name"].endswith("-webhook")
+    ]
+    pod_labels = deployment(objs)["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    webhook_rule, others = policy["spec"]["ingress"]
+    assert webhook_rule == {"from": apiserver, "ports": [{"protocol": "TCP", "port": 9443}]}
+    assert "from" not in others  # every other port, from anywhere: health, metrics
+    tcp = [(p["port"], p["endPort"]) for p in others["ports"] if p["protocol"] == "TCP"]
+    assert tcp == [(1, 9442), (9444, 65535)]
