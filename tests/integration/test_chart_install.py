@@ -301,7 +301,16 @@ def test_namespaced_mode_confines_the_operator_to_its_namespaces(
     kube: Kube, release: Release, other_namespace: str, sa_kubeconfig: Any, tmp_path: Path
 ) -> None:
     jobs_ns = other_namespace
-    release.install({"rbac": {"mode": "namespaced", "namespaces": [jobs_ns]}})
+    release.install(
+        {
+            "rbac": {"mode": "namespaced", "namespaces": [jobs_ns]},
+            # Installs on a real API server (nothing enforces it here: no network plugin).
+            "webhook": {
+                "networkPolicy": {"enabled": True, "from": [{"ipBlock": {"cidr": "127.0.0.0/8"}}]}
+            },
+        }
+    )
+    assert kube.get("networkpolicy", f"{SA}-webhook") is not None
     operator_pod(release)
     run_job_to_success(kube, jobs_ns, release)
     token = sa_kubeconfig(kube.namespace, SA)
