@@ -284,20 +284,10 @@ def build() -> dict[str, Any]:
                 w=6,
                 h=8,
             ),
-            Panel(
+            _top_jobs(
                 "Jobs losing the most GPU-hours",
                 "The ten jobs with the most GPU-hours that made no kept step.",
-                [
-                    t(
-                        f"topk(10, sum by (namespace, job_name) ({_per_job(lost)})) / 3600",
-                        "{{namespace}}/{{job_name}}",
-                        instant=True,
-                    )
-                ],
-                kind="bargauge",
-                unit="suffix: GPU-h",
-                w=6,
-                h=8,
+                lost,
             ),
             Panel(
                 "Lost GPU-hours by namespace",
@@ -314,22 +304,12 @@ def build() -> dict[str, Any]:
                 w=6,
                 h=8,
             ),
-            Panel(
+            _top_jobs(
                 "Unobserved GPU-hours",
                 "GPU-hours of jobs whose steps the operator cannot see (monitoring off, a "
                 "trainer without the library, a blocked metrics port): neither productive nor "
                 "lost, and left out of the fleet goodput.",
-                [
-                    t(
-                        f"topk(10, sum by (namespace, job_name) ({_per_job(unobserved)})) / 3600",
-                        "{{namespace}}/{{job_name}}",
-                        instant=True,
-                    )
-                ],
-                kind="bargauge",
-                unit="suffix: GPU-h",
-                w=6,
-                h=8,
+                unobserved,
             ),
         ],
     )
@@ -344,4 +324,23 @@ def build() -> dict[str, Any]:
             datasource_var(),
             query_var("namespace", "Namespace", f"label_values({ph}, namespace)", multi=True),
         ],
+    )
+
+
+def _top_jobs(title: str, description: str, gpu_seconds: str) -> Panel:
+    """The ten jobs with the most GPU-hours of a per-job GPU-seconds series, as bars."""
+    return Panel(
+        title,
+        description,
+        [
+            t(
+                f"topk(10, sum by (namespace, job_name) ({_per_job(gpu_seconds)})) / 3600",
+                "{{namespace}}/{{job_name}}",
+                instant=True,
+            )
+        ],
+        kind="bargauge",
+        unit="suffix: GPU-h",
+        w=6,
+        h=8,
     )
