@@ -123,7 +123,9 @@ def operator_pod(release: Release) -> dict[str, Any]:
     return pod
 
 
-def review(pod_ip: str, ca: bytes, server_name: str, job: dict[str, Any]) -> dict[str, Any]:
+def review(
+    pod_ip: str, ca: bytes, server_name: str, job: dict[str, Any], namespace: str | None = None
+) -> dict[str, Any]:
     """POST an AdmissionReview of ``job`` to the operator pod's webhook port, as the API
     server would: TLS verified against the chart's CA for the Service's DNS name.
 
@@ -144,7 +146,7 @@ def review(pod_ip: str, ca: bytes, server_name: str, job: dict[str, Any]) -> dic
                 "resource": "gputrainingjobs",
             },
             "operation": "CREATE",
-            "namespace": meta["namespace"],
+            "namespace": namespace or meta["namespace"],
             "name": meta["name"],
             "userInfo": {"username": "test"},
             "object": job,
@@ -168,6 +170,35 @@ def review(pod_ip: str, ca: bytes, server_name: str, job: dict[str, Any]) -> dic
     status, _, rest = b"".join(chunks).partition(b"\r\n")
     assert b" 200 " in status, status
     return dict(json.loads(rest.partition(b"\r\n\r\n")[2])["response"])
+
+
+def webhook_ca(kube: Kube) -> bytes:
+    (config,) = [
+        c
+        for c in kube.list("validatingwebhookconfigurations")
+        if c["metadata"]["name"] == f"{SA}-{kube.namespace}"
+    ]
+    return base64.b64decode(config["webhooks"][0]["clientConfig"]["caBundle"])
+
+
+def check_reviews_outside_its_namespaces_get_no_dry_run(
+    kube: Kube, pod: dict[str, Any], jobs_ns: str
+) -> None:
+    """Anyone who can reach the webhook port can send a review: the operator dry-runs only
+    what the API server could have sent (the bad PVC would be denied by a dry run)."""
+    job = yaml.safe_load(BAD_PVC.read_text())
+    server = f"{SA}-webhook.{kube.namespace}.svc"
+    for object_ns, request_ns, why in (
+        ("kube-system", "kube-system", "a namespace this operator does not watch"),
+        ("kube-system", jobs_ns, "the job's namespace is not the review's"),
+    ):
+        job["metadata"]["namespace"] = object_ns
+        answer = review(pod["status"]["podIP"], webhook_ca(kube), server, job, request_ns)
+        assert answer["allowed"] is True, answer
+        assert answer["warnings"] == [f"gpujob did not check this request: {why}"], answer
+    job["metadata"]["namespace"] = jobs_ns
+    answer = review(pod["status"]["podIP"], webhook_ca(kube), server, job)
+    assert answer["allowed"] is False, answer  # its own namespace: dry-run, refused
 
 
 def check_the_charts_webhook(kube: Kube, release: Release, pod: dict[str, Any], ns: str) -> None:
@@ -311,7 +342,7 @@ def test_namespaced_mode_confines_the_operator_to_its_namespaces(
         }
     )
     assert kube.get("networkpolicy", f"{SA}-webhook") is not None
-    operator_pod(release)
+    check_reviews_outside_its_namespaces_get_no_dry_run(kube, operator_pod(release), jobs_ns)
     run_job_to_success(kube, jobs_ns, release)
     token = sa_kubeconfig(kube.namespace, SA)
     inside = as_sa(kube, token, jobs_ns)
