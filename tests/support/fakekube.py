@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 from kubernetes.client.rest import ApiException
 
-from gpujob_operator.api.children import controller_uid, holder, owner_uids
+from gpujob_operator.api.children import controller_uid
 from gpujob_operator.runtime.kube import NameTaken
 
 
@@ -228,8 +228,9 @@ class FakeKube:
         self.calls.append(f"put-configmap {_name(body)}")
         self._refused("put_configmap")
         held = self.configmaps.get(_name(body))
-        if held is not None and controller_uid(body) not in owner_uids(held):
-            raise NameTaken("ConfigMap", _name(body), holder(held))  # as the real one
+        first_owner = ((held or {}).get("metadata", {}).get("ownerReferences") or [{}])[0]
+        if held is not None and first_owner.get("uid") != controller_uid(body):
+            raise NameTaken("ConfigMap", _name(body))  # as the real one
         self.configmaps[_name(body)] = copy.deepcopy(body)
 
     # -- gang admission objects ---------------------------------------------------------------

@@ -71,19 +71,6 @@ def controller_uid(obj: Mapping[str, Any]) -> str | None:
     return None
 
 
-def owner_uids(obj: Mapping[str, Any]) -> set[str]:
-    """The UIDs of every ownerReference of the object (controller or not)."""
-    refs = (obj.get("metadata") or {}).get("ownerReferences") or ()
-    return {str(r["uid"]) for r in refs if isinstance(r, Mapping) and r.get("uid")}
-
-
-def holder(obj: Mapping[str, Any]) -> str:
-    """Who an object belongs to, in words (its owners' kind/name, or "no owner")."""
-    refs = (obj.get("metadata") or {}).get("ownerReferences") or ()
-    named = [f"{r.get('kind')}/{r.get('name')}" for r in refs if isinstance(r, Mapping)]
-    return ", ".join(named[:3]) if named else "no owner"
-
-
 def uid_of(obj: Mapping[str, Any]) -> str:
     """An object's own UID ("" when the body carries none)."""
     return str((obj.get("metadata") or {}).get("uid") or "")

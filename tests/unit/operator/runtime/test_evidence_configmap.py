@@ -30,7 +30,8 @@ JOB: dict[str, Any] = {
 
 
 class FakeCore:
-    """CoreV1Api's ConfigMap calls: one ConfigMap already stored under the name."""
+    """CoreV1Api's ConfigMap calls: one ConfigMap already stored under the name; a JSON
+    patch is applied as the API server applies it (a failed ``test`` is a 422)."""
 
     def __init__(self, stored: dict[str, Any]) -> None:
         self.api_client = client.ApiClient()
@@ -40,11 +41,18 @@ class FakeCore:
     def create_namespaced_config_map(self, namespace: str, body: Any, **_: Any) -> None:
         raise ApiException(status=409, reason="Conflict")
 
-    def read_namespaced_config_map(self, name: str, namespace: str, **_: Any) -> Any:
-        return self.api_client._ApiClient__deserialize(self.stored, "V1ConfigMap")  # type: ignore[attr-defined]
-
     def patch_namespaced_config_map(self, name: str, namespace: str, body: Any, **_: Any) -> None:
         self.patches.append(body)
+        for op in body:
+            if op["op"] == "test":
+                refs = self.stored["metadata"].get("ownerReferences") or [{}]
+                if (
+                    op["path"] != "/metadata/ownerReferences/0/uid"
+                    or refs[0].get("uid") != op["value"]
+                ):
+                    raise ApiException(status=422, reason="Unprocessable Entity")
+            elif op["op"] == "replace" and op["path"] == "/data":
+                self.stored["data"] = op["value"]
 
 
 def stored(owner_uid: str | None) -> dict[str, Any]:
@@ -69,19 +77,19 @@ def test_a_configmap_of_the_name_that_is_not_the_jobs_is_not_overwritten(
     body = hang_configmap(JOB, 0, {"summary": "ours"})
     with pytest.raises(NameTaken) as err:
         asyncio.run(kube_with(core).put_configmap("ml", body))
-    assert core.patches == [], "nothing was written"
+    assert core.stored["data"] == {"theirs": "1"}, "nothing was written"
     assert "bert-hang-0" in str(err.value)
 
 
-def test_the_jobs_own_configmap_is_replaced_only_at_the_version_read() -> None:
-    """Its own (an earlier capture of the same attempt): replaced, on condition that it is
-    still the object read (one deleted and re-created meanwhile is not overwritten)."""
+def test_the_jobs_own_configmap_is_replaced_on_condition_that_the_job_owns_it() -> None:
+    """Its own (an earlier capture of the same attempt): replaced, checked by the API server
+    (the operator may not read ConfigMaps: the patch tests the owner itself)."""
     core = FakeCore(stored("job-uid"))
     body = hang_configmap(JOB, 0, {"summary": "ours"})
     asyncio.run(kube_with(core).put_configmap("ml", body))
     (patch,) = core.patches
-    assert patch[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "42"}
-    assert patch[1] == {"op": "replace", "path": "/data", "value": {"summary": "ours"}}
+    assert patch[0] == {"op": "test", "path": "/metadata/ownerReferences/0/uid", "value": "job-uid"}
+    assert core.stored["data"] == {"summary": "ours"}
 
 
 class NoAnswers:
@@ -106,6 +114,5 @@ def test_a_taken_name_leaves_the_evidence_unstored_with_a_note_saying_why() -> N
     )
     assert record["configMap"] is None
     assert f"ConfigMap {name} exists and is not this job's" in record["note"]
-    assert "Pod/x" in record["note"], "names who holds it"
     assert kube.configmaps[name]["data"] == {"theirs": "1"}
     assert len(record["note"]) <= 1024
