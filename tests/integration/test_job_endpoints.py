@@ -61,19 +61,19 @@ def test_the_operator_guards_a_jobs_endpoints_before_its_ranks_run(
     assert job is not None
     uid = job["metadata"]["uid"]
 
-    policy = kube.get("networkpolicy", "guarded-endpoints")
+    policy = kube.get("networkpolicy", endpoints.network_policy_name(job))
     assert policy is not None, "no NetworkPolicy for the job"
     assert [r["uid"] for r in policy["metadata"]["ownerReferences"]] == [uid]
     # As built, accepted as is by the API server (the metrics block is a port range).
     built = endpoints.build_network_policy(
-        job, endpoints.PolicySettings(metrics_from=(OPERATOR_PEER,))
+        job, endpoints.PolicySettings(metrics_from=(OPERATOR_PEER,), other_ports_open=True)
     )
     assert policy["spec"] == built["spec"]
     assert {"protocol": "TCP", "port": 9400, "endPort": 9401} in policy["spec"]["ingress"][1][
         "ports"
     ]
 
-    secret = kube.get("secret", "guarded-endpoint-token")
+    secret = kube.get("secret", endpoints.token_secret_name(job))
     assert secret is not None, "no token Secret for the job"
     assert [r["uid"] for r in secret["metadata"]["ownerReferences"]] == [uid]
     token = base64.b64decode(secret["data"]["token"]).decode()

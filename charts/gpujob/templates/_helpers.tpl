@@ -95,7 +95,7 @@ ConfigMaps, no pods/exec; only the verbs kopf and the reconciler use.
   resources: ["events"]
   verbs: ["create", "patch"]
 {{- if .Values.jobEndpoints.networkPolicy.enabled }}
-# Each job's NetworkPolicy <job>-endpoints (owned by the job, gone with it): created only.
+# Each job's NetworkPolicy <job>-endpoints-<uid8> (owned by the job, gone with it): created only.
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["create"]

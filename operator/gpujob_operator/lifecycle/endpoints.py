@@ -49,18 +49,29 @@ class PolicySettings:
     metrics_from: tuple[Mapping[str, Any], ...]
     """NetworkPolicyPeers that may reach the metrics ports: the operator's pods (the chart
     puts them first) and the Prometheus that scrapes the PodMonitor."""
-    other_ports_open: bool = True
-    """Every other port stays reachable from anywhere, as without the policy. False where a
-    namespace's default-deny policy must keep them closed: policies add up, so an allow here
-    would reopen what that one denies."""
+    other_ports_open: bool = False
+    """Every other port stays reachable from anywhere, as without the policy. False (the
+    default): only the job's own pods reach them; policies add up, so an allow here would
+    reopen what a namespace's default-deny policy closes, for any pod with the job's label."""
 
 
-def network_policy_name(job_name: str) -> str:
-    return f"{job_name}-endpoints"
+def network_policy_name(job: Mapping[str, Any]) -> str:
+    """``<job>-endpoints-<uid8>``: the job's UID in the name, so a job re-created under the
+    same name before the old one's children are collected never keeps (and then loses to
+    the garbage collector) the old one's policy, and nobody's object of the plain name is
+    taken for the job's."""
+    return f"{job_meta(job)[0]}-endpoints{_uid_suffix(job)}"
 
 
-def token_secret_name(job_name: str) -> str:
-    return f"{job_name}-endpoint-token"
+def token_secret_name(job: Mapping[str, Any]) -> str:
+    """``<job>-endpoint-token-<uid8>``: a new job of the same name reads its own token
+    (derived from its UID), never the old job's, nor a Secret a user named so."""
+    return f"{job_meta(job)[0]}-endpoint-token{_uid_suffix(job)}"
+
+
+def _uid_suffix(job: Mapping[str, Any]) -> str:
+    uid = job_meta(job)[2]
+    return f"-{uid[:8]}" if uid else ""
 
 
 def _metrics_range(first: int, last: int) -> dict[str, Any]:
@@ -111,7 +122,7 @@ def build_network_policy(
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": {
-            "name": network_policy_name(name),
+            "name": network_policy_name(job),
             "namespace": namespace,
             "labels": {**selector_labels(name), LABEL_MANAGED_BY: MANAGED_BY},
             "ownerReferences": [owner_reference(job)],
@@ -140,7 +151,7 @@ def build_token_secret(job: Mapping[str, Any], token: str) -> dict[str, Any]:
         "kind": "Secret",
         "type": "Opaque",
         "metadata": {
-            "name": token_secret_name(name),
+            "name": token_secret_name(job),
             "namespace": namespace,
             "labels": {**selector_labels(name), LABEL_MANAGED_BY: MANAGED_BY},
             "ownerReferences": [owner_reference(job)],
@@ -149,7 +160,9 @@ def build_token_secret(job: Mapping[str, Any], token: str) -> dict[str, Any]:
     }
 
 
-def with_token_env(pods: Sequence[Mapping[str, Any]], job_name: str) -> list[dict[str, Any]]:
+def with_token_env(
+    pods: Sequence[Mapping[str, Any]], job: Mapping[str, Any]
+) -> list[dict[str, Any]]:
     """The same pods, their trainer container reading ``GPUJOB_ENDPOINT_TOKEN`` from the
     job's Secret (not optional: a pod must not start with its evidence open)."""
     out: list[dict[str, Any]] = []
@@ -157,7 +170,7 @@ def with_token_env(pods: Sequence[Mapping[str, Any]], job_name: str) -> list[dic
         pod = copy.deepcopy(dict(original))
         for container in pod["spec"]["containers"]:
             if container.get("name") == CONTAINER_NAME:
-                ref = {"name": token_secret_name(job_name), "key": TOKEN_KEY}
+                ref = {"name": token_secret_name(job), "key": TOKEN_KEY}
                 env = [e for e in container.get("env") or () if e.get("name") != ENV_ENDPOINT_TOKEN]
                 env.append({"name": ENV_ENDPOINT_TOKEN, "valueFrom": {"secretKeyRef": ref}})
                 container["env"] = env

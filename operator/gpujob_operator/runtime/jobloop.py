@@ -349,26 +349,28 @@ class JobLoop:
         if plan.create_service is not None or plan.ensure_objects or plan.create_pods:
             self.tried = True
         pods = plan.create_pods
-        if pods and self.token_key is not None:
-            pods = endpoints.with_token_env(pods, name)
         body = job if job is not None else self.body
+        if pods and self.token_key is not None:
+            pods = endpoints.with_token_env(pods, body)
         target = f"service {name}"
         kind = "service"
         try:
             # The endpoints' guards before any pod: a pod must never run with its endpoints
             # open, nor wait for its token's Secret. Again before each gang (409: kept), so a
             # job from before they were turned on gets them too.
+            kind = refusals.ENDPOINT_GUARD
             if self.network_policy is not None and (plan.create_service is not None or pods):
                 self.call = "create_network_policy"
-                target = f"networkpolicy {endpoints.network_policy_name(name)}"
+                target = f"networkpolicy {endpoints.network_policy_name(body)}"
                 policy = endpoints.build_network_policy(body, self.network_policy)
                 await self.kube.create_network_policy(ns, policy)
             if self.token_key is not None and (plan.create_service is not None or pods):
                 self.call = "create_secret"
-                target = f"secret {endpoints.token_secret_name(name)}"
+                target = f"secret {endpoints.token_secret_name(body)}"
                 token = endpoints.endpoint_token(self.token_key, body)
                 await self.kube.create_secret(ns, endpoints.build_token_secret(body, token))
             target = f"service {name}"
+            kind = "service"
             if plan.create_service is not None:
                 self.call = "create_service"
                 await self.kube.create_service(ns, plan.create_service)

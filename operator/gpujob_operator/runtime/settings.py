@@ -320,7 +320,7 @@ def _network_policy(raw: str) -> PolicySettings | None:
     except ValueError:
         doc = None
     peers_ = doc.get("metricsFrom", []) if isinstance(doc, dict) else None
-    open_ = doc.get("otherPortsOpen", True) if isinstance(doc, dict) else None
+    open_ = doc.get("otherPortsOpen", False) if isinstance(doc, dict) else None
     if (
         not isinstance(peers_, list)
         or not all(isinstance(p, dict) and p for p in peers_)

@@ -48,62 +48,125 @@ MAX_CONCURRENT_DRY_RUNS: Final = 4
 """Dry runs in flight at once, in the webhook's own threads: a burst of applies against a
 slow API server queues here (and is admitted with a warning past the budget) instead of
 taking the threads the job loops' API calls run in."""
+PER_SOURCE_DRY_RUNS: Final = MAX_CONCURRENT_DRY_RUNS // 2
+"""Dry runs one client address may hold at once: a caller that floods the port (a pod that
+can reach it) leaves half the slots to every other address, the API server's included.
+Its further reviews wait for its own slots within the same deadline as any review."""
+MAX_REVIEWS_IN_FLIGHT: Final = 16
+"""Reviews being read, decoded or judged at once, from every client; past it a review is
+answered at once, unchecked. With :data:`admissionreview.MAX_REVIEW_BYTES` each, the bodies
+held stay under 80 MiB."""
+PARSE_OFF_LOOP_BYTES: Final = 64 * 1024
+"""A review larger than this is decoded in the webhook's parser thread, not on the event
+loop (the job loops share it)."""
+
+
+class SourceSlots:
+    """A semaphore per client address, created on first use and dropped when idle."""
+
+    def __init__(self, per_source: int) -> None:
+        self.per_source = per_source
+        self.slots: dict[str, asyncio.Semaphore] = {}
+        self.users: dict[str, int] = {}
+
+    async def acquire(self, source: str, timeout: float) -> bool:
+        """Take one of ``source``'s slots within ``timeout``; False when none came free."""
+        slot = self.slots.setdefault(source, asyncio.Semaphore(self.per_source))
+        self.users[source] = self.users.get(source, 0) + 1
+        try:
+            await asyncio.wait_for(slot.acquire(), timeout)
+            return True
+        except BaseException as e:  # a timeout, or the review cancelled: nothing held
+            self._leave(source)
+            if isinstance(e, TimeoutError):
+                return False
+            raise
+
+    def release(self, source: str) -> None:
+        self.slots[source].release()
+        self._leave(source)
+
+    def _leave(self, source: str) -> None:
+        self.users[source] -= 1
+        if not self.users[source]:
+            del self.users[source], self.slots[source]
 
 
 class Reviewer:
-    """Reviews admission requests; at most :data:`MAX_CONCURRENT_DRY_RUNS` dry runs at once."""
+    """Reviews admission requests; at most :data:`MAX_CONCURRENT_DRY_RUNS` dry runs at once,
+    :data:`PER_SOURCE_DRY_RUNS` of them for one client address."""
 
     def __init__(self, kube: Callable[[], Kube], timeout: float = podreview.DRY_RUN_TIMEOUT):
         self.kube = kube
         self.timeout = timeout
         self.slots = asyncio.Semaphore(MAX_CONCURRENT_DRY_RUNS)
+        self.sources = SourceSlots(PER_SOURCE_DRY_RUNS)
         self.executor = concurrent.futures.ThreadPoolExecutor(
             MAX_CONCURRENT_DRY_RUNS, thread_name_prefix="gpujob-webhook"
         )
+        self.parser = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="gpujob-webhook-parse"
+        )
+        """One thread decodes large reviews and builds their pods, one at a time: the peak
+        memory of a decode is bounded by one body, and the event loop stays free."""
 
     async def review(
-        self, job: Mapping[str, Any], old: Mapping[str, Any] | None = None
+        self, job: Mapping[str, Any], old: Mapping[str, Any] | None = None, source: str = ""
     ) -> podreview.Verdict:
         """The verdict on a job as submitted (its raw object, CRD defaults applied); on an
         update (``old``), pods the change leaves as they were are not judged again: a
         namespace's policy tightened since would otherwise block a suspend or a TTL edit."""
-        pods = _pods(job)
-        if pods is None:
+        loop = asyncio.get_running_loop()
+        pods, unchanged = await loop.run_in_executor(self.parser, _pods_and_unchanged, job, old)
+        if pods is None or unchanged:
             return podreview.ALLOW  # the CRD's own checks answer for the spec's fields
-        if old is not None and _pods(old) == pods:
-            return podreview.ALLOW
         raw_spec = job["spec"]
         namespace = str((job.get("metadata") or {}).get("namespace") or "default")
-        verdicts = await asyncio.gather(*(self._dry_run(namespace, p, raw_spec) for p in pods))
+        verdicts = await asyncio.gather(
+            *(self._dry_run(namespace, p, raw_spec, source) for p in pods)
+        )
         return podreview.merge(verdicts)
 
     async def _dry_run(
-        self, namespace: str, pod: dict[str, Any], raw_spec: Mapping[str, Any]
+        self, namespace: str, pod: dict[str, Any], raw_spec: Mapping[str, Any], source: str
     ) -> podreview.Verdict:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
+        busy = refusals.Refusal(
+            c.API_UNREACHABLE, False, f"too many reviews in flight for {self.timeout:g}s"
+        )
+        if not await self.sources.acquire(source, self.timeout):
+            return podreview.judge(busy, {}, raw_spec, pod)
         try:
-            await asyncio.wait_for(self.slots.acquire(), self.timeout)
-        except TimeoutError:
-            refusal = refusals.Refusal(
-                c.API_UNREACHABLE, False, f"too many reviews in flight for {self.timeout:g}s"
-            )
-            return podreview.judge(refusal, {}, raw_spec, pod)
-        try:
-            left = max(deadline - loop.time(), 0.1)
-            await self.kube().dry_run_pod(namespace, pod, left, self.executor)
-            return podreview.ALLOW
-        except TimeoutError:
-            refusal = refusals.Refusal(
-                c.API_UNREACHABLE, False, f"no answer to the dry run in {self.timeout:g}s"
-            )
-            return podreview.judge(refusal, {}, raw_spec, pod)
-        except Exception as e:  # classified: a refusal, no answer, or a bug (warned)
-            refusal = refusals.classify_exception(e)
-            body = getattr(e, "body", None) if isinstance(e, ApiException) else None
-            return podreview.judge(refusal, refusals.status_body(body), raw_spec, pod)
+            try:
+                await asyncio.wait_for(self.slots.acquire(), max(deadline - loop.time(), 0.01))
+            except TimeoutError:
+                return podreview.judge(busy, {}, raw_spec, pod)
+            try:
+                left = max(deadline - loop.time(), 0.1)
+                await self.kube().dry_run_pod(namespace, pod, left, self.executor)
+                return podreview.ALLOW
+            except TimeoutError:
+                refusal = refusals.Refusal(
+                    c.API_UNREACHABLE, False, f"no answer to the dry run in {self.timeout:g}s"
+                )
+                return podreview.judge(refusal, {}, raw_spec, pod)
+            except Exception as e:  # classified: a refusal, no answer, or a bug (warned)
+                refusal = refusals.classify_exception(e)
+                body = getattr(e, "body", None) if isinstance(e, ApiException) else None
+                return podreview.judge(refusal, refusals.status_body(body), raw_spec, pod)
+            finally:
+                self.slots.release()
         finally:
-            self.slots.release()
+            self.sources.release(source)
+
+
+def _pods_and_unchanged(
+    job: Mapping[str, Any], old: Mapping[str, Any] | None
+) -> tuple[list[dict[str, Any]] | None, bool]:
+    """The job's dry-run pods, and whether an update left them as they were."""
+    pods = _pods(job)
+    return pods, pods is not None and old is not None and _pods(old) == pods
 
 
 def _pods(job: Mapping[str, Any]) -> list[dict[str, Any]] | None:
@@ -116,17 +179,6 @@ def _pods(job: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     except ValidationError:
         return None
     return podreview.review_pods(job, spec)
-
-
-PER_SOURCE_REVIEWS: Final = MAX_CONCURRENT_DRY_RUNS - 1
-"""Reviews one client address may have in flight: one caller that floods the port (a pod
-that can reach it) always leaves a dry-run slot to the API server; over it, a review is
-answered at once, allowed and unchecked, with a warning."""
-MAX_REVIEWS_IN_FLIGHT: Final = 32
-"""Reviews being read or judged at once, from every client: with :data:`admissionreview.
-MAX_REVIEW_BYTES` each, this bounds the webhook's memory."""
-PARSE_OFF_LOOP_BYTES: Final = 256 * 1024
-"""A review larger than this is decoded in a worker thread, not on the event loop."""
 
 
 def install(settings: Settings, namespaces: list[str], kube: Callable[[], Kube]) -> None:
@@ -150,26 +202,37 @@ def install(settings: Settings, namespaces: list[str], kube: Callable[[], Kube])
             await asyncio.to_thread(unregister, kube(), own.webhook_register)
 
 
-async def answer(reviewer: Reviewer, review: Any, namespaces: Sequence[str]) -> dict[str, Any]:
+async def answer(
+    reviewer: Reviewer, review: Any, namespaces: Sequence[str], source: str = ""
+) -> dict[str, Any]:
     """The reply to one parsed review: a dry run of the job's pods where the API server
-    could have sent it, else an immediate, unchecked admission."""
-    screened = admissionreview.screen(review, namespaces)
-    if isinstance(screened, admissionreview.Skipped):
-        log.info("admission review %r answered unchecked: %s", screened.uid, screened.why)
-        return admissionreview.response(
-            screened.uid, True, warnings=[f"gpujob did not check this request: {screened.why}"]
-        )
-    job, old = dict(screened.job), screened.old
-    if old is not None and old.get("spec") == job.get("spec"):
-        return admissionreview.response(screened.uid, True)  # the matchCondition skips these
+    could have sent it, else an immediate, unchecked admission. Never raises: a review is
+    untrusted input, and whatever it holds is answered."""
     try:
-        verdict = await reviewer.review(job, dict(old) if old is not None else None)
+        screened = admissionreview.screen(review, namespaces)
+        if isinstance(screened, admissionreview.Skipped):
+            log.info("admission review %r answered unchecked: %s", screened.uid, screened.why)
+            return admissionreview.response(
+                screened.uid,
+                True,
+                warnings=[f"gpujob did not check this request: {screened.why}"],
+            )
+        job, old = dict(screened.job), screened.old
+        if old is not None and old.get("spec") == job.get("spec"):
+            return admissionreview.response(screened.uid, True)  # the matchCondition skips these
+    except Exception as e:  # RecursionError on a crafted nesting, or a bug
+        log.warning("admission review answered unchecked: %s", type(e).__name__)
+        return admissionreview.response(
+            "", True, warnings=["gpujob did not check this request: it could not be read"]
+        )
+    try:
+        verdict = await reviewer.review(job, old, source)
     except Exception as e:
         log.exception("admission review of %s failed; admitted", _name(job))
         return admissionreview.response(
             screened.uid,
             True,
-            warnings=[f"the job's pods could not be checked ({type(e).__name__}: {e})"],
+            warnings=[f"the job's pods could not be checked ({type(e).__name__})"],
         )
     return admissionreview.response(
         screened.uid, verdict.allowed, verdict.message, verdict.code, verdict.warnings
@@ -199,14 +262,13 @@ def server(
 
 class GuardedServer(kopf.WebhookServer):
     """kopf's HTTPS server (certificates, their renewal), answering reviews itself: bounded
-    in bytes, in reviews in flight overall and per client address, and dry-running only
+    in bytes, in reviews in flight, in dry runs per client address, and dry-running only
     what the API server could have sent (:func:`admissionreview.screen`)."""
 
     def __init__(self, reviewer: Reviewer, namespaces: Sequence[str], **options: Any) -> None:
         super().__init__(**options)
         self.reviewer = reviewer
         self.namespaces = list(namespaces)
-        self.per_source: dict[str, int] = {}
         self.in_flight = 0
 
     async def _serve(  # type: ignore[override]
@@ -214,10 +276,7 @@ class GuardedServer(kopf.WebhookServer):
     ) -> aiohttp.web.Response:
         """One review; ``fn`` (kopf's admission engine) is never called."""
         source = request.remote or ""
-        if (
-            self.in_flight >= MAX_REVIEWS_IN_FLIGHT
-            or self.per_source.get(source, 0) >= PER_SOURCE_REVIEWS
-        ):
+        if self.in_flight >= MAX_REVIEWS_IN_FLIGHT:
             prefix = await request.content.read(admissionreview.UID_SCAN_BYTES)
             log.warning("admission review from %s answered unchecked: too many in flight", source)
             return aiohttp.web.json_response(
@@ -228,29 +287,27 @@ class GuardedServer(kopf.WebhookServer):
                 )
             )
         self.in_flight += 1
-        self.per_source[source] = self.per_source.get(source, 0) + 1
         try:
-            return aiohttp.web.json_response(await self._answer(request))
+            return aiohttp.web.json_response(await self._answer(request, source))
         finally:
             self.in_flight -= 1
-            left = self.per_source.pop(source) - 1
-            if left:
-                self.per_source[source] = left
 
-    async def _answer(self, request: aiohttp.web.Request) -> dict[str, Any]:
+    async def _answer(self, request: aiohttp.web.Request, source: str) -> dict[str, Any]:
         raw = await read_bounded(request.content, admissionreview.MAX_REVIEW_BYTES)
         if len(raw) > admissionreview.MAX_REVIEW_BYTES:
             uid = admissionreview.uid_of_prefix(raw[: admissionreview.UID_SCAN_BYTES])
-            log.warning("admission review %r refused: over %d bytes", uid, len(raw) - 1)
-            return admissionreview.too_large(uid, len(raw) - 1)
+            log.warning("admission review %r refused: over the bound", uid)
+            return admissionreview.too_large(uid)
         try:
             if len(raw) > PARSE_OFF_LOOP_BYTES:
-                review = await asyncio.to_thread(json.loads, raw)
+                loop = asyncio.get_running_loop()
+                review = await loop.run_in_executor(self.reviewer.parser, json.loads, raw)
             else:
                 review = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
             review = None
-        return await answer(self.reviewer, review, self.namespaces)
+        del raw
+        return await answer(self.reviewer, review, self.namespaces, source)
 
 
 async def read_bounded(stream: aiohttp.StreamReader, limit: int) -> bytes:

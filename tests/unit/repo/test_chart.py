@@ -536,7 +536,7 @@ def test_every_job_gets_a_network_policy_that_lets_the_operator_in_by_default() 
     assert ("", "secrets") not in rules(role)  # no token by default
     # What the chart sets is what the operator reads: its own pods, by namespace and labels.
     setting = from_env(env(objs)).job_network_policy
-    assert setting is not None and setting.other_ports_open
+    assert setting is not None and not setting.other_ports_open  # closed unless opened
     (operator_peer,) = setting.metrics_from
     pod_labels = deployment(objs)["spec"]["template"]["metadata"]["labels"]
     assert operator_peer == {

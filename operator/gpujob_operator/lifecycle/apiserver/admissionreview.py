@@ -6,8 +6,12 @@ reviews are worth a dry run, and the API server always sends a review of a GPUTr
 for a CREATE or an UPDATE, in the namespace of the object it carries, in a namespace this
 operator watches (the webhook configuration's namespaceSelector says so). Anything else is
 answered at once, allowed (the webhook never denies for a reason of its own) with a fixed
-warning, and no dry run: a crafted review for ``kube-system`` learns nothing about that
-namespace's service accounts, PodSecurity level or quota, and costs one JSON parse.
+warning, and no dry run: where the operator watches some namespaces (``rbac.mode:
+namespaced``), a crafted review for ``kube-system`` learns nothing about that namespace's
+service accounts, PodSecurity level or quota, and costs one JSON parse. An operator that
+watches the whole cluster cannot tell a crafted review for a namespace from the API
+server's, as nothing authenticates the caller: there, only a NetworkPolicy on the webhook
+port (the chart's ``webhook.networkPolicy``) keeps other pods from asking.
 
 Pure: plain data in and out; :mod:`gpujob_operator.runtime.webhook` does the HTTP.
 """
@@ -22,12 +26,12 @@ from typing import Any, Final
 
 from gpujob_operator import api
 
-MAX_REVIEW_BYTES: Final = 8 * 1024 * 1024
+MAX_REVIEW_BYTES: Final = 5 * 1024 * 1024
 """The largest review the webhook reads. The API server takes request bodies up to 3 MiB
 and etcd stores objects up to 1.5 MiB, so an UPDATE's review (the new object and the old,
-base64-free JSON) stays well under this; anything larger is not the API server's and is
-answered with an explicit denial, never by the HTTP layer's silent 413 (which
-``failurePolicy: Ignore`` would turn into an admission)."""
+in JSON) stays under 4.5 MiB; anything larger is not the API server's and is answered with
+an explicit denial, never by the HTTP layer's silent 413 (which ``failurePolicy: Ignore``
+would turn into an admission)."""
 UID_SCAN_BYTES: Final = 4096
 """How much of an oversized review is read to find its uid (the API server writes
 ``request.uid`` first), so the denial still names the request it answers."""
@@ -118,13 +122,12 @@ def response(
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": answer}
 
 
-def too_large(uid: str, size: int) -> dict[str, Any]:
+def too_large(uid: str) -> dict[str, Any]:
     """The explicit answer to a review over :data:`MAX_REVIEW_BYTES`: denied, with the bound."""
     return response(
         uid,
         False,
-        f"the admission review is {size / 2**20:.1f} MiB or more, above the "
-        f"{MAX_REVIEW_BYTES // 2**20} MiB the gpujob webhook reads: the job is larger than "
-        "any the API server stores",
+        f"the admission review is more than the {MAX_REVIEW_BYTES // 2**20} MiB the gpujob "
+        "webhook reads: larger than any review of a job the API server can store",
         code=413,
     )

@@ -32,6 +32,14 @@ from typing import Any, Final
 from gpujob_operator.api import conditions as c
 
 MESSAGE_MAX_CHARS: Final = 1024
+ENDPOINT_GUARD: Final = "endpoint guard"
+"""The ``kind`` of a job's NetworkPolicy or token Secret: the API server refusing one as
+invalid means the operator's settings are wrong (the chart's ``jobEndpoints`` values), which
+an administrator fixes while the job waits; never the job's own mistake."""
+GUARD_ADVICE: Final = (
+    "the operator's jobEndpoints settings (GPUJOB_JOB_NETWORK_POLICY) build a NetworkPolicy "
+    "the API server refuses: fix the chart's jobEndpoints values; the job waits and retries"
+)
 
 _LIMIT_RANGE: Final = re.compile(
     r"(maximum|minimum) \S+ usage per (Container|Pod) is|limit to request ratio per", re.I
@@ -145,6 +153,8 @@ def classify(
     if code >= 500:
         return out(c.API_SERVER_ERROR, False)
     if code == 422 or reason == "Invalid":
+        if kind == ENDPOINT_GUARD:  # built from the operator's settings, not from the job
+            return out(c.CREATE_REFUSED, False, advice=GUARD_ADVICE)
         return out(c.INVALID_POD_TEMPLATE if kind == "pod" else c.INVALID_OBJECT, True)
     if code == 403:
         if "violates PodSecurity" in message:

@@ -94,7 +94,7 @@ def job(procs: int = 1, **spec: Any) -> dict[str, Any]:
     }
 
 
-SETTINGS = PolicySettings(metrics_from=(OPERATOR, PROMETHEUS))
+SETTINGS = PolicySettings(metrics_from=(OPERATOR, PROMETHEUS), other_ports_open=True)
 
 
 def test_the_metrics_ports_admit_only_the_operator_prometheus_and_the_job_itself() -> None:
@@ -152,7 +152,9 @@ def test_closed_other_ports_keep_a_default_deny_namespace_closed() -> None:
 
 
 def test_no_metrics_peer_writes_no_rule_that_would_admit_everyone() -> None:
-    policy = endpoints.build_network_policy(job(), PolicySettings(metrics_from=()))
+    policy = endpoints.build_network_policy(
+        job(), PolicySettings(metrics_from=(), other_ports_open=True)
+    )
     assert not admits(policy, OPERATOR_POD, 9400) and not admits(policy, TENANT, 9400)
     assert admits(policy, TENANT, 29500)
 
@@ -166,18 +168,18 @@ def test_the_token_is_the_jobs_own_and_reaches_the_trainer_from_the_secret() -> 
     assert endpoints.endpoint_token(key, other) != token
     assert endpoints.endpoint_token(b"x" * 32, j) != token
     secret = endpoints.build_token_secret(j, token)
-    assert secret["metadata"]["name"] == "bert-endpoint-token"
+    assert secret["metadata"]["name"] == "bert-endpoint-token-u1"  # the job's UID: its own
     assert secret["metadata"]["ownerReferences"][0]["uid"] == "u1"
     assert secret["stringData"] == {"token": token}
 
     pods = [builders.build_pod(j, rank, 0) for rank in (0, 1)]
-    guarded = endpoints.with_token_env(pods, "bert")
+    guarded = endpoints.with_token_env(pods, j)
     for pod in guarded:
         env = [e for e in pod["spec"]["containers"][0]["env"] if e["name"] == ENV_ENDPOINT_TOKEN]
         assert env == [
             {
                 "name": ENV_ENDPOINT_TOKEN,
-                "valueFrom": {"secretKeyRef": {"name": "bert-endpoint-token", "key": "token"}},
+                "valueFrom": {"secretKeyRef": {"name": "bert-endpoint-token-u1", "key": "token"}},
             }
         ]
     assert all(e["name"] != ENV_ENDPOINT_TOKEN for e in pods[0]["spec"]["containers"][0]["env"]), (

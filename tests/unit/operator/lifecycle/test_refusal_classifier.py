@@ -176,3 +176,12 @@ def test_classify_exception_reads_the_real_client_exception() -> None:
     exc.body = status(422, "Invalid", 'Pod "x" is invalid: spec.volumes[0].name: Required value')
     r = refusals.classify_exception(exc)
     assert r.reason == c.INVALID_POD_TEMPLATE and "spec.volumes[0].name" in r.message
+
+
+def test_an_invalid_endpoint_guard_is_the_operators_settings_retried_not_the_jobs_failure() -> None:
+    from gpujob_operator.lifecycle.apiserver.refusals import ENDPOINT_GUARD, classify
+
+    message = 'NetworkPolicy.networking.k8s.io "j-endpoints-1" is invalid: spec.ingress[1].from[1].ipBlock.cidr: Invalid value: "10.0.0/8"'
+    r = classify(422, {"message": message, "reason": "Invalid"}, kind=ENDPOINT_GUARD)
+    assert not r.permanent and r.advice is not None and "jobEndpoints" in r.advice
+    assert classify(422, {"message": message, "reason": "Invalid"}, kind="service").permanent

@@ -132,19 +132,23 @@ def test_the_endpoint_guards_exist_before_any_pod_and_the_pods_read_the_token() 
     loop.body = sim.job
     assert not asyncio.run(loop._create("ml", "bert", plan, None, sim.job))
     creates = [c for c in kube.calls if c.startswith("create")]
+    policy_name = endpoints.network_policy_name(sim.job)
+    secret_name = endpoints.token_secret_name(sim.job)
+    uid8 = sim.job["metadata"]["uid"][:8]
+    assert (policy_name, secret_name) == (f"bert-endpoints-{uid8}", f"bert-endpoint-token-{uid8}")
     assert creates[:3] == [
-        "create-networkpolicy bert-endpoints",
-        "create-secret bert-endpoint-token",
+        f"create-networkpolicy {policy_name}",
+        f"create-secret {secret_name}",
         "create-service bert",
     ]
     assert creates[3:] == ["create bert-node-0", "create bert-node-1"]
-    secret = kube.created[("Secret", "bert-endpoint-token")]
+    secret = kube.created[("Secret", secret_name)]
     assert secret["stringData"]["token"] == endpoints.endpoint_token(b"k" * 32, sim.job)
-    assert kube.created[("NetworkPolicy", "bert-endpoints")]["spec"]["ingress"][1]["from"] == [peer]
+    assert kube.created[("NetworkPolicy", policy_name)]["spec"]["ingress"][1]["from"] == [peer]
     for pod in kube.pods.values():
         env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
         ref = env["GPUJOB_ENDPOINT_TOKEN"]["valueFrom"]["secretKeyRef"]
-        assert ref == {"name": "bert-endpoint-token", "key": "token"}
+        assert ref == {"name": secret_name, "key": "token"}
 
     # Neither configured: nothing more than before.
     kube = FakeKube()

@@ -74,9 +74,9 @@ def test_reviews_past_the_concurrency_bound_are_admitted_with_a_warning() -> Non
 
     async def burst() -> list[Any]:
         reviewer = Reviewer(lambda: kube, 0.2)  # type: ignore[arg-type]
-        return await asyncio.gather(*(reviewer.review(JOB) for _ in range(4)))
+        return await asyncio.gather(*(reviewer.review(JOB, source=f"s{i % 2}") for i in range(4)))
 
     verdicts = asyncio.run(burst())
     assert all(v.allowed for v in verdicts)
-    assert len(kube.dry_runs) == 4, "4 slots: the other dry runs never started"
+    assert len(kube.dry_runs) == 4, "4 slots, 2 per address: the other dry runs never started"
     assert any("too many reviews in flight" in " ".join(v.warnings) for v in verdicts)
