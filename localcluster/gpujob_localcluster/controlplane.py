@@ -40,6 +40,10 @@ from gpujob_localcluster.tools import bin_dir
 log = logging.getLogger("gpujob.localcluster")
 
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
+WEBHOOK_CLIENT_CN = "kube-apiserver-webhook-client"
+"""The subject of the client certificate the API server presents to admission webhooks
+(signed by the cluster's CA, ``pki/ca.crt``): a webhook that requires it answers only the
+API server."""
 STATE_FILE = "state.json"
 # What a previous run leaves behind; certificates are kept (a fresh CA is not needed).
 STALE_PARTS = ("etcd", "agent", "apiserver-certs", "logs")
@@ -219,6 +223,48 @@ class ControlPlane:
         log.info("control plane ready in %.1fs at %s", time.monotonic() - started, self.server)
         return self
 
+    def _webhook_client_config(self, pki: Pki) -> Path:
+        """An AdmissionConfiguration giving the API server a client certificate (signed by
+        the cluster's CA, CN ``kube-apiserver-webhook-client``) for every webhook it calls."""
+        client = pki.issue("apiserver-webhook-client", WEBHOOK_CLIENT_CN)
+        kubeconfig = self.folder / "webhook-client.kubeconfig"
+        kubeconfig.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "users": [
+                        {
+                            "name": "*",
+                            "user": {
+                                "client-certificate": str(client.cert),
+                                "client-key": str(client.key),
+                            },
+                        }
+                    ],
+                }
+            )
+        )
+        plugin_config = {
+            "apiVersion": "apiserver.config.k8s.io/v1",
+            "kind": "WebhookAdmissionConfiguration",
+            "kubeConfigFile": str(kubeconfig),
+        }
+        config = self.folder / "admission-config.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "apiserver.config.k8s.io/v1",
+                    "kind": "AdmissionConfiguration",
+                    "plugins": [
+                        {"name": name, "configuration": plugin_config}
+                        for name in ("ValidatingAdmissionWebhook", "MutatingAdmissionWebhook")
+                    ],
+                }
+            )
+        )
+        return config
+
     def _start(self, timeout: float) -> None:
         pki = self.pki
         server_id = pki.issue("apiserver", "kube-apiserver", sans=API_SERVER_SANS)
@@ -230,6 +276,7 @@ class ControlPlane:
             "apiserver-kubelet-client", "kube-apiserver-kubelet-client", orgs=("system:masters",)
         )
         sa_key, sa_pub = pki.service_account_keys()
+        admission_config = self._webhook_client_config(pki)
 
         etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
         cm_port, sched_port = free_port(), free_port()
@@ -290,6 +337,10 @@ class ControlPlane:
                 str(pki.ca_cert),
                 "--authorization-mode",
                 "RBAC",
+                # The API server presents a client certificate to admission webhooks, as a
+                # cluster that authenticates itself to them does (the webhook refuses others).
+                "--admission-control-config-file",
+                str(admission_config),
                 "--service-account-issuer",
                 SA_ISSUER,
                 "--api-audiences",

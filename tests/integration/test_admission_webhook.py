@@ -8,8 +8,11 @@ its own and registering it for its namespace (host mode, ``OperatorProcess(webho
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import socket
+import ssl
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -140,3 +143,32 @@ def test_with_the_webhook_down_the_job_is_admitted_and_fails_at_run_time(
             assert status["failure"]["reason"] == c.INVALID_POD_TEMPLATE
     finally:
         plain.stop()
+
+
+def test_a_caller_without_the_api_servers_client_certificate_is_refused(
+    kube: Kube, webhook_operator: OperatorProcess
+) -> None:
+    """The API server presents its AdmissionConfiguration's client certificate (the tests
+    above pass through it); anyone else who reaches the port is refused in the handshake,
+    before a byte of a review is read."""
+    served_by = webhook_operator.log_path.parent / "webhook-pki" / "ca.crt"
+    ctx = ssl.create_default_context(cafile=str(served_by))
+    request = b"POST /validate-pods HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+    answer = b""
+    with (
+        contextlib.suppress(ssl.SSLError, ConnectionError),  # an alert, or a reset
+        socket.create_connection(("127.0.0.1", webhook_operator.webhook_port), 10) as raw,
+        ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+    ):
+        tls.sendall(request)
+        answer = tls.recv(1024)
+    assert answer == b"", f"answered a caller without a client certificate: {answer!r}"
+    # The same request with the API server's kind of certificate (the cluster's CA) is.
+    cluster_pki = webhook_operator.cluster_ca().parent
+    ctx.load_cert_chain(cluster_pki / "admin.crt", cluster_pki / "admin.key")
+    with (
+        socket.create_connection(("127.0.0.1", webhook_operator.webhook_port), 10) as raw,
+        ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+    ):
+        tls.sendall(request)
+        assert tls.recv(1024).startswith(b"HTTP/1.1 200")

@@ -10,6 +10,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from gpujob_localcluster.pki import Pki
 from gpujob_localcluster.ports import free_port
 from tests.support.incluster import rbac_denials
@@ -49,7 +51,15 @@ class OperatorProcess:
             "--webhook-key", str(served.key),
             "--webhook-ca", str(pki.ca_cert),
             "--webhook-register", self.webhook_name,
+            # Only the API server (its AdmissionConfiguration's client certificate, signed by
+            # the cluster's CA) is answered.
+            "--webhook-client-ca", str(self.cluster_ca()),
         ]  # fmt: skip
+
+    def cluster_ca(self) -> Path:
+        """The cluster's CA file, as the kubeconfig names it (the local cluster's always do)."""
+        config = yaml.safe_load(self.kubeconfig.read_text())
+        return Path(config["clusters"][0]["cluster"]["certificate-authority"])
 
     def start(self, timeout: float = 60) -> OperatorProcess:
         self.health_port = free_port()

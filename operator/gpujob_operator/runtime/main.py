@@ -142,6 +142,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--webhook-key", default=None, help="its private key (PEM)")
     p.add_argument("--webhook-ca", default=None, help="the CA that signed it (PEM)")
     p.add_argument(
+        "--webhook-client-ca",
+        default=None,
+        help="answer only callers with a client certificate this CA signed (PEM): the API "
+        "server's, given to it by an AdmissionConfiguration (default: env "
+        "GPUJOB_WEBHOOK_CLIENT_CA, else any caller)",
+    )
+    p.add_argument(
         "--webhook-register",
         default=None,
         help="host mode: register a ValidatingWebhookConfiguration of this name pointing at "
@@ -152,5 +159,5 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def webhook_flags(args: argparse.Namespace) -> dict[str, Any]:
     """The webhook's command-line values, keyed by their settings' names."""
-    names = ("port", "cert", "key", "ca", "register")
+    names = ("port", "cert", "key", "ca", "client_ca", "register")
     return {f"webhook_{n}": getattr(args, f"webhook_{n}", None) for n in names}

@@ -30,6 +30,7 @@ before kopf starts. Nothing else in the operator reads the environment.
 | ``GPUJOB_WEBHOOK_ADDR`` | ``0.0.0.0`` | address the webhook binds |
 | ``GPUJOB_WEBHOOK_CERT`` / ``..._KEY`` | unset | the webhook's serving certificate and key (PEM files; required with a port) |
 | ``GPUJOB_WEBHOOK_CA`` | unset | the CA that signed it (PEM file), for a registration of its own |
+| ``GPUJOB_WEBHOOK_CLIENT_CA`` | unset | answer only callers with a client certificate this CA signed (the API server's, from its AdmissionConfiguration) |
 | ``GPUJOB_WEBHOOK_REGISTER`` | unset | host mode: register a ValidatingWebhookConfiguration of this name at ``https://127.0.0.1:<port>`` and delete it on exit (the chart registers its own instead) |
 | ``GPUJOB_JOB_NETWORK_POLICY`` | unset | JSON ``{"metricsFrom": [peers], "otherPortsOpen": bool}``: a NetworkPolicy per job (``lifecycle/endpoints.py``); unset: none |
 | ``GPUJOB_ENDPOINT_TOKEN_KEY_FILE`` | unset | a file holding the key of the jobs' endpoint tokens (>= 32 bytes); unset: no tokens |
@@ -101,6 +102,9 @@ class Settings:
     webhook_cert: str | None = None
     webhook_key: str | None = None
     webhook_ca: str | None = None
+    webhook_client_ca: str | None = None
+    """The CA (PEM file) of the client certificate the API server presents to the webhook;
+    set, a caller without one that it signed is refused in the TLS handshake."""
     job_network_policy: PolicySettings | None = None
     """A NetworkPolicy per job, letting only these peers reach its metrics ports; None: none."""
     endpoint_token_key: bytes | None = None
@@ -194,7 +198,7 @@ def from_env(env: Mapping[str, str]) -> Settings:
     )  # fmt: skip
     webhook_files = {
         name: env.get(f"GPUJOB_WEBHOOK_{name.upper()}", "").strip() or None
-        for name in ("cert", "key", "ca")
+        for name in ("cert", "key", "ca", "client_ca")
     }
     check_webhook(webhook_port, webhook_files["cert"], webhook_files["key"])
     liveness = env.get("GPUJOB_LIVENESS", d.liveness or "").strip()
@@ -280,6 +284,7 @@ def from_env(env: Mapping[str, str]) -> Settings:
         webhook_cert=webhook_files["cert"],
         webhook_key=webhook_files["key"],
         webhook_ca=webhook_files["ca"],
+        webhook_client_ca=webhook_files["client_ca"],
         webhook_register=env.get("GPUJOB_WEBHOOK_REGISTER", "").strip() or None,
         job_network_policy=_network_policy(env.get(ENV_JOB_NETWORK_POLICY, "").strip()),
         endpoint_token_key=_token_key(env.get(ENV_TOKEN_KEY_FILE, "").strip()),

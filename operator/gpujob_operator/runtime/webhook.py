@@ -24,6 +24,7 @@ import base64
 import concurrent.futures
 import json
 import logging
+import ssl
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, cast
@@ -254,6 +255,11 @@ def server(
         "cafile": settings.webhook_ca,
         "file_check_interval": 60.0,  # a renewed Secret is picked up without a restart
     }
+    if settings.webhook_client_ca:
+        # Only the API server holds a certificate this CA signed: every other caller is
+        # refused before a byte of a review is read.
+        options["verify_mode"] = ssl.CERT_REQUIRED
+        options["verify_cafile"] = settings.webhook_client_ca
     reviewer = reviewer or Reviewer(kube)
     if not settings.webhook_register:
         return GuardedServer(reviewer, namespaces, **options)

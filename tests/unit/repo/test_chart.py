@@ -603,3 +603,16 @@ def test_only_the_api_server_may_reach_the_webhook_port_when_its_policy_is_on() 
     assert "from" not in others  # every other port, from anywhere: health, metrics
     tcp = [(p["port"], p["endPort"]) for p in others["ports"] if p["protocol"] == "TCP"]
     assert tcp == [(1, 9442), (9444, 65535)]
+
+
+def test_the_webhook_can_require_the_api_servers_client_certificate() -> None:
+    assert "GPUJOB_WEBHOOK_CLIENT_CA" not in env(render())
+    pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+    objs = render({"webhook": {"clientCA": pem}})
+    (cm,) = [c for c in find(objs, "ConfigMap") if c["metadata"]["name"].endswith("-client-ca")]
+    assert cm["data"]["ca.crt"] == pem
+    path = env(objs)["GPUJOB_WEBHOOK_CLIENT_CA"]
+    mounts = {m["name"]: m["mountPath"] for m in container(objs)["volumeMounts"]}
+    assert path == mounts["webhook-client-ca"] + "/ca.crt"
+    volumes = {v["name"]: v for v in deployment(objs)["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["webhook-client-ca"]["configMap"]["name"] == cm["metadata"]["name"]
