@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -77,6 +78,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a spec.monitoring.thresholds field, e.g. commBoundRatio=0.1 (repeatable)",
     )
     p.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS", help="per request")
+    p.add_argument(
+        "--token",
+        default=os.environ.get("GPUJOB_ENDPOINT_TOKEN", ""),
+        metavar="TOKEN",
+        help="the job's endpoint token, where its ranks require one for /debug/evidence "
+        "(kubectl get secret JOB-endpoint-token-UID8 -o jsonpath='{.data.token}' | base64 -d; "
+        "default: env GPUJOB_ENDPOINT_TOKEN)",
+    )
 
 
 class SettingsError(ValueError):
@@ -202,9 +211,11 @@ async def diagnose(
     return update
 
 
-async def compare_ranks(targets: Sequence[ScrapeTarget], timeout: float = 5.0) -> HangReport:
+async def compare_ranks(
+    targets: Sequence[ScrapeTarget], timeout: float = 5.0, token: str = ""
+) -> HangReport:
     """Every rank's hang evidence, compared (what the operator does when a job stalls)."""
-    asked = hang.evidence_targets(targets)
+    asked = hang.evidence_targets(targets, token)
     async with Scraper(timeout=timeout, concurrency=64) as scraper:
         fetched = await scraper.fetch_all(asked, hangdump.MAX_BYTES)
     return hang.compare(asked, fetched)[1]
@@ -365,7 +376,9 @@ def run(args: argparse.Namespace) -> int:
             targets, settings, window=args.window, interval=args.interval, timeout=args.timeout
         )
     )
-    hung = asyncio.run(compare_ranks(targets, args.timeout)) if stalled(update) else None
+    hung = (
+        asyncio.run(compare_ranks(targets, args.timeout, args.token)) if stalled(update) else None
+    )
     if args.json:
         doc = report(update)
         if hung is not None:

@@ -673,3 +673,22 @@ def test_a_body_that_is_not_prometheus_text_is_reported_without_a_byte_of_it() -
         assert r.error == ErrorKind.PARSE
         assert r.message == f"{NOT_PROMETHEUS} ({len(body)} bytes)"
         assert "s3cr3t" not in r.message
+
+
+def test_diagnose_presents_the_token_it_is_given_to_the_ranks_evidence() -> None:
+    """`gpujob diagnose --token` against ranks that require one (jobEndpoints.token)."""
+    from prometheus_client import CollectorRegistry
+
+    from gpujob_operator.monitoring.diagnose import compare_ranks
+    from gpujob_trainer.exporter import Exporter
+
+    exporter = Exporter(CollectorRegistry(), 0, "127.0.0.1", rank=0, debug=True, token="tok-1")
+    port = exporter.start()
+    metrics = [ScrapeTarget(f"http://127.0.0.1:{port}/metrics", "p", rank=0)]
+    try:
+        refused = asyncio.run(compare_ranks(metrics, 5.0))
+        answered = asyncio.run(compare_ranks(metrics, 5.0, "tok-1"))
+    finally:
+        exporter.stop()
+    assert refused.unusable == [0] or refused.silent == [0], refused
+    assert not answered.unusable and not answered.silent, answered
