@@ -90,12 +90,19 @@ WAITING_STATUS: Final = {
     },
 }
 """A waiting job's: the start forecast, which a started job no longer has."""
+UNOBSERVED_STATUS: Final = {
+    "phase": "Running",
+    "gang": {"gpus": {"requested": 8}},
+    "goodput": {"seconds": {"startup": 120.0, "unobserved": 600.0}},
+}
+"""A job whose steps the operator cannot see: unobserved time, no ratio."""
 
 
 def operator_metrics() -> str:
     jm = opmetrics.JobMetrics(process=False)
     jm.update("ns", "job", FULL_STATUS)
     jm.update("ns", "waiting", WAITING_STATUS)
+    jm.update("ns", "deaf", UNOBSERVED_STATUS)
     jm.observe_reconcile(0.01)
     jm.observe_scrape(0.01, ok=False, reason="timeout")
     jm.observe_api_error("create_pod", "QuotaExceeded")

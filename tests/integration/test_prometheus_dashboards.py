@@ -34,6 +34,7 @@ from tests.support.waiting import wait_until
 
 JOB = "gpt"
 WAITER = "next"
+DEAF = "deaf"
 """A job that needs every GPU of both nodes: it waits for gpt, so it has a start forecast."""
 FAKE_TRAINER = "from tests.support.prometheus import fake_trainer_main; fake_trainer_main()"
 NODES, PROCS = 2, 2
@@ -168,6 +169,22 @@ def stack(
             }
         )
         wait_job_phase(kube, JOB, ("Running",), timeout=120)
+        # A job the operator cannot see step (monitoring off): its GPU time is unobserved,
+        # the fleet's "Unobserved GPU-hours" panel's data (one GPU of the two gpt leaves).
+        kube.apply(
+            {
+                "apiVersion": "gpujob.dev/v1alpha1",
+                "kind": "GPUTrainingJob",
+                "metadata": {"name": DEAF},
+                "spec": {
+                    "image": "python:3.11-slim",
+                    "gpusPerNode": 1,
+                    "command": ["python", "-c", "import time; time.sleep(3600)"],
+                    "training": {"launcher": "none"},
+                    "monitoring": {"enabled": False, "startupTimeoutSeconds": 2},
+                },
+            }
+        )
         kube.apply(
             {
                 "apiVersion": "gpujob.dev/v1alpha1",
@@ -234,6 +251,7 @@ def stack(
             prom.stop()
         # The waiter first: once gpt is gone it would take every GPU of the shared cluster.
         kube.run("delete", "gputrainingjob", WAITER)
+        kube.run("delete", "gputrainingjob", DEAF, "--wait=false")
         kube.run("delete", "gputrainingjob", JOB, "--wait=false")
         op.stop()
         kube.run("delete", "namespace", ns, "--wait=false", ns=False)
