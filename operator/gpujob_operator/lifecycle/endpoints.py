@@ -5,13 +5,13 @@ the Flight Recorder). Open to the whole cluster, another tenant could read a job
 spend its ranks' CPU. Two means close it, each an operator setting (the chart's
 ``jobEndpoints`` values):
 
-* A NetworkPolicy per job (``<job>-endpoints``, owned by the job): only the operator and the
+* A NetworkPolicy per job (``<job>-endpoints-<uid8>``, owned by the job): only the operator and the
   peers the chart names (Prometheus) reach the metrics ports. Where the cluster's network
   plugin enforces NetworkPolicy, this closes both paths.
 * A token per job, for clusters that do not enforce NetworkPolicy (or ranks on the host
   network, which most plugins do not police): HMAC(operator key, job UID), so the operator
   recomputes it for every request and never reads a Secret back; the pods get it from a Secret
-  ``<job>-endpoint-token`` owned by the job. The trainer then answers ``/debug/*`` only to a
+  ``<job>-endpoint-token-<uid8>`` owned by the job. The trainer then answers ``/debug/*`` only to a
   request carrying it; ``/metrics`` stays open (Prometheus has no per-job token).
 
 The I/O shell (``runtime/jobloop.py``) creates both before the job's pods.
@@ -99,7 +99,7 @@ def build_network_policy(
     metrics rule is left out rather than written empty.
     """
     spec = spec if spec is not None else api.parse_spec(job["spec"])
-    name, namespace, _ = job_meta(job)
+    name = job_meta(job)[0]
     first = job_ports(job, spec).metrics
     last = first + spec.procs_per_node - 1
     rules: list[dict[str, Any]] = [
@@ -121,12 +121,7 @@ def build_network_policy(
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": {
-            "name": network_policy_name(job),
-            "namespace": namespace,
-            "labels": {**selector_labels(name), LABEL_MANAGED_BY: MANAGED_BY},
-            "ownerReferences": [owner_reference(job)],
-        },
+        "metadata": _guard_metadata(job, network_policy_name(job)),
         "spec": {
             "podSelector": {"matchLabels": selector_labels(name)},
             "policyTypes": ["Ingress"],
@@ -145,18 +140,23 @@ def endpoint_token(key: bytes, job: Mapping[str, Any]) -> str:
 
 def build_token_secret(job: Mapping[str, Any], token: str) -> dict[str, Any]:
     """The Secret the job's pods read their token from, owned by the job."""
-    name, namespace, _ = job_meta(job)
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
-        "metadata": {
-            "name": token_secret_name(job),
-            "namespace": namespace,
-            "labels": {**selector_labels(name), LABEL_MANAGED_BY: MANAGED_BY},
-            "ownerReferences": [owner_reference(job)],
-        },
+        "metadata": _guard_metadata(job, token_secret_name(job)),
         "stringData": {TOKEN_KEY: token},
+    }
+
+
+def _guard_metadata(job: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """A guard's metadata: in the job's namespace, with its labels, owned by it."""
+    job_name, namespace, _ = job_meta(job)
+    return {
+        "name": name,
+        "namespace": namespace,
+        "labels": {**selector_labels(job_name), LABEL_MANAGED_BY: MANAGED_BY},
+        "ownerReferences": [owner_reference(job)],
     }
 
 
@@ -165,14 +165,21 @@ def with_token_env(
 ) -> list[dict[str, Any]]:
     """The same pods, their trainer container reading ``GPUJOB_ENDPOINT_TOKEN`` from the
     job's Secret (not optional: a pod must not start with its evidence open)."""
-    out: list[dict[str, Any]] = []
-    for original in pods:
-        pod = copy.deepcopy(dict(original))
-        for container in pod["spec"]["containers"]:
-            if container.get("name") == CONTAINER_NAME:
-                ref = {"name": token_secret_name(job), "key": TOKEN_KEY}
-                env = [e for e in container.get("env") or () if e.get("name") != ENV_ENDPOINT_TOKEN]
-                env.append({"name": ENV_ENDPOINT_TOKEN, "valueFrom": {"secretKeyRef": ref}})
-                container["env"] = env
-        out.append(pod)
-    return out
+    ref = {"name": token_secret_name(job), "key": TOKEN_KEY}
+    token_env = {"name": ENV_ENDPOINT_TOKEN, "valueFrom": {"secretKeyRef": ref}}
+
+    def guarded(container: Mapping[str, Any]) -> dict[str, Any]:
+        if container.get("name") != CONTAINER_NAME:
+            return dict(container)
+        env = [e for e in container.get("env") or () if e.get("name") != ENV_ENDPOINT_TOKEN]
+        return {**container, "env": [*env, copy.deepcopy(token_env)]}
+
+    # Only the path to the trainer's env is copied: a pod's template may be large, and the
+    # pods as built are not changed.
+    return [
+        {
+            **pod,
+            "spec": {**pod["spec"], "containers": [guarded(k) for k in pod["spec"]["containers"]]},
+        }
+        for pod in pods
+    ]

@@ -216,30 +216,16 @@ class Kube:
         return {p.metadata.uid for p in listed.items}
 
     async def create_service(self, namespace: str, body: dict[str, Any]) -> None:
-        try:
-            await asyncio.to_thread(self.core.create_namespaced_service, namespace, cast(Any, body))
-        except ApiException as e:
-            if e.status != 409 and not namespace_terminating(e):
-                raise
+        await _create_or_keep(self.core.create_namespaced_service, namespace, body)
 
     async def create_network_policy(self, namespace: str, body: dict[str, Any]) -> None:
         """The job's NetworkPolicy (``lifecycle/endpoints.py``); one that exists is kept."""
-        try:
-            await asyncio.to_thread(
-                self.networking.create_namespaced_network_policy, namespace, cast(Any, body)
-            )
-        except ApiException as e:
-            if e.status != 409 and not namespace_terminating(e):
-                raise
+        await _create_or_keep(self.networking.create_namespaced_network_policy, namespace, body)
 
     async def create_secret(self, namespace: str, body: dict[str, Any]) -> None:
         """The job's token Secret; one that exists is kept (create only: the operator may
         write Secrets, never read them)."""
-        try:
-            await asyncio.to_thread(self.core.create_namespaced_secret, namespace, cast(Any, body))
-        except ApiException as e:
-            if e.status != 409 and not namespace_terminating(e):
-                raise
+        await _create_or_keep(self.core.create_namespaced_secret, namespace, body)
 
     async def service_exists(self, namespace: str, name: str) -> bool:
         try:
@@ -413,6 +399,16 @@ class Kube:
                 return False
             raise
         return any(r.name == plural for r in (res.resources or []))
+
+
+async def _create_or_keep(create: Callable[..., Any], namespace: str, body: dict[str, Any]) -> None:
+    """Create a job's child object; one that exists already (409), or a namespace being
+    deleted, is fine: the object is kept as it is."""
+    try:
+        await asyncio.to_thread(create, namespace, cast(Any, body))
+    except ApiException as e:
+        if e.status != 409 and not namespace_terminating(e):
+            raise
 
 
 def api_reason(e: ApiException) -> str:

@@ -27,6 +27,7 @@ from typing import Any, Final
 
 from gpujob_operator import api
 from gpujob_operator.api import children
+from gpujob_operator.api import conditions as c
 
 # ---- native: scheduling.k8s.io Workload / PodGroup -----------------------------------------
 
@@ -287,9 +288,7 @@ def kueue_words(message: Any) -> str | None:
     if not isinstance(message, str):
         return None
     text = " ".join("".join(ch if ch.isprintable() else " " for ch in message).split())
-    if len(text) > KUEUE_WORDS_MAX:
-        text = text[: KUEUE_WORDS_MAX - 3] + "..."
-    return text or None
+    return c.clip(text, KUEUE_WORDS_MAX) or None
 
 
 def pending_words(workload: Mapping[str, Any] | None) -> str | None:
