@@ -6,12 +6,13 @@ written twice: CEL in the CRD and the same check in a pydantic validator.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import ClassVar, Final
 
 from pydantic import ConfigDict, Field, model_validator
 
 from gpujob_operator.api import rules as R
 from gpujob_operator.api.base import Model as _Model
+from gpujob_operator.api.base import Ruled as _Ruled
 
 
 class Window(_Model):
@@ -126,6 +127,42 @@ class Thresholds(_Model):
         return self
 
 
+_PROFILE_PATH_ABSOLUTE: Final = (
+    "spec.monitoring.profile.path must be an absolute path without '..' segments (a "
+    "directory inside one of the trainer's spec.template.volumeMounts)"
+)
+
+
+def profile_path_is_absolute(path: str | None) -> bool:
+    """An absolute path with no ``..`` segment (the CEL twin of the rule below)."""
+    return path is None or (path.startswith("/") and ".." not in path.split("/"))
+
+
+class Profile(_Ruled):
+    """Where a profile's trace files go (``gpujob profile``, ``profileOnVerdict``)."""
+
+    RULES: ClassVar = (
+        R.Rule(
+            "!has(self.path) || (self.path.startsWith('/') && "
+            "!self.path.matches('(^|/)[.][.](/|$)'))",
+            _PROFILE_PATH_ABSOLUTE,
+            lambda m: profile_path_is_absolute(m.path),
+            field_path=".path",
+        ),
+    )
+    model_config = ConfigDict(json_schema_extra=R.validations(*RULES))
+
+    path: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=4096,
+        description="Directory the ranks write their trace files to (GPUJOB_PROFILE_DIR): an "
+        "absolute path inside one of the trainer's spec.template.volumeMounts, so the traces "
+        "outlive the pod. Unset: an emptyDir mounted at /var/run/gpujob/profiles (gone with "
+        "the pod).",
+    )
+
+
 class Monitoring(_Model):
     """Scraping of the ranks' /metrics, stall detection and bottleneck analysis."""
 
@@ -198,6 +235,18 @@ class Monitoring(_Model):
         le=1e6,
         description="Dense peak TFLOP/s of one GPU at the job's training precision, for MFU; "
         "overrides the trainer's table (a GPU it does not know, a clock-capped part).",
+    )
+
+    profile: Profile = Field(
+        default_factory=Profile,
+        description="Profiles on request (annotation gpujob.dev/profile, gpujob profile): "
+        "where the traces go.",
+        json_schema_extra={"default": {}},
+    )
+    profile_on_verdict: bool = Field(
+        default=False,
+        description="Profile the ranks once per attempt when a Warning bottleneck verdict has "
+        "held for its hysteresis (status.profile.auto).",
     )
 
     @model_validator(mode="after")

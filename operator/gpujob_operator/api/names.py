@@ -20,6 +20,7 @@ ENV_TOTAL_STEPS: Final = contract.ENV_TOTAL_STEPS
 ENV_JOB_NAME: Final = "GPUJOB_JOB_NAME"
 ENV_NAMESPACE: Final = "GPUJOB_NAMESPACE"
 ENV_ENDPOINT_TOKEN: Final = contract.ENV_ENDPOINT_TOKEN
+ENV_PROFILE_DIR: Final = contract.ENV_PROFILE_DIR
 RESERVED_ENV: Final = (
     "MASTER_ADDR",
     "MASTER_PORT",
@@ -35,7 +36,17 @@ RESERVED_ENV: Final = (
     ENV_JOB_NAME,
     ENV_NAMESPACE,
     ENV_ENDPOINT_TOKEN,
+    ENV_PROFILE_DIR,
 )
+
+PROFILE_ANNOTATION: Final = "gpujob.dev/profile"
+"""The request for a profile on a GPUTrainingJob: ``steps=5;ranks=all;id=<token>``
+(:mod:`gpujob_operator.api.profile`)."""
+PROFILE_VOLUME: Final = "gpujob-profiles"
+"""The emptyDir the operator mounts in the trainer for traces when
+``spec.monitoring.profile.path`` is unset (a user volume of this name is refused)."""
+PROFILE_DEFAULT_DIR: Final = "/var/run/gpujob/profiles"
+"""Where that emptyDir is mounted (``GPUJOB_PROFILE_DIR``)."""
 
 GangMechanism = Literal["None", "Native", "Kueue"]
 GANG_NONE: Final = "None"

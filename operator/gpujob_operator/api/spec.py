@@ -182,6 +182,31 @@ _PROCS_EXPR = (
 )
 
 
+_HOLDS = (
+    "(self.monitoring.profile.path == m.mountPath || self.monitoring.profile.path.startsWith("
+    "m.mountPath.endsWith('/') ? m.mountPath : m.mountPath + '/'))"
+)
+
+
+def _holds(path: str, mount_path: str) -> bool:
+    return path == mount_path or path.startswith(
+        mount_path if mount_path.endswith("/") else mount_path + "/"
+    )
+
+
+def _profile_path_mounted(s: GPUTrainingJobSpec) -> bool:
+    """``spec.monitoring.profile.path`` lies in a trainer volumeMount and in no read-only one."""
+    path = s.monitoring.profile.path
+    if path is None:
+        return True
+    holding = [
+        m
+        for m in (s.template.volume_mounts if s.template else None) or ()
+        if _holds(path, m.mount_path)
+    ]
+    return bool(holding) and not any(m.read_only for m in holding)
+
+
 def _shm_fits(s: GPUTrainingJobSpec) -> bool:
     shm = _q(s.template.shm_size) if s.template else None
     limit = _q((s.resources.limits or {}).get("memory")) if s.resources else None
@@ -189,6 +214,19 @@ def _shm_fits(s: GPUTrainingJobSpec) -> bool:
 
 
 _SPEC_RULES: Final = (
+    # The traces must outlive the container and be writable: a path outside every mount
+    # would fill the container's own filesystem and vanish with it.
+    R.Rule(
+        "!has(self.monitoring) || !has(self.monitoring.profile) || "
+        "!has(self.monitoring.profile.path) || (has(self.template) && "
+        f"has(self.template.volumeMounts) && self.template.volumeMounts.exists(m, {_HOLDS}) && "
+        f"!self.template.volumeMounts.exists(m, {_HOLDS} && has(m.readOnly) && m.readOnly))",
+        "spec.monitoring.profile.path must lie inside one of the trainer's "
+        "spec.template.volumeMounts, and inside no read-only one: the ranks write their "
+        "traces there (unset: an emptyDir at /var/run/gpujob/profiles)",
+        _profile_path_mounted,
+        field_path=".monitoring.profile.path",
+    ),
     # core/v1 accepts an empty program name, but no runtime can start it: the job would
     # only fail at run time, on every node, after the gang was scheduled.
     R.Rule(

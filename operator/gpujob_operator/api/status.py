@@ -1,9 +1,10 @@
 """The GPUTrainingJob's status: the user's contract, what the operator observed.
 
-A dozen top-level fields a user can hold in mind (the README's status table lists each, and
-a unit test pins them): phase and conditions, progress, the bottleneck verdict with its
+Thirteen top-level fields a user can hold in mind (the README's status table lists each,
+and a unit test pins them): phase and conditions, progress, the bottleneck verdict with its
 evidence, the gang (attempt, restarts, pods, GPUs, admission, start forecast), the root
-cause of a failure, the hang evidence, goodput and the strings of ``kubectl get``. The
+cause of a failure, the hang evidence, the latest profile, goodput and the strings of
+``kubectl get``. The
 operator's own bookkeeping lives apart, in ``operatorState`` (:mod:`.operatorstate`). Read
 leniently: unknown fields are ignored, so an older operator can read a newer one's status.
 """
@@ -325,6 +326,77 @@ class HangEvidence(StatusModel):
     )
 
 
+ProfileState = Literal["Requested", "Capturing", "Captured", "Failed", "Refused"]
+
+
+class ProfileRankFailure(StatusModel):
+    """A rank that gave no usable profile, and why."""
+
+    rank: int = Field(description="Global rank.")
+    why: str = Field(default="", max_length=512, description="Why its profile is missing.")
+
+
+class ProfileRecord(StatusModel):
+    """The latest profile asked of the ranks (annotation gpujob.dev/profile, gpujob profile,
+    or spec.monitoring.profileOnVerdict) and its answer."""
+
+    request: str | None = Field(
+        default=None,
+        max_length=256,
+        description="The annotation value as the operator saw it (a new value is a new "
+        "request); empty for an automatic capture.",
+    )
+    id: str | None = Field(
+        default=None, max_length=64, description="The capture's id (the trace files carry it)."
+    )
+    state: ProfileState | None = Field(
+        default=None, description="Requested, Capturing, Captured, Failed or Refused."
+    )
+    reason: str | None = Field(
+        default=None, max_length=1024, description="Why it was refused or failed."
+    )
+    requested_at: Time | None = Field(default=None, description="When the operator took it.")
+    captured_at: Time | None = Field(
+        default=None, description="When the last rank's answer came in."
+    )
+    steps: int | None = Field(default=None, description="Training steps profiled.")
+    ranks: list[int] | None = Field(default=None, max_length=256, description="The ranks asked.")
+    auto: bool | None = Field(
+        default=None, description="Taken by spec.monitoring.profileOnVerdict, not on request."
+    )
+    attempt: int | None = Field(default=None, description="Gang attempt profiled.")
+    path: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="Directory of the trace files in the pods (GPUJOB_PROFILE_DIR).",
+    )
+    answer: str | None = Field(
+        default=None,
+        max_length=1024,
+        description='The comparison in one line, e.g. "rank 13: aten::mm 41% vs 22% on the '
+        'median rank (rank 4)".',
+    )
+    slowest_rank: int | None = Field(
+        default=None, description="The rank with the most busy time per step."
+    )
+    median_rank: int | None = Field(
+        default=None, description="The rank at the lower median of busy time per step."
+    )
+    operation: str | None = Field(
+        default=None,
+        max_length=256,
+        description="The operation whose time per step differs most between those two.",
+    )
+    config_map: str | None = Field(
+        default=None,
+        description="ConfigMap (owned by the job) with the comparison and every rank's "
+        "summary: kubectl get configmap NAME -o jsonpath='{.data.summary}'.",
+    )
+    failed_ranks: list[ProfileRankFailure] | None = Field(
+        default=None, max_length=64, description="Ranks that gave no usable profile, and why."
+    )
+
+
 class GangStatus(StatusModel):
     """The gang: its attempt and restarts, its pods and GPUs, and where it stands with its
     admission mechanism (spec.scheduling.gang) and the start forecast."""
@@ -541,6 +613,10 @@ class GPUTrainingJobStatus(StatusModel):
     hang_evidence: HangEvidence | None = Field(
         default=None,
         description="Every rank's place when the job last stalled, taken before any restart.",
+    )
+    profile: ProfileRecord | None = Field(
+        default=None,
+        description="The latest profile asked of the ranks (gpujob profile) and its answer.",
     )
     goodput: Goodput | None = Field(
         default=None,

@@ -26,6 +26,7 @@ from gpujob_operator.api.base import (
     PositiveQuantity,
 )
 from gpujob_operator.api.base import Model as _Model
+from gpujob_operator.api.names import PROFILE_VOLUME
 from gpujob_operator.api.pod.containers import Container
 from gpujob_operator.api.pod.owned import OWNED_RULES, OwnedFields
 from gpujob_operator.api.pod.placement import Affinity, Toleration
@@ -34,6 +35,7 @@ from gpujob_operator.api.pod.volumes import Volume, VolumeMount
 
 _SHM_VOLUME: Final = "gpujob-shm"
 _SHM_PATH: Final = "/dev/shm"
+_PROFILE_VOLUME: Final = PROFILE_VOLUME
 
 
 class LocalObjectReference(_Model):
@@ -156,6 +158,13 @@ class PodTemplate(OwnedFields):
                     and all(mt.mount_path != _SHM_PATH for mt in m.volume_mounts or ())
                 )
             ),
+        ),
+        R.Rule(
+            f"!has(self.volumes) || !self.volumes.exists(v, v.name == '{_PROFILE_VOLUME}')",
+            f"spec.template.volumes must not use the name {_PROFILE_VOLUME}: the operator "
+            "mounts an emptyDir of that name for profile traces",
+            lambda m: all(v.name != _PROFILE_VOLUME for v in m.volumes or ()),
+            field_path=".volumes",
         ),
     )
     model_config = ConfigDict(json_schema_extra=R.validations(*RULES))

@@ -25,13 +25,14 @@ PINNED: dict[str, str] = {
     "gang": "object",
     "failure": "object",
     "hangEvidence": "object",
+    "profile": "object",
     "goodput": "object",
     "display": "object",
 }
 """The user-facing top-level fields of ``status`` and their types, as the CRD states them."""
 
 INTERNAL = "operatorState"
-MAX_FIELDS = 12
+MAX_FIELDS = 13
 
 
 def _kind(node: dict[str, Any]) -> str:
