@@ -23,6 +23,9 @@ Decisions:
   ``spec.args`` become the container's ``args`` (appended by the kubelet).
 * The attempt is a label, not part of the name: names stay stable DNS names and a new
   attempt's pod can only be created once its old namesake is gone (no duplicates).
+* Profiles: ``GPUJOB_PROFILE_DIR`` is ``spec.monitoring.profile.path`` (a mounted volume the
+  API checked), else an emptyDir ``gpujob-profiles`` mounted at ``/var/run/gpujob/profiles``
+  (skipped when the template mounts something at that very path: then that is the place).
 * ``terminationMessagePolicy: FallbackToLogsOnError``: a failed container's last log lines
   reach ``state.terminated.message`` even when the log cannot be fetched any more.
 """
@@ -49,6 +52,7 @@ from gpujob_operator.api.children import (
     selector_labels,
 )
 from gpujob_operator.api.hostports import RankPorts, metrics_port_name, rank_ports
+from gpujob_operator.api.names import ENV_PROFILE_DIR, PROFILE_DEFAULT_DIR, PROFILE_VOLUME
 from gpujob_operator.api.pod.template import MERGED_FIELDS, TRAINER_FIELDS
 from gpujob_trainer import contract
 from gpujob_trainer.contract import ENV_METRICS_ADDR
@@ -106,6 +110,27 @@ def job_ports(job: Mapping[str, Any], spec: api.GPUTrainingJobSpec) -> RankPorts
     return rank_ports(spec, uid or f"{namespace}/{name}")
 
 
+def profile_dir(spec: api.GPUTrainingJobSpec) -> str:
+    """Where the ranks write profile traces: ``spec.monitoring.profile.path``, else the
+    operator's emptyDir (``status.profile.path``)."""
+    return spec.monitoring.profile.path or PROFILE_DEFAULT_DIR
+
+
+def profile_volume(
+    spec: api.GPUTrainingJobSpec, mounts: list[dict[str, Any]]
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The emptyDir for traces and its mount, when the job names no path of its own and
+    does not mount something at the default path itself."""
+    if spec.monitoring.profile.path is not None:
+        return None
+    if any(m.get("mountPath", "").rstrip("/") == PROFILE_DEFAULT_DIR for m in mounts):
+        return None
+    return (
+        {"name": PROFILE_VOLUME, "emptyDir": {}},
+        {"name": PROFILE_VOLUME, "mountPath": PROFILE_DEFAULT_DIR},
+    )
+
+
 def build_env(
     job_name: str,
     namespace: str,
@@ -130,6 +155,7 @@ def build_env(
         (api.ENV_METRICS_PORT, str(ports.metrics)),
         (api.ENV_JOB_NAME, job_name),
         (api.ENV_NAMESPACE, namespace),
+        (ENV_PROFILE_DIR, profile_dir(spec)),
     ]
     if t.total_steps is not None:
         owned.append((api.ENV_TOTAL_STEPS, str(t.total_steps)))
@@ -294,6 +320,10 @@ def build_pod(
             {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": tpl.shm_size}}
         )
         mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
+    profiles = profile_volume(spec, mounts)
+    if profiles is not None:
+        volumes.append(profiles[0])
+        mounts.append(profiles[1])
     if mounts:
         container["volumeMounts"] = mounts
     if tpl.container_security_context:

@@ -253,10 +253,12 @@ def test_template_passthrough() -> None:
     assert spec["volumes"] == [
         tpl["volumes"][0],
         {"name": "gpujob-shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}},
+        {"name": "gpujob-profiles", "emptyDir": {}},
     ]
     assert container["volumeMounts"] == [
         {"name": "data", "mountPath": "/data"},
         {"name": "gpujob-shm", "mountPath": "/dev/shm"},
+        {"name": "gpujob-profiles", "mountPath": "/var/run/gpujob/profiles"},
     ]
     assert container["securityContext"] == {"allowPrivilegeEscalation": False}
     assert container["imagePullPolicy"] == "Always"
@@ -265,8 +267,10 @@ def test_template_passthrough() -> None:
 
 def test_minimal_pod_has_no_empty_optional_fields() -> None:
     pod = builders.build_pod(job(), 0, 0)
-    for key in ("nodeSelector", "tolerations", "affinity", "volumes", "imagePullSecrets"):
+    for key in ("nodeSelector", "tolerations", "affinity", "imagePullSecrets"):
         assert key not in pod["spec"], key
+    # the one volume of a minimal pod: the operator's emptyDir for profile traces
+    assert pod["spec"]["volumes"] == [{"name": "gpujob-profiles", "emptyDir": {}}]
     assert "annotations" not in pod["metadata"]
     assert "args" not in pod["spec"]["containers"][0]
 
@@ -277,3 +281,43 @@ def test_builders_accept_a_parsed_spec_and_do_not_touch_the_input() -> None:
     spec = api.parse_spec(body["spec"])
     assert builders.build_pod(body, 1, 0, spec) == builders.build_pod(body, 1, 0)
     assert repr(body) == before
+
+
+def _env(pod: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+
+
+def test_profile_dir_defaults_to_the_operators_empty_dir() -> None:
+    pod = builders.build_pod(job(), 0, 0)
+    assert _env(pod)["GPUJOB_PROFILE_DIR"] == "/var/run/gpujob/profiles"
+    assert {"name": "gpujob-profiles", "mountPath": "/var/run/gpujob/profiles"} in pod["spec"][
+        "containers"
+    ][0]["volumeMounts"]
+
+
+def test_profile_path_is_the_users_volume_and_adds_none() -> None:
+    tpl = {
+        "volumes": [{"name": "traces", "persistentVolumeClaim": {"claimName": "t"}}],
+        "volumeMounts": [{"name": "traces", "mountPath": "/traces"}],
+    }
+    pod = builders.build_pod(
+        job(template=tpl, monitoring={"profile": {"path": "/traces/job"}}), 0, 0
+    )
+    assert _env(pod)["GPUJOB_PROFILE_DIR"] == "/traces/job"
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["traces"]
+    assert pod["spec"]["containers"][0]["volumeMounts"] == tpl["volumeMounts"]
+
+
+def test_a_user_mount_at_the_default_path_is_kept_as_the_place() -> None:
+    tpl = {
+        "volumes": [{"name": "mine", "emptyDir": {}}],
+        "volumeMounts": [{"name": "mine", "mountPath": "/var/run/gpujob/profiles"}],
+    }
+    pod = builders.build_pod(job(template=tpl), 0, 0)
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["mine"]
+    assert _env(pod)["GPUJOB_PROFILE_DIR"] == "/var/run/gpujob/profiles"
+
+
+def test_profile_dir_is_reserved_env() -> None:
+    with pytest.raises(ValueError, match="GPUJOB_PROFILE_DIR"):
+        api.parse_spec({**job()["spec"], "env": [{"name": "GPUJOB_PROFILE_DIR", "value": "/tmp"}]})

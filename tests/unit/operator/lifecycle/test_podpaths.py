@@ -104,7 +104,12 @@ def test_the_table(pod_path: str, want: str) -> None:
         "tolerations": [{"key": "k", "operator": "Exists"}],
         "imagePullPolicy": "Never",
     }
-    j = job(template=tpl, resources={"limits": {"cpu": "1"}})
+    # a profile path of the user's own, so the pod holds only the user's volumes
+    j = job(
+        template=tpl,
+        resources={"limits": {"cpu": "1"}},
+        monitoring={"profile": {"path": "/data/profiles"}},
+    )
     pod = build_pod(j, 0, 0)
     # the pod's volumes and mounts, in another order than the user's, map by name / path
     pod["spec"]["volumes"].reverse()
@@ -164,3 +169,9 @@ def test_the_shared_memory_size_is_the_users_shm_size() -> None:
 def test_gpu_resources_are_gpus_per_node() -> None:
     got = mapped("spec.containers[0].resources.limits[nvidia.com/gpu]", gpusPerNode=2)
     assert got == "spec.gpusPerNode"
+
+
+def test_the_operators_profile_volume_is_the_operators() -> None:
+    j = job()
+    pod = build_pod(j, 0, 0)
+    assert user_path("spec.volumes[0].emptyDir", j["spec"], pod).operator
