@@ -336,6 +336,15 @@ class ProfileRankFailure(StatusModel):
     why: str = Field(default="", max_length=512, description="Why its profile is missing.")
 
 
+class ProfileRefusal(StatusModel):
+    """A request refused while a capture was under way (that capture's record stays)."""
+
+    request: str | None = Field(default=None, max_length=256, description="Its value.")
+    id: str | None = Field(default=None, max_length=64, description="Its id.")
+    reason: str | None = Field(default=None, max_length=1024, description="Why refused.")
+    at: Time | None = Field(default=None, description="When it was refused.")
+
+
 class ProfileRecord(StatusModel):
     """The latest profile asked of the ranks (annotation gpujob.dev/profile, gpujob profile,
     or spec.monitoring.profileOnVerdict) and its answer."""
@@ -394,6 +403,11 @@ class ProfileRecord(StatusModel):
     )
     failed_ranks: list[ProfileRankFailure] | None = Field(
         default=None, max_length=64, description="Ranks that gave no usable profile, and why."
+    )
+    refused: ProfileRefusal | None = Field(
+        default=None,
+        description="The latest request refused while this capture was under way (one at a "
+        "time): acknowledged, never started.",
     )
 
 

@@ -54,6 +54,7 @@ from gpujob_operator.api.children import (
 from gpujob_operator.api.hostports import RankPorts, metrics_port_name, rank_ports
 from gpujob_operator.api.names import ENV_PROFILE_DIR, PROFILE_DEFAULT_DIR, PROFILE_VOLUME
 from gpujob_operator.api.pod.template import MERGED_FIELDS, TRAINER_FIELDS
+from gpujob_operator.api.profile import profile_dir
 from gpujob_trainer import contract
 from gpujob_trainer.contract import ENV_METRICS_ADDR
 
@@ -108,12 +109,6 @@ def job_ports(job: Mapping[str, Any], spec: api.GPUTrainingJobSpec) -> RankPorts
     """The job's metrics and rendezvous ports (a block of its own on the host network)."""
     name, namespace, uid = job_meta(job)
     return rank_ports(spec, uid or f"{namespace}/{name}")
-
-
-def profile_dir(spec: api.GPUTrainingJobSpec) -> str:
-    """Where the ranks write profile traces: ``spec.monitoring.profile.path``, else the
-    operator's emptyDir (``status.profile.path``)."""
-    return spec.monitoring.profile.path or PROFILE_DEFAULT_DIR
 
 
 def profile_volume(
