@@ -4,7 +4,9 @@ Scrapes trainer endpoints for a window (no cluster needed: a laptop, a pod's por
 a test) and runs the very code the operator runs, window, analysis and hysteresis included,
 so what it prints is what the job's status would say. When the ranks are found hung, it
 also asks each for its ``/debug/evidence`` and prints the comparison the operator would
-record (who is not where the others are, and where each rank is).
+record (who is not where the others are, and where each rank is). With ``--profile STEPS``
+it asks each rank for a profile of STEPS steps instead and prints the comparison the
+operator would record in ``status.profile`` and its ConfigMap.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +31,8 @@ from gpujob_operator.api.display import format_duration, format_percent, format_
 from gpujob_operator.monitoring.hang import hang, hangdump
 from gpujob_operator.monitoring.hang.hang import HangReport
 from gpujob_operator.monitoring.monitor import JobMonitor
+from gpujob_operator.monitoring.profile import profilecompare, profiledoc
+from gpujob_operator.monitoring.profile.profilecompare import ProfileReport
 from gpujob_operator.monitoring.scrape.result import ScrapeTarget
 from gpujob_operator.monitoring.scrape.scraper import Scraper
 from gpujob_operator.monitoring.update import MonitorUpdate
@@ -85,6 +90,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the job's endpoint token, where its ranks require one for /debug/evidence "
         "(kubectl get secret JOB-endpoint-token-UID8 -o jsonpath='{.data.token}' | base64 -d; "
         "default: env GPUJOB_ENDPOINT_TOKEN)",
+    )
+
+    p.add_argument(
+        "--profile",
+        type=int,
+        metavar="STEPS",
+        help=f"profile the ranks for STEPS training steps (1..{contract.PROFILE_MAX_STEPS}) "
+        "instead of scraping: GET /debug/profile on each, wait for every rank, compare them "
+        "(the slowest by busy time against the median) and print what the operator would "
+        "write in status.profile and its ConfigMap",
+    )
+    p.add_argument(
+        "--profile-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="with --profile, how long to wait for the ranks (default: scaled by STEPS)",
     )
 
 
@@ -219,6 +240,76 @@ async def compare_ranks(
     async with Scraper(timeout=timeout, concurrency=64) as scraper:
         fetched = await scraper.fetch_all(asked, hangdump.MAX_BYTES)
     return hang.compare(asked, fetched)[1]
+
+
+async def profile_ranks(
+    targets: Sequence[ScrapeTarget],
+    steps: int,
+    *,
+    capture_id: str | None = None,
+    token: str = "",
+    timeout: float = 5.0,
+    deadline: float | None = None,
+    poll: float = 1.0,
+) -> ProfileReport:
+    """Ask every rank for a capture of ``steps`` steps and poll until each is done or failed
+    (or ``deadline`` seconds passed: the rest are reported as not finished), then compare
+    them as the operator does."""
+    capture_id = capture_id or secrets.token_hex(4)
+    asked = profilecompare.profile_targets(targets, capture_id, steps, token)
+    loop = asyncio.get_running_loop()
+    until = loop.time() + (deadline or profilecompare.capture_deadline(steps))
+    async with Scraper(timeout=timeout, concurrency=64) as scraper:
+        while True:
+            fetched = await scraper.fetch_all(asked, profiledoc.MAX_BYTES)
+            answers = profilecompare.answers_of(asked, fetched, capture_id)
+            if profilecompare.settled(answers) or loop.time() >= until:
+                break
+            await asyncio.sleep(max(0.0, min(poll, until - loop.time())))
+    unfinished = [
+        profilecompare.RankProfile(a.rank, a.pod, error=f"not finished at the deadline: {a.why}")
+        if not a.settled
+        else a
+        for a in answers
+    ]
+    return profilecompare.compare(unfinished)
+
+
+def profile_json(r: ProfileReport) -> dict[str, Any]:
+    return {
+        "answer": r.answer,
+        "slowestRank": r.slowest_rank,
+        "medianRank": r.median_rank,
+        "operation": r.operation,
+        "ranks": {str(a.rank): a.summary.to_json() for a in r.usable if a.summary is not None},
+        "failedRanks": [{"rank": rank, "why": why} for rank, why in r.failed],
+    }
+
+
+def run_profile(args: argparse.Namespace, targets: Sequence[ScrapeTarget]) -> int:
+    """``gpujob diagnose --profile STEPS``: 0 when a rank gave a profile, 2 when none did,
+    64 for a bad STEPS."""
+    steps = int(args.profile)
+    if not 1 <= steps <= contract.PROFILE_MAX_STEPS:
+        sys.stderr.write(
+            f"gpujob diagnose: --profile must be 1..{contract.PROFILE_MAX_STEPS}, got {steps}\n"
+        )
+        return 64
+    report = asyncio.run(
+        profile_ranks(
+            targets,
+            steps,
+            token=args.token,
+            timeout=args.timeout,
+            deadline=getattr(args, "profile_timeout", None),
+        )
+    )
+    if args.json:
+        json.dump(profile_json(report), sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(profilecompare.render_text(report))
+    return 0 if report.usable else 2
 
 
 def stalled(update: MonitorUpdate) -> bool:
@@ -364,8 +455,11 @@ def render_text(update: MonitorUpdate, out: TextIO, hung: HangReport | None = No
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of `gpujob diagnose`: 0; 2 when no endpoint could be scraped; 64 for a
-    bad option or job manifest."""
+    bad option or job manifest. With ``--profile STEPS`` it profiles instead
+    (:func:`run_profile`)."""
     targets = targets_from_urls(args.urls)
+    if getattr(args, "profile", None) is not None:
+        return run_profile(args, targets)
     try:
         settings = settings_from_args(args)
     except SettingsError as e:
