@@ -19,9 +19,17 @@ def main(argv: list[str] | None = None) -> int:
 
     diag = sub.add_parser("diagnose", help="scrape trainer endpoints; print progress and verdict")
     diagnose.add_arguments(diag)
+    from gpujob_operator.runtime import profilecli
+
+    prof = sub.add_parser(
+        "profile", help="ask a running job for a profile (torch.profiler on its ranks)"
+    )
+    profilecli.add_arguments(prof)
     args = p.parse_args(argv)
     if args.cmd == "diagnose":
         return diagnose.run(args)
+    if args.cmd == "profile":
+        return profilecli.run(args)
     if args.cmd == "operator":
         op_main.run(
             args.namespace,
