@@ -425,3 +425,28 @@ def apply(status_profile: Mapping[str, Any] | None, decision: Decision) -> dict[
             },
         }
     return dict(decision.record)
+
+
+PROFILE_ADVICE: Final = " A profile of this attempt: "
+"""What joins a verdict's advice once the attempt has a captured profile (once)."""
+
+
+def with_profile(
+    bottleneck: Mapping[str, Any] | None, profile: Mapping[str, Any] | None, attempt: int
+) -> dict[str, Any] | None:
+    """The verdict with its advice pointing at this attempt's captured profile (the answer
+    and its ConfigMap); the verdict unchanged when there is none or it already points."""
+    if not bottleneck:
+        return None
+    out = dict(bottleneck)
+    p = profile or {}
+    if p.get("state") != "Captured" or p.get("attempt") != attempt or not p.get("configMap"):
+        return out
+    advice = str(out.get("advice") or "")
+    if PROFILE_ADVICE in advice:
+        advice = advice[: advice.index(PROFILE_ADVICE)]
+    tail = (
+        f"{PROFILE_ADVICE}{p.get('answer') or ''} (kubectl get configmap {p['configMap']} -o yaml)"
+    )
+    out["advice"] = (advice + tail)[:2048]
+    return out

@@ -22,6 +22,7 @@ from typing import Any
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import job_uid
 from gpujob_operator.api.hostports import host_port_refusal
+from gpujob_operator.api.profile import with_profile
 from gpujob_operator.api.spec import parse_spec
 from gpujob_operator.api.status import attempt_of, stall_evidence
 from gpujob_operator.api.statusupgrade import upgrade
@@ -34,6 +35,7 @@ from gpujob_operator.runtime import hangcapture
 from gpujob_operator.runtime.faults import BEFORE_EVIDENCE_RECORD, fault_point
 from gpujob_operator.runtime.jobhandle import JobHandle
 from gpujob_operator.runtime.kube import Fenced, JobGone
+from gpujob_operator.runtime.profilecapture import ProfileCapture
 
 log = logging.getLogger("gpujob.hang")
 
@@ -55,6 +57,8 @@ class MetricsTask:
     """The stall (its Stalled transition time) whose evidence this task last took."""
     unwritten: dict[str, Any] | None = None
     """That stall's ``status.hangEvidence`` until a status write took it."""
+    profiles: ProfileCapture = field(default_factory=ProfileCapture)
+    """The job's profile request under way, if any (``status.profile``)."""
 
     async def observe(self, pods: list[Mapping[str, Any]]) -> float | None:
         """Scrape the ranks when due and fold the result into status; seconds until the next.
@@ -72,6 +76,7 @@ class MetricsTask:
         if status.get("phase") != c.PHASE_RUNNING or not (spec.get("monitoring") or {}).get(
             "enabled", True
         ):
+            await self.profile(job, None)  # a request now is refused (or a capture ends)
             return None
         meta = job["metadata"]
         identity = (int(meta.get("generation") or 0), attempt_of(status))
@@ -83,11 +88,15 @@ class MetricsTask:
             self.monitored = identity
         monitor = self.monitor
         interval = float((spec.get("monitoring") or {}).get("scrapeIntervalSeconds") or 15)
+        refusal = host_port_refusal(parse_spec(spec), loop.host_ports)
+        if refusal is None:
+            await self.profile(
+                job, monitor.scrape_targets(spec, pods, job_uid(job), loop.host_ports)
+            )
         now = time.time()
         if now < self.next_scrape:
             return self.next_scrape - now
         self.next_scrape = next_tick(now, interval, job_uid(job))
-        refusal = host_port_refusal(parse_spec(spec), loop.host_ports)
         if refusal is not None:
             await self.refuse_ports(refusal)
             return interval
@@ -117,6 +126,10 @@ class MetricsTask:
             for ev in update.events:
                 loop.post_event(job, ev.type, ev.reason, ev.message)
             patch = update.status_patch(status)
+            if patch and patch.get("bottleneck"):  # its advice names this attempt's profile
+                patch["bottleneck"] = with_profile(
+                    patch["bottleneck"], status.get("profile"), identity[1]
+                )
             if patch:
                 await loop.write_status(meta["namespace"], meta["name"], patch)
                 METRICS.update(
@@ -135,6 +148,19 @@ class MetricsTask:
         if self.unwritten is not None:
             await self.record_evidence(identity)
         return interval
+
+    async def profile(self, job: Mapping[str, Any], targets: list[ScrapeTarget] | None) -> None:
+        """Advance the job's profile request (``runtime/profilecapture.py``). A failure there
+        is logged and left for the next pass: it never holds up the scrape."""
+        loop = self.loop
+        key = loop.token_key
+        token = endpoints.endpoint_token(key, job) if key is not None else ""
+        try:
+            await self.profiles.advance(loop, job, targets, token)
+        except (Fenced, JobGone, asyncio.CancelledError):
+            raise
+        except Exception:
+            log.exception("profile request of %s failed this pass", job["metadata"].get("name"))
 
     async def refuse_ports(self, message: str) -> None:
         """The job's metrics ports are node ports the operator may not scrape: say so in
