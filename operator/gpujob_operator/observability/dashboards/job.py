@@ -301,6 +301,24 @@ def build() -> dict[str, Any]:
                 w=8,
             ),
             Panel(
+                "Latest profile: where a step goes, per rank",
+                "From the job's latest profile (gpujob profile, or spec.monitoring."
+                "profileOnVerdict): each captured rank's mean seconds per step in compute, "
+                "exposed communication, memory copies and idle, which add up to its step. "
+                "status.profile names the slowest rank's differing operation; the ConfigMap "
+                "it names holds every rank's top operations. Empty until a capture finished.",
+                [
+                    t(
+                        f"max by (rank, part) ({contract.PROFILE_STEP_SECONDS.name}{{{JOB_ONE}}})",
+                        "rank {{rank}} {{part}}",
+                        instant=True,
+                    )
+                ],
+                kind="bargauge",
+                unit="s",
+                w=8,
+            ),
+            Panel(
                 "Samples/s per rank",
                 "Samples consumed per second by each rank.",
                 [t(_by_rank(contract.SAMPLES.name), "rank {{rank}}")],
