@@ -14,7 +14,8 @@ How the time is split:
   the last one's end; the step time is the window over the steps.
 * **Lanes.** With GPU work in the trace (kernels, memcpy, memset), each GPU stream is a
   lane and its operations are what counts. Without, the training thread (the one holding
-  the steps) and every thread that ran a communication op.
+  the steps) and every thread that ran a communication op; there a collective's span is
+  an annotation on the backend's thread (``gloo:all_reduce``), which counts as an op.
 * **Segments.** On each lane the operations are swept as a tree (a child that outlives its
   parent is cut at the parent's end): every moment belongs to the innermost operation
   open then, except that everything under a communication op is communication.
@@ -22,7 +23,8 @@ How the time is split:
   ``c10d::*``, ``record_param_comms``, all-reduce, all-gather, reduce-scatter, broadcast,
   barrier, send, recv...). Copy: ``gpu_memcpy``/``gpu_memset`` events and ``Memcpy``/
   ``Memset`` names. Compute: every other operation (``cpu_op``, ``kernel``). Annotations
-  (``user_annotation``, ``gpu_user_annotation``, ``python_function``) are no operations.
+  (``user_annotation``, ``gpu_user_annotation``, ``python_function``) are no operations,
+  but for the host's communication spans above.
 * **Parts.** Across lanes a moment counts for the first of compute, communication, copy
   that runs then, else it is idle, so the parts are exclusive and add up to the step time;
   ``communication`` is therefore the exposed part, ``communicationSeconds`` all of it, and
@@ -57,6 +59,9 @@ COPY_CATS: Final = frozenset(("gpu_memcpy", "gpu_memset"))
 CPU_OP_CATS: Final = frozenset(("cpu_op", "operator"))
 """Host operations (``operator`` is what older exporters called them)."""
 GPU_ANNOTATION: Final = "gpu_user_annotation"
+COMM_ANNOTATION_CATS: Final = frozenset(("user_annotation",))
+"""On the host, a collective's own span is an annotation on the backend's thread (gloo's
+``gloo:all_reduce``): annotations named as communication count as communication ops."""
 _COMM_PREFIX: Final = re.compile(r"(nccl|gloo|c10d::|c10d_|_c10d_|record_param_comms)", re.I)
 _COMM_WORD: Final = re.compile(
     r"(?:^|[^a-z0-9])(all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|barrier|"
@@ -253,7 +258,12 @@ def summarize(
         ops = gpu_ops
     else:
         train = _training_lane(events)
-        cpu_ops = [e for e in events if e.cat in CPU_OP_CATS]
+        cpu_ops = [
+            e
+            for e in events
+            if e.cat in CPU_OP_CATS
+            or (e.cat in COMM_ANNOTATION_CATS and kind_of(e.name, e.cat) == COMMUNICATION)
+        ]
         comm_lanes = {e.lane for e in cpu_ops if kind_of(e.name, e.cat) == COMMUNICATION}
         lanes = comm_lanes | ({train} if train is not None else set())
         ops = [e for e in cpu_ops if e.lane in lanes]
