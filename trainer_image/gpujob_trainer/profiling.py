@@ -273,13 +273,16 @@ class Profiler:
                 self._lead = optimizer
             elif optimizer != self._lead:
                 return  # another optimizer of the same iteration
+        work: Callable[[], None] | None = None
         with self._lock:
             if self._state == PENDING:
                 self._start_locked()
             elif self._state == CAPTURING:
-                self._advance_locked()
+                work = self._advance_locked()
             else:
                 self._arm(False)
+        if work is not None:  # the export and summary: never on this thread
+            self._background(work)
 
     def _start_locked(self) -> None:
         try:
@@ -292,26 +295,28 @@ class Profiler:
         self._state = CAPTURING
         self._started_at = self._wall()
 
-    def _advance_locked(self) -> None:
+    def _advance_locked(self) -> Callable[[], None] | None:
+        """One more step captured; after the last, the work left for the background."""
         capture = self._capture
         assert capture is not None
         self._done += 1
         try:
             if self._done < self._steps:
                 capture.step()
-                return
+                return None
             capture.stop()
         except Exception as exc:
             self._capture = None
             self._fail_locked(f"the profiler failed at step {self._done}: {_why(exc)}")
             _stop_quietly(capture)
-            return
+            return None
         self._capture = None
         self._state = SUMMARIZING
         self._arm(False)
         ident = self._id
         assert ident is not None
-        self._background(lambda: self._finish(capture, ident))
+        box = [capture]  # the background takes it out, so the profiler's buffers can go
+        return lambda: self._finish(box, ident)
 
     def _fail_locked(self, why: str) -> None:
         self._state = FAILED
@@ -337,8 +342,9 @@ class Profiler:
             _stop_quietly(capture)
 
     # ------------------------------------------------------------------ the background side
-    def _finish(self, capture: Capture, ident: str) -> None:
+    def _finish(self, box: list[Capture], ident: str) -> None:
         """Export the trace and summarise it (a daemon thread)."""
+        capture = box.pop()
         try:
             directory = self._directory()
             directory.mkdir(parents=True, exist_ok=True)
