@@ -20,7 +20,10 @@
 7. a copy-heavy run (`--copy-mb`: pageable batches copied every step) judged TransferBound
    with NVML's PCIe receive bytes/s reported;
 8. nn.DataParallel over every visible GPU: the rank names each GPU it drives and the first
-   one carries the most (SKIPPED, with why, on a one-GPU machine).
+   one carries the most (SKIPPED, with why, on a one-GPU machine);
+9. a profile capture of the single-rank run asked over `/debug/profile` (issue 41): its trace
+   holds CUDA kernels, NCCL kernels where NCCL runs between two ranks or more, and the
+   summary (device cuda) has parts that add up to its step time.
 
 Without CUDA every check is SKIPPED with the reason and the exit code is 3; otherwise 0
 when all held and 1 when one failed. Checks are pure functions of scrapes and outputs, so
@@ -71,7 +74,9 @@ CHECKS = (
     "mfu in range",
     "transfer bound + PCIe",
     "dataparallel devices",
+    "profile capture",
 )
+PROFILE_STEPS = 5
 MFU_RANGE = (0.02, 1.0)
 """A matmul-heavy fp32/TF32 MLP on a data-centre GPU: a few percent (small layers, launch
 bound) to most of the peak; 0 or above 1 means the count or the peak is wrong."""
@@ -310,6 +315,42 @@ print(json.dumps({"devices": names, "used": used}))
 """
 
 
+def profile_check(doc: dict[str, Any], trace: Any, backend: str | None, world: int) -> Check:
+    """A finished capture on CUDA: kernels in its trace, NCCL's where NCCL runs between
+    ranks, and a summary whose parts add up to its step time."""
+    name = "profile capture"
+    if doc.get("state") != "done":
+        return Check(name, FAIL, f"state {doc.get('state')}: {doc.get('error') or '-'}")
+    events = trace.get("traceEvents") if isinstance(trace, dict) else None
+    if not isinstance(events, list):
+        return Check(name, FAIL, f"the trace {doc.get('trace')} holds no traceEvents list")
+    kernels = [e for e in events if isinstance(e, dict) and e.get("cat") == "kernel"]
+    if not kernels:
+        return Check(name, FAIL, "no CUDA kernel in the trace (CUPTI off or not captured?)")
+    nccl = [k for k in kernels if str(k.get("name", "")).lower().startswith("nccl")]
+    if backend == "nccl" and world > 1 and not nccl:
+        return Check(name, FAIL, f"NCCL runs between {world} ranks, yet no NCCL kernel")
+    s = doc.get("summary") or {}
+    if s.get("device") != "cuda":
+        return Check(name, FAIL, f"summary device {s.get('device')!r}, not cuda")
+    step = float(s.get("stepSeconds") or 0.0)
+    parts = s.get("parts") or {}
+    total = sum(float(parts.get(p, 0.0)) for p in contract.PROFILE_PARTS)
+    if not step > 0 or not math.isclose(total, step, rel_tol=1e-6):
+        return Check(name, FAIL, f"parts add up to {total:.6f} s, the step is {step:.6f} s")
+    if backend == "nccl" and world > 1:
+        comm = f"{len(nccl)} NCCL"
+    else:
+        comm = f"{len(nccl)} NCCL; {backend or 'no backend'} on {world} rank(s): none required"
+    split = ", ".join(f"{p} {100 * float(parts.get(p, 0.0)) / step:.0f}%" for p in parts)
+    top = (s.get("top") or [{}])[0].get("name", "-")
+    return Check(
+        name,
+        PASS,
+        f"{len(kernels)} kernels ({comm}); step {1000 * step:.1f} ms: {split}; top {top[:60]}",
+    )
+
+
 def skipped_all(reason: str) -> list[Check]:
     return [Check(n, SKIPPED, reason) for n in CHECKS]
 
@@ -406,6 +447,7 @@ def run_checks(device: Device, work: Path, bench_seconds: float) -> list[Check]:
             one["seconds"] = time.monotonic() - t1
             one["first"], one["second"] = first, second
             one["diagnose"], one["diagnose_err"] = _diagnose(port)
+            one["profile"] = _guard("profile capture", lambda: _profile(port, one["evidence"]))
         return Check("single rank", PASS, "")
 
     started = _guard("single rank", single_rank)
@@ -507,7 +549,31 @@ def run_checks(device: Device, work: Path, bench_seconds: float) -> list[Check]:
         )
 
     checks.append(_guard("dataparallel devices", dataparallel))
+    if started.status == FAIL:
+        checks.append(Check("profile capture", FAIL, "single-rank run: " + started.detail))
+    else:
+        checks.append(one["profile"])
     return checks
+
+
+def _profile(port: int, evidence: dict[str, Any]) -> Check:
+    """Ask the rank for a capture of PROFILE_STEPS steps, wait for it, check it."""
+    url = f"http://127.0.0.1:{port}{contract.PROFILE_PATH}?id=gpucheck&steps={PROFILE_STEPS}"
+
+    def ask() -> dict[str, Any]:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return dict(json.loads(r.read()))
+
+    doc = wait_for(
+        "the capture to finish",
+        lambda: d if (d := ask())["state"] in ("done", "failed") else None,
+        180,
+    )
+    trace: Any = None
+    if doc.get("trace") and doc.get("traceBytes"):
+        trace = json.loads(Path(doc["trace"]).read_text())
+    backend = (evidence.get("collectives") or {}).get("backend")
+    return profile_check(doc, trace, backend, world=1)
 
 
 def _diagnose(port: int) -> tuple[dict[str, Any], str]:

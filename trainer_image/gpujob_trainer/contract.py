@@ -55,6 +55,22 @@ PROFILE_DEFAULT_STEPS: Final = 5
 PROFILE_PARTS: Final = ("compute", "communication", "copy", "idle")
 ENV_EVIDENCE: Final = "GPUJOB_EVIDENCE"
 """0/false/off turns the evidence endpoint off (it is on by default); the user's to set."""
+PROFILE_PATH: Final = "/debug/profile"
+"""Where the same server answers a profile request and the rank's profile state (JSON, see
+profiling.py); under ``DEBUG_PREFIX``, so the endpoint token guards it."""
+PROFILE_MAX_STEPS: Final = 50
+"""The most training steps one capture may span."""
+PROFILE_DEFAULT_STEPS: Final = 5
+"""The steps a capture spans when the request names none."""
+PROFILE_PARTS: Final = ("compute", "communication", "copy", "idle")
+"""The exclusive parts a captured step splits into (their sum is the step time); a moment
+counts for the first of compute, communication, copy that runs then, else it is idle."""
+ENV_PROFILE_DIR: Final = "GPUJOB_PROFILE_DIR"
+"""Where a rank writes its profile traces (operator-owned: a mounted volume in the pod);
+unset: ``<tempdir>/gpujob-profiles``."""
+ENV_PROFILE: Final = "GPUJOB_PROFILE"
+"""0/false/off turns profile captures off (on by default where the evidence endpoint is on);
+the user's to set."""
 ENV_FRAMEWORK_CALLBACK: Final = "GPUJOB_FRAMEWORK_CALLBACK"
 """1/true/on adds gpujob's callback to every Lightning Trainer through Lightning's
 callbacks_factory entry point (off by default); the user's to set."""
@@ -94,6 +110,8 @@ LABEL_DTYPE: Final = "dtype"
 """The training precision a peak is quoted for (`PEAK_DTYPES`)."""
 LABEL_DEVICE: Final = "device"
 """The GPU product name as NVML and CUDA spell it (`NVIDIA H100 80GB HBM3`)."""
+LABEL_PART: Final = "part"
+"""Which part of a profiled step a `profile step seconds` series speaks for (`PROFILE_PARTS`)."""
 LABEL_COUNTER: Final = "counter"
 """Which optional GPU counter group a `profiling available` series speaks for."""
 
@@ -323,6 +341,16 @@ CURRENT_PHASE = _m(
     (*RANK_LABELS, LABEL_PHASE),
 )
 
+PROFILE_STEP_SECONDS = _m(
+    "gpujob_profile_step_seconds",
+    "gauge",
+    "The latest finished profile capture of the rank: seconds per captured step in each part "
+    "(compute, exposed communication, copies, idle; they add up to the step time). Absent "
+    "until a capture finished.",
+    (*RANK_LABELS, LABEL_PART),
+    "seconds",
+)
+
 GPU_TELEMETRY_AVAILABLE = _m(
     "gpujob_gpu_telemetry_available",
     "gauge",
@@ -458,8 +486,10 @@ GPU_METRICS: Final = (
     GPU_TENSOR_ACTIVE,
 )
 CUDA_METRICS: Final = (CUDA_MEMORY_RESERVED, CUDA_ALLOC_RETRIES, CUDA_OOMS)
+PROFILE_METRICS: Final = (PROFILE_STEP_SECONDS,)
 ALL_METRICS: Final = (
     *TRAIN_METRICS,
+    *PROFILE_METRICS,
     GPU_TELEMETRY_AVAILABLE,
     GPU_PROFILING_AVAILABLE,
     *GPU_METRICS,

@@ -12,11 +12,13 @@ imports no tracker: the tracker imports it, when it starts one.
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, Final, Protocol
+from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -24,7 +26,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from gpujob_trainer import contract, evidence
+from gpujob_trainer import contract, evidence, profiling
 from gpujob_trainer.cuda_memory import CudaMemoryCollector
 from gpujob_trainer.env import RankInfo, endpoint_token, metrics_addr, metrics_base_port
 from gpujob_trainer.families import family, rank_values
@@ -99,6 +101,17 @@ def render_snapshot(snap: Snapshot) -> list[Metric]:
     return out
 
 
+def render_profile(rank: RankInfo, parts: Mapping[str, float] | None) -> list[Metric]:
+    """The latest finished profile's parts per step (nothing until a capture finished)."""
+    if not parts:
+        return []
+    fam = family(contract.PROFILE_STEP_SECONDS)
+    values = rank_values(rank)
+    for part in contract.PROFILE_PARTS:
+        fam.add_metric([*values, part], float(parts.get(part, 0.0)))  # type: ignore[attr-defined]
+    return [fam]
+
+
 class TrainerCollector(Collector):
     """Renders a tracker's counters at scrape time."""
 
@@ -107,6 +120,9 @@ class TrainerCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield from render_snapshot(self._tracker.snapshot())
+        profiler = getattr(self._tracker, "profiler", None)
+        if profiler is not None:  # one attribute read: the parts are kept ready
+            yield from render_profile(self._tracker.rank, profiler.latest_parts)
 
 
 class _Quiet(WSGIRequestHandler):
@@ -126,8 +142,45 @@ def _authorized(environ: dict[str, Any], expected: bytes) -> bool:
     return hmac.compare_digest(got, expected)
 
 
+MAX_PROFILE_ANSWER: Final = 64 * 1024
+"""The most a `contract.PROFILE_PATH` answer holds (the summary itself is 16 KiB at most)."""
+
+
+def _json(start_response: Any, status: str, doc: dict[str, Any]) -> list[bytes]:
+    body = json.dumps(doc, separators=(",", ":")).encode()
+    if len(body) > MAX_PROFILE_ANSWER:  # cannot happen with the bounds above; never send it
+        status = "500 Internal Server Error"
+        body = json.dumps({"error": f"the answer exceeds {MAX_PROFILE_ANSWER} bytes"}).encode()
+    start_response(
+        status, [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
+    )
+    return [body]
+
+
+def profile_answer(
+    profiler: profiling.Profiler | None, rank: int | None, debug: bool, query: str
+) -> tuple[str, dict[str, Any]]:
+    """The HTTP status and JSON document of a `contract.PROFILE_PATH` request."""
+    if not debug:
+        why = f"evidence is off ({contract.ENV_EVIDENCE}=0)"
+        return "404 Not Found", {"version": 1, "rank": rank, "state": "unavailable", "error": why}
+    try:
+        asked = profiling.parse_request(parse_qs(query, keep_blank_values=True, max_num_fields=16))
+    except (profiling.RequestError, ValueError) as exc:
+        return "400 Bad Request", {"error": str(exc)[: profiling.MAX_ERROR]}
+    if profiler is None:
+        why = "this endpoint serves no tracker"
+        return "200 OK", {"version": 1, "rank": rank, "state": "unavailable", "error": why}
+    doc = profiler.state() if asked is None else profiler.request(*asked)
+    return "200 OK", doc
+
+
 def _app(
-    registry: CollectorRegistry, rank: int | None, debug: bool, token: str | None = None
+    registry: CollectorRegistry,
+    rank: int | None,
+    debug: bool,
+    token: str | None = None,
+    profiler: profiling.Profiler | None = None,
 ) -> Any:
     """/metrics from the registry, and (unless turned off) the hang evidence.
 
@@ -155,6 +208,11 @@ def _app(
                 ],
             )
             return [UNAUTHORIZED]
+        if path == contract.PROFILE_PATH:
+            status, doc = profile_answer(
+                profiler, rank, debug, str(environ.get("QUERY_STRING") or "")
+            )
+            return _json(start_response, status, doc)
         if path == contract.EVIDENCE_PATH:
             status = "200 OK" if debug else "404 Not Found"
             body = evidence.render(rank) if debug else b"evidence is off (GPUJOB_EVIDENCE=0)\n"
@@ -187,8 +245,11 @@ class Exporter:
         rank: int | None = None,
         debug: bool | None = None,
         token: str | None = None,
+        profiler: profiling.Profiler | None = None,
     ) -> None:
         self.registry = registry
+        self.profiler = profiler
+        """Whose captures :data:`contract.PROFILE_PATH` asks for (None: none offered)."""
         self.rank = rank
         self.debug = evidence.enabled() if debug is None else debug
         """Whether :data:`contract.EVIDENCE_PATH` is served (``GPUJOB_EVIDENCE``)."""
@@ -225,12 +286,13 @@ class Exporter:
             addr if addr is not None else metrics_addr(),
             rank=rank.rank,
             token=endpoint_token(),
+            profiler=getattr(tracker, "profiler", None),
         )
 
     def start(self) -> int:
         """Start serving in a daemon thread; returns the bound port (useful with port 0)."""
         if self._server is None:
-            app = _app(self.registry, self.rank, self.debug, self.token)
+            app = _app(self.registry, self.rank, self.debug, self.token, self.profiler)
             self._server, self._thread = _serve(self.addr, self.port, app)
             self.port = int(self._server.server_port)
             log.info(

@@ -522,6 +522,8 @@ def optimizer_hooks(tracker: Recorder, *, watched: bool) -> tuple[_StepHook, _St
         record = tracker._record
         end = END_OPTIMIZER if watched else done_op(optimizer)
         events.extend((now(), end, None if record is None else record()))
+        if tracker._profiling:  # a profile capture is pending or running: a step boundary
+            tracker._profile_tick(id(optimizer))
         if len(events) >= tracker._flush_at:
             tracker.flush()
 

@@ -63,6 +63,11 @@ class Recorder(Protocol):
         """The open FLOP counter, while a forward and its backward are counted."""
         ...
 
+    @property
+    def _profiling(self) -> bool:
+        """Whether a profile capture is pending or running (step boundaries then tick it)."""
+        ...
+
     _bwd: int
     """Where the current backward pass is (`hooks` owns its states); 0 outside one."""
     _samples: int
@@ -90,6 +95,11 @@ class Recorder(Protocol):
 
     def _flops_end(self) -> None:
         """The counted backward is over: read the count."""
+        ...
+
+    def _profile_tick(self, optimizer: Any) -> None:
+        """A step boundary (an optimizer step's end, by the optimizer's key) while a
+        profile capture is pending or running."""
         ...
 
     def flush(self) -> None:

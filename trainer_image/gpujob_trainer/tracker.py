@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from gpujob_trainer import contract, flops, hooks
+from gpujob_trainer import contract, flops, hooks, profiling
 from gpujob_trainer.env import RankInfo, total_steps_from_env
 from gpujob_trainer.snapshot import Counters, Snapshot
 from gpujob_trainer.timing import (
@@ -166,7 +166,24 @@ class Tracker:
         self.start_step = _step_number(start_step, "start_step")
         """The run's step this process started from; the exported global step is this plus
         the steps this process made (`Snapshot.global_step`)."""
+        self._profiling = False
+        """Whether a profile capture is pending or running: the one attribute the step
+        boundaries read (the optimizer hooks, `end_step`); while true they tick it."""
+        self.profiler = profiling.Profiler(
+            rank=self.rank.rank,
+            arm=self._arm_profiling,
+            cuda=lambda: self.cuda_device is not None,
+            available=profiling.why_unavailable(),
+        )
+        """Profile captures on request (`contract.PROFILE_PATH`, see `profiling.py`)."""
         self.closed = False
+
+    def _arm_profiling(self, on: bool) -> None:
+        self._profiling = on
+
+    def _profile_tick(self, optimizer: Any) -> None:
+        """A step boundary while a capture is pending or running (see `profiling.Profiler`)."""
+        self.profiler.tick(optimizer)
 
     # ----------------------------------------------------------------- events
     # The training threads take turns (the main thread waits while autograd runs the backward
@@ -263,6 +280,8 @@ class Tracker:
         Replays here when nothing scraped for a long while (the optimizer hook does the same).
         """
         self._event(END_STEP)
+        if self._profiling:
+            self.profiler.tick(None)
         if len(self._events) >= self._flush_at:
             self.flush()
 
@@ -624,6 +643,7 @@ class Tracker:
     def close(self, linger: float = 0.0) -> None:
         """Remove hooks, then keep serving for `linger` seconds and stop the exporter."""
         self._flops_end()  # a count still open (a forward that never had a backward)
+        self.profiler.close()  # a capture not yet captured fails: no step will come
         for handle in self._handles:
             handle.remove()
         self._handles.clear()

@@ -187,3 +187,31 @@ def test_dataparallel_check_skips_on_one_gpu_and_wants_every_gpu_named() -> None
     assert gc.dataparallel_check(good, 2).status == gc.PASS
     assert gc.dataparallel_check({**good, "devices": ["GPU-a"]}, 2).status == gc.FAIL
     assert gc.dataparallel_check({**good, "used": [2**30, 4 * 2**30]}, 2).status == gc.FAIL
+
+
+def _capture(**summary: object) -> dict[str, object]:
+    parts = {"compute": 0.06, "communication": 0.01, "copy": 0.01, "idle": 0.02}
+    s: dict[str, object] = {"device": "cuda", "stepSeconds": 0.1, "parts": parts}
+    s.update(summary)
+    s["top"] = [{"name": "sm90_xmma_gemm", "kind": "compute", "seconds": 0.05, "share": 0.5}]
+    return {"state": "done", "trace": "/t.json", "traceBytes": 10, "summary": s, "error": None}
+
+
+def test_the_profile_check_wants_kernels_nccl_where_it_runs_and_parts_that_add_up() -> None:
+    gemm = {"ph": "X", "cat": "kernel", "name": "sm90_xmma_gemm", "ts": 0, "dur": 5}
+    nccl = {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum", "ts": 5, "dur": 1}
+    trace = {"traceEvents": [gemm, nccl]}
+    ok = gc.profile_check(_capture(), trace, "nccl", 2)
+    assert ok.status == gc.PASS and "2 kernels (1 NCCL)" in ok.detail and "compute 60%" in ok.detail
+    one = gc.profile_check(_capture(), {"traceEvents": [gemm]}, "nccl", 1)
+    assert one.status == gc.PASS and "none required" in one.detail
+    missing = gc.profile_check(_capture(), {"traceEvents": [gemm]}, "nccl", 2)
+    assert missing.status == gc.FAIL and "no NCCL kernel" in missing.detail
+    cpu_only = {"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm"}]}
+    assert gc.profile_check(_capture(), cpu_only, "gloo", 1).status == gc.FAIL
+    assert gc.profile_check(_capture(), None, "gloo", 1).status == gc.FAIL
+    assert gc.profile_check(_capture(stepSeconds=0.2), trace, "gloo", 1).status == gc.FAIL
+    assert gc.profile_check(_capture(device="cpu"), trace, "gloo", 1).status == gc.FAIL
+    failed = {"state": "failed", "error": "the profiler did not start: CUPTI"}
+    got = gc.profile_check(failed, None, "nccl", 1)
+    assert got.status == gc.FAIL and "CUPTI" in got.detail

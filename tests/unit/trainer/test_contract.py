@@ -14,7 +14,9 @@ def test_names_follow_prometheus_conventions() -> None:
     names = [m.name for m in contract.ALL_METRICS]
     assert len(names) == len(set(names))
     for m in contract.ALL_METRICS:
-        assert m.name.startswith(("gpujob_train_", "gpujob_gpu_", "gpujob_cuda_")), m.name
+        assert m.name.startswith(
+            ("gpujob_train_", "gpujob_gpu_", "gpujob_cuda_", "gpujob_profile_")
+        ), m.name
         assert m.type in ("counter", "gauge", "histogram"), m.name  # never a summary
         assert m.name.endswith("_total") == (m.type == "counter"), m.name
         if m.unit:
@@ -61,6 +63,7 @@ def test_required_metric_set() -> None:
         "gpujob_cuda_alloc_retries_total": "counter",
         "gpujob_cuda_ooms_total": "counter",
         "gpujob_gpu_telemetry_available": "gauge",
+        "gpujob_profile_step_seconds": "gauge",
     }
     assert {m.name: m.type for m in contract.ALL_METRICS} == want
 
@@ -74,6 +77,16 @@ def test_labels() -> None:
     assert contract.GPU_CLOCK_EVENT.labels[-1] == "reason"
     for m in contract.CUDA_METRICS:
         assert set(contract.RANK_LABELS) | {"UUID"} == set(m.labels), m.name
+    assert contract.PROFILE_STEP_SECONDS.labels == (*contract.RANK_LABELS, "part")
+
+
+def test_profile_names() -> None:
+    """The names issue 41's trainer, operator and CLI share (docs of the contract)."""
+    assert contract.PROFILE_PATH == "/debug/profile"
+    assert contract.PROFILE_PATH.startswith(contract.DEBUG_PREFIX)  # the token guards it
+    assert (contract.PROFILE_MAX_STEPS, contract.PROFILE_DEFAULT_STEPS) == (50, 5)
+    assert contract.ENV_PROFILE_DIR == "GPUJOB_PROFILE_DIR"
+    assert contract.PROFILE_PARTS == ("compute", "communication", "copy", "idle")
 
 
 def test_phases_and_env() -> None:
