@@ -48,11 +48,6 @@ ENV_ENDPOINT_TOKEN: Final = "GPUJOB_ENDPOINT_TOKEN"
 """The job's endpoint token, from a Secret the operator creates (only where the operator is
 configured to: clusters that do not enforce NetworkPolicy). Set: ``/debug/*`` answers 401
 unless the request carries ``Authorization: Bearer <token>``; ``/metrics`` stays open."""
-ENV_PROFILE_DIR: Final = "GPUJOB_PROFILE_DIR"
-PROFILE_PATH: Final = "/debug/profile"
-PROFILE_MAX_STEPS: Final = 50
-PROFILE_DEFAULT_STEPS: Final = 5
-PROFILE_PARTS: Final = ("compute", "communication", "copy", "idle")
 ENV_EVIDENCE: Final = "GPUJOB_EVIDENCE"
 """0/false/off turns the evidence endpoint off (it is on by default); the user's to set."""
 PROFILE_PATH: Final = "/debug/profile"
