@@ -147,3 +147,15 @@ class OperatorState(StatusModel):
         "began: the current attempt makes progress once it passes it.",
     )
     goodput: GoodputLedger | None = Field(default=None, description="The goodput ledger's cursor.")
+    profile_request: str | None = Field(
+        default=None,
+        max_length=256,
+        description="The last gpujob.dev/profile annotation value acted on (accepted or "
+        "refused), so a later record in status.profile does not make it new again.",
+    )
+    profile_auto_attempt: int | None = Field(
+        default=None,
+        ge=0,
+        description="The attempt spec.monitoring.profileOnVerdict last profiled (once per "
+        "attempt, whatever manual captures come between).",
+    )

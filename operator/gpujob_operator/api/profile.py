@@ -167,9 +167,23 @@ def resolve_ranks(request: Request, world: int, status: Mapping[str, Any]) -> li
     return list(range(world))
 
 
-def _acknowledged(value: str, profile: Mapping[str, Any]) -> bool:
+def _acknowledged(value: str, profile: Mapping[str, Any], state: Mapping[str, Any]) -> bool:
     refused = profile.get("refused") or {}
-    return value in (profile.get("request"), refused.get("request"))
+    seen = (profile.get("request"), refused.get("request"), state.get("profileRequest"))
+    return value[:MAX_VALUE] in seen
+
+
+def bookkeeping(decision: Decision) -> dict[str, Any] | None:
+    """The ``status.operatorState`` fields a decision sets: the annotation value acted on,
+    or the attempt the automatic capture took (None: nothing to keep)."""
+    if isinstance(decision, Nothing) or (isinstance(decision, Start) and decision.resume):
+        return None
+    rec = decision.record
+    if rec.get("auto"):
+        return {"profileAutoAttempt": rec.get("attempt")}
+    if rec.get("request"):
+        return {"profileRequest": str(rec["request"])[:MAX_VALUE]}
+    return None
 
 
 def make_id(value: str, now: str, uid: str) -> str:
@@ -291,7 +305,7 @@ def decide(job: Mapping[str, Any], now: str, in_flight: str | None = None) -> De
     attempt = attempt_of(status)
     value = j.annotations.get(PROFILE_ANNOTATION)
     under_way = profile.get("state") in IN_FLIGHT
-    if value is not None and not _acknowledged(value, profile):
+    if value is not None and not _acknowledged(value, profile, status.get("operatorState") or {}):
         return _manual(j, value, now, attempt, in_flight, under_way)
     if under_way and in_flight is None and profile.get("id"):
         why = _finished(status)
@@ -390,6 +404,8 @@ def auto_request(job: Mapping[str, Any], now: str) -> Start | None:
         return None
     if profile.get("auto") and profile.get("attempt") == attempt:
         return None
+    if (status.get("operatorState") or {}).get("profileAutoAttempt") == attempt:
+        return None  # once per attempt, whatever manual captures came since
     req = Request(value="", steps=contract.PROFILE_DEFAULT_STEPS, ranks="slowest")
     ranks = resolve_ranks(req, world_size(spec), status)
     if isinstance(ranks, str):

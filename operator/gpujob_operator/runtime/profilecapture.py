@@ -111,11 +111,19 @@ class ProfileCapture:
         now = time.time()
         status = job.get("status") or {}
         decision = req.decide(job, stamp(now), self.in_flight)
+        if not isinstance(decision, req.Nothing):
+            meta = job["metadata"]
+            log.info(
+                "profile request of %s/%s: %s (in flight here: %s; status: %s %s)",
+                meta.get("namespace"), meta.get("name"), decision, self.in_flight,
+                (status.get("profile") or {}).get("id"), (status.get("profile") or {}).get("state"),
+            )  # fmt: skip
         if isinstance(decision, req.Refuse):
             new = req.apply(status.get("profile"), decision)
             if new is not None:
                 reason = c.PROFILE_FAILED if new.get("state") == "Failed" else c.PROFILE_REFUSED
-                await self._write(loop, job, new, ("Warning", reason, decision.reason))
+                event = ("Warning", reason, decision.reason)
+                await self._write(loop, job, new, event, req.bookkeeping(decision))
             return
         if isinstance(decision, req.Start):
             if not decision.resume:
@@ -126,9 +134,9 @@ class ProfileCapture:
                     f"{what}profile {decision.id}: the next {decision.steps} steps on rank(s) "
                     f"{ranks}{more}"
                 )
-                if not await self._write(
-                    loop, job, dict(decision.record), ("Normal", c.PROFILE_REQUESTED, words)
-                ):
+                event = ("Normal", c.PROFILE_REQUESTED, words)
+                kept = req.bookkeeping(decision)
+                if not await self._write(loop, job, dict(decision.record), event, kept):
                     return
             self.in_flight, self.asked_at = decision.id, 0.0
             job = loop.freshest(loop.body)
@@ -220,6 +228,7 @@ class ProfileCapture:
         job: Mapping[str, Any],
         record: Mapping[str, Any],
         event: Event | None,
+        state: Mapping[str, Any] | None = None,
     ) -> bool:
         """Write ``status.profile`` while the job is still in the attempt the record was
         decided in; False when it moved on meanwhile (the next pass decides again)."""
@@ -229,6 +238,8 @@ class ProfileCapture:
             if attempt_of(fresh.get("status") or {}) != attempt_of(job.get("status") or {}):
                 return False
             patch: dict[str, Any] = {"profile": dict(record)}
+            if state:  # merged into operatorState: its other fields stay
+                patch["operatorState"] = dict(state)
             status = fresh.get("status") or {}
             if record.get("state") == "Captured" and status.get("bottleneck"):
                 patch["bottleneck"] = req.with_profile(

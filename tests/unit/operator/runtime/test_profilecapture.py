@@ -171,3 +171,38 @@ def test_a_request_on_a_finished_job_is_refused_in_the_status() -> None:
     assert final["state"] == "Refused" and "finished" in final["reason"], final
     assert EVENTS[-1][:2] == ("Warning", c.PROFILE_REFUSED)
     assert not loop.asked
+
+
+def test_an_acted_on_request_stays_old_and_the_automatic_capture_comes_once_per_attempt() -> None:
+    """A later record in status.profile (the automatic capture's) neither makes the user's
+    old annotation new again nor lets profileOnVerdict profile the attempt twice."""
+    EVENTS.clear()
+    loop = make(
+        "steps=2;ranks=all;id=abc",
+        [[state(0, "abc", "done", 0.1), state(1, "abc", "done", 0.4)]],
+    )
+    loop.body["spec"]["monitoring"] = {"profileOnVerdict": True}
+    cap = ProfileCapture()
+    asyncio.run(cap.advance(loop, loop.body, TARGETS, ""))  # type: ignore[arg-type]
+    assert loop.body["status"]["profile"]["state"] == "Captured"
+    assert loop.body["status"]["operatorState"] == {"profileRequest": "steps=2;ranks=all;id=abc"}
+    # a Warning verdict now holds: the automatic capture replaces the record
+    loop.body["status"]["bottleneck"] = {"verdict": "Straggler", "severity": "Warning", "rank": 1}
+    loop.body["status"]["operatorState"] = {"profileRequest": "steps=2;ranks=all;id=abc"}
+    auto_answers = [[state(0, "x", "pending"), state(1, "x", "pending")]]
+    loop.scraper.fetch_all = make("x", auto_answers).scraper.fetch_all
+    loop.writes.clear()
+    asyncio.run(cap.advance(loop, loop.body, None, ""))  # type: ignore[arg-type]
+    (write,) = loop.writes
+    assert write["profile"]["auto"] and write["profile"]["state"] == "Requested", write
+    assert write["operatorState"] == {"profileAutoAttempt": 0}, write
+    # it ends; the user's annotation (unchanged) is not asked again, nor is another automatic
+    loop.body["status"]["profile"] = {**write["profile"], "state": "Captured"}
+    loop.body["status"]["operatorState"] = {
+        "profileRequest": "steps=2;ranks=all;id=abc",
+        "profileAutoAttempt": 0,
+    }
+    cap.in_flight = None
+    loop.writes.clear()
+    asyncio.run(cap.advance(loop, loop.body, None, ""))  # type: ignore[arg-type]
+    assert loop.writes == []
