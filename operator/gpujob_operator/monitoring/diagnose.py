@@ -266,13 +266,7 @@ async def profile_ranks(
             if profilecompare.settled(answers) or loop.time() >= until:
                 break
             await asyncio.sleep(max(0.0, min(poll, until - loop.time())))
-    unfinished = [
-        profilecompare.RankProfile(a.rank, a.pod, error=f"not finished at the deadline: {a.why}")
-        if not a.settled
-        else a
-        for a in answers
-    ]
-    return profilecompare.compare(unfinished)
+    return profilecompare.compare(profilecompare.at_deadline(answers))
 
 
 def profile_json(r: ProfileReport) -> dict[str, Any]:

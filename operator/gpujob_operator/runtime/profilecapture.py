@@ -183,11 +183,7 @@ class ProfileCapture:
             if record.get("state") == "Requested" and pc.capturing(answers):
                 await self._write(loop, job, {**record, "state": "Capturing"}, None)
             return
-        answers = [
-            a if a.settled else pc.RankProfile(a.rank, a.pod, error=f"not finished at the "
-                                               f"deadline: {a.why}")
-            for a in answers
-        ]  # fmt: skip
+        answers = pc.at_deadline(answers)
         report, data = await asyncio.to_thread(compare_and_render, answers)
         attempt = attempt_of(job.get("status") or {})
         cm, note = await self._keep(loop, job, attempt, capture_id, data)

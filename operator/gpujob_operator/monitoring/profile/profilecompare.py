@@ -134,6 +134,17 @@ def settled(answers: Sequence[RankProfile]) -> bool:
     return all(a.settled for a in answers)
 
 
+def at_deadline(answers: Sequence[RankProfile]) -> list[RankProfile]:
+    """The answers as final: a rank still working is reported as not finished (with where
+    it was), so the comparison goes ahead with the ranks that did finish."""
+    return [
+        a
+        if a.settled
+        else RankProfile(a.rank, a.pod, error=f"not finished at the deadline: {a.why}")
+        for a in answers
+    ]
+
+
 def capturing(answers: Sequence[RankProfile]) -> bool:
     """Some rank has started (``status.profile.state`` Capturing)."""
     return any(
