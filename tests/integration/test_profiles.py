@@ -68,7 +68,7 @@ def test_a_profile_names_the_rank_that_does_more_work_and_its_operation(
         assert auto["answer"].startswith("rank 1: "), auto
 
         # A request from the CLI, long enough that a second one arrives while it runs.
-        first = gpujob_wait(kube, "profile", "profiled", "--steps", "20", "--ranks", "all",
+        first = gpujob_wait(kube, "profile", "profiled", "--steps", "50", "--ranks", "all",
                             "--wait", "--timeout", "240")  # fmt: skip
         wait_until(
             lambda: profile_of(kube, "profiled").get("state") in ("Requested", "Capturing"),
