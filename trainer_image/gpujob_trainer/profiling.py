@@ -273,50 +273,69 @@ class Profiler:
                 self._lead = optimizer
             elif optimizer != self._lead:
                 return  # another optimizer of the same iteration
-        work: Callable[[], None] | None = None
+        # Decide under the lock, call the profiler outside it: its start and stop can take
+        # seconds (stop gathers every event), and the HTTP thread answering the operator's
+        # polls must not wait for them.
+        cuda, capture = False, None
         with self._lock:
             if self._state == PENDING:
-                self._start_locked()
-            elif self._state == CAPTURING:
-                work = self._advance_locked()
+                cuda = bool(self._cuda())
+            elif self._state == CAPTURING and self._capture is not None:
+                capture = self._capture
+                self._done += 1
             else:
                 self._arm(False)
-        if work is not None:  # the export and summary: never on this thread
-            self._background(work)
+                return
+            ident, done, steps = self._id, self._done, self._steps
+        if capture is None:
+            self._start(ident, cuda)
+        elif done < steps:
+            try:
+                capture.step()
+            except Exception as exc:
+                self._failed_at(ident, capture, f"the profiler failed at step {done}: {_why(exc)}")
+        else:
+            self._stop(ident, capture, done)
 
-    def _start_locked(self) -> None:
+    def _start(self, ident: str | None, cuda: bool) -> None:
         try:
-            capture = self._make(bool(self._cuda()))
+            capture = self._make(cuda)
             capture.start()
         except Exception as exc:  # another profiler running, no kineto ...: no capture
-            self._fail_locked(f"the profiler did not start: {_why(exc)}")
+            with self._lock:
+                if self._id == ident and self._state == PENDING:
+                    self._fail_locked(f"the profiler did not start: {_why(exc)}")
             return
-        self._capture = capture
-        self._state = CAPTURING
-        self._started_at = self._wall()
+        with self._lock:
+            if self._id == ident and self._state == PENDING:
+                self._capture = capture
+                self._state = CAPTURING
+                self._started_at = self._wall()
+                return
+        _stop_quietly(capture)  # closed meanwhile: nothing to keep
 
-    def _advance_locked(self) -> Callable[[], None] | None:
-        """One more step captured; after the last, the work left for the background."""
-        capture = self._capture
-        assert capture is not None
-        self._done += 1
+    def _stop(self, ident: str | None, capture: Capture, done: int) -> None:
         try:
-            if self._done < self._steps:
-                capture.step()
-                return None
             capture.stop()
         except Exception as exc:
+            self._failed_at(ident, capture, f"the profiler failed at step {done}: {_why(exc)}")
+            return
+        with self._lock:
+            if self._id != ident or self._state != CAPTURING:
+                return  # closed meanwhile (it said why)
             self._capture = None
-            self._fail_locked(f"the profiler failed at step {self._done}: {_why(exc)}")
-            _stop_quietly(capture)
-            return None
-        self._capture = None
-        self._state = SUMMARIZING
-        self._arm(False)
-        ident = self._id
+            self._state = SUMMARIZING
+            self._arm(False)
         assert ident is not None
         box = [capture]  # the background takes it out, so the profiler's buffers can go
-        return lambda: self._finish(box, ident)
+        self._background(lambda: self._finish(box, ident))
+
+    def _failed_at(self, ident: str | None, capture: Capture, why: str) -> None:
+        with self._lock:
+            if self._id == ident and self._state == CAPTURING:
+                self._capture = None
+                self._fail_locked(why)
+        _stop_quietly(capture)
 
     def _fail_locked(self, why: str) -> None:
         self._state = FAILED

@@ -430,3 +430,40 @@ def test_a_real_capture_through_the_tracker_on_cpu(
     text = generate_latest(registry).decode()
     assert 'gpujob_profile_step_seconds{local_rank="0",node_rank="0",part="idle",rank="1"}' in text
     t.close()
+
+
+def test_the_state_answers_while_the_profiler_starts_or_stops(tmp_path: Path) -> None:
+    """The profiler's start and stop can take seconds (stop gathers every event): the HTTP
+    thread answering the operator's polls must not wait for them behind the lock."""
+    import threading
+
+    rig = Rig(tmp_path)
+    inside, release = threading.Event(), threading.Event()
+    real_make = rig.p._make
+
+    def slow_make(cuda: bool) -> Any:
+        capture = real_make(cuda)
+        original = capture.start
+
+        def start() -> None:
+            inside.set()
+            assert release.wait(30)
+            original()
+
+        capture.start = start  # type: ignore[method-assign]
+        return capture
+
+    rig.p._make = slow_make
+    rig.p.request("a", 1)
+    training = threading.Thread(target=rig.p.tick, args=(1,))
+    training.start()
+    assert inside.wait(30)
+    answered: list[str] = []
+    reader = threading.Thread(target=lambda: answered.append(rig.p.state()["state"]))
+    reader.start()
+    reader.join(10)
+    done = not reader.is_alive()
+    release.set()
+    training.join(30)
+    assert done and answered == ["pending"], answered
+    assert rig.p.state()["state"] == "capturing"

@@ -69,6 +69,9 @@ class RankProfile:
     pod: str = ""
     state: RankState | None = None
     error: str = ""
+    transient: bool = False
+    """The rank did not answer this time (a timeout, a refused connection): asked again
+    until the deadline, as a rank busy stopping its profiler answers late."""
 
     @property
     def summary(self) -> Summary | None:
@@ -77,7 +80,9 @@ class RankProfile:
     @property
     def settled(self) -> bool:
         """Nothing more will come: a summary, a failure, or no usable answer."""
-        return self.state is None or not self.state.working
+        if self.state is None:
+            return not self.transient
+        return not self.state.working
 
     @property
     def why(self) -> str:
@@ -106,7 +111,7 @@ def answers_of(
     for i, (t, (body, kind, message)) in enumerate(zip(targets, fetched, strict=True)):
         rank = t.rank if t.rank is not None else i
         if body is None:
-            out.append(RankProfile(rank, t.pod, error=f"{kind}: {message}"[:512]))
+            out.append(RankProfile(rank, t.pod, error=f"{kind}: {message}"[:512], transient=True))
             continue
         try:
             state = parse(body)

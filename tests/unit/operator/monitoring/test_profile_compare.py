@@ -275,3 +275,13 @@ def test_profile_targets_ask_the_debug_path_with_the_token() -> None:
 def test_the_deadline_grows_with_steps() -> None:
     assert C.capture_deadline(50) > C.capture_deadline(5) >= 60
     assert C.capture_deadline(50, 1e6) == 3600
+
+
+def test_a_rank_that_did_not_answer_this_time_is_asked_again_until_the_deadline() -> None:
+    """A timeout is not an answer: a rank busy stopping its profiler answers late. Only at
+    the deadline is it reported, as not finished, with what went wrong."""
+    asked = [ScrapeTarget("http://127.0.0.1:1/debug/profile", "p-0", rank=0)]
+    (silent,) = C.answers_of(asked, [(None, "timeout", "5s")], "abc")
+    assert not silent.settled and not C.settled([silent])
+    (late,) = C.at_deadline([silent])
+    assert late.settled and late.why == "not finished at the deadline: timeout: 5s"
