@@ -7,6 +7,7 @@ torch, NVML or prometheus_client. Change a name here and both sides move togethe
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -66,6 +67,18 @@ unset: ``<tempdir>/gpujob-profiles``."""
 ENV_PROFILE: Final = "GPUJOB_PROFILE"
 """0/false/off turns profile captures off (on by default where the evidence endpoint is on);
 the user's to set."""
+PROFILE_ID: Final = re.compile(r"[A-Za-z0-9._-]{1,64}")
+"""A capture's id (in the request annotation, the rank's query and the trace's file name)."""
+
+
+def profile_steps(text: str) -> int | None:
+    """A request's step count as written (``"5"``), or None unless 1..PROFILE_MAX_STEPS."""
+    text = text.strip()
+    if not re.fullmatch(r"[0-9]{1,4}", text) or not 1 <= int(text) <= PROFILE_MAX_STEPS:
+        return None
+    return int(text)
+
+
 ENV_FRAMEWORK_CALLBACK: Final = "GPUJOB_FRAMEWORK_CALLBACK"
 """1/true/on adds gpujob's callback to every Lightning Trainer through Lightning's
 callbacks_factory entry point (off by default); the user's to set."""

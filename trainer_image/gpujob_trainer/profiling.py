@@ -46,11 +46,11 @@ from gpujob_trainer import contract, profilesummary
 log = logging.getLogger("gpujob_trainer")
 
 VERSION: Final = 1
-ID_PATTERN: Final = re.compile(r"[A-Za-z0-9._-]{1,64}")
+ID_PATTERN: Final = contract.PROFILE_ID
 MAX_ERROR: Final = 300
 """Characters kept of a failure's reason."""
 MAX_SUMMARY_BYTES: Final = 16 * 1024
-MAX_TRACE_BYTES: Final = 128 * 2**20
+MAX_TRACE_BYTES: Final = 64 * 2**20
 """The largest trace the rank reads back to summarise: a parsed trace takes about ten times
 its size in Python objects, on the rank's host, beside the training."""
 ENV_JOB_NAME: Final = "GPUJOB_JOB_NAME"
@@ -105,11 +105,12 @@ def parse_request(query: dict[str, list[str]]) -> tuple[str, int] | None:
     if not raw_steps:
         return ident, contract.PROFILE_DEFAULT_STEPS
     text = raw_steps[-1].strip()
-    if not re.fullmatch(r"[0-9]{1,6}", text) or not (1 <= int(text) <= contract.PROFILE_MAX_STEPS):
+    steps = contract.profile_steps(text)
+    if steps is None:
         raise RequestError(
             f"steps must be an integer from 1 to {contract.PROFILE_MAX_STEPS}, got {text[:20]!r}"
         )
-    return ident, int(text)
+    return ident, steps
 
 
 def profile_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -158,6 +159,10 @@ def torch_capture(cuda: bool) -> Capture:
         profile_memory=False,
     )
     return prof
+
+
+PENDING_SECONDS: Final = 3600.0
+"""How long a requested capture waits for its first step (the operator's longest wait)."""
 
 
 class Profiler:
@@ -236,12 +241,21 @@ class Profiler:
             "summary": self._summary,
         }
 
+    def _expire_locked(self) -> None:
+        """A capture still waiting for its first step after :data:`PENDING_SECONDS` (the
+        loop stopped stepping; the operator gave up long ago) fails, so it no longer makes
+        every later request busy."""
+        since = self._requested_at
+        if self._state == PENDING and since is not None and self._wall() - since > PENDING_SECONDS:
+            self._fail_locked(f"no training step came within {PENDING_SECONDS:.0f}s of the request")
+
     def request(self, ident: str, steps: int) -> dict[str, Any]:
         """Ensure a capture `ident` of `steps` steps: start it unless it is the current or
         last one (then its state), or another is in flight (then "busy")."""
         if self.unavailable is not None:
             return self.state()
         with self._lock:
+            self._expire_locked()
             if ident == self._id:
                 return self._document()
             if self._state in IN_FLIGHT:
@@ -372,6 +386,7 @@ class Profiler:
             capture.export_chrome_trace(str(partial))
             os.replace(partial, path)
             size = path.stat().st_size
+            _prune(directory, self.rank, keep=path)
         except Exception as exc:
             self._finished(ident, error=f"the trace export failed: {_why(exc)}")
             return
@@ -410,6 +425,31 @@ class Profiler:
             self._finished_at = self._wall()
             if summary is not None:
                 self.latest_parts = dict(summary["parts"])
+
+
+KEEP_TRACES: Final = 3
+"""Traces of one rank kept in the folder (the newest): captures never fill the pod's disk."""
+
+
+def _prune(directory: Path, rank: int, keep: Path) -> None:
+    """Delete this rank's older traces (and any half-written one) beyond the newest
+    :data:`KEEP_TRACES`; a file that cannot be deleted is left (telemetry never fails)."""
+    mine = [p for p in directory.glob(f"*-rank{rank}-*.pt.trace.json*") if p != keep]
+    done = sorted((p for p in mine if not p.name.endswith(".partial")), key=_mtime)
+    doomed = done[: max(0, len(done) - (KEEP_TRACES - 1))]
+    doomed += [p for p in mine if p.name.endswith(".partial")]
+    for path in doomed:
+        try:
+            path.unlink()
+        except OSError as exc:
+            log.debug("gpujob: an old profile trace stays: %s", exc)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _bounded(summary: dict[str, Any]) -> dict[str, Any]:

@@ -15,8 +15,6 @@ the monitor and the job loop look only at pods whose controller is the job's UID
 
 from __future__ import annotations
 
-import hashlib
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
@@ -110,26 +108,18 @@ def hang_configmap(job: Mapping[str, Any], attempt: int, data: Mapping[str, str]
 
 
 PROFILE_LABEL: Final = "gpujob.dev/profile"
-_PLAIN_ID = re.compile(r"[a-z0-9]{1,8}")
 
 
-def profile_id8(capture_id: str) -> str:
-    """A capture id as a name part: itself when it is at most 8 lowercase letters and
-    digits, else the first 8 hex digits of its SHA-256 (an id may hold capitals, dots and
-    underscores, which a ConfigMap name may not)."""
-    if _PLAIN_ID.fullmatch(capture_id):
-        return capture_id
-    return hashlib.sha256(capture_id.encode()).hexdigest()[:8]
-
-
-def profile_configmap_name(job_name: str, attempt: int, capture_id: str) -> str:
-    """The ConfigMap holding one profile's comparison and summaries:
-    ``<job>-profile-<attempt>-<id8>`` (:func:`profile_id8`)."""
-    return f"{job_name}-profile-{attempt}-{profile_id8(capture_id)}"
+def profile_configmap_name(job_name: str, attempt: int) -> str:
+    """The ConfigMap holding the attempt's latest profile (its comparison and summaries):
+    ``<job>-profile-<attempt>``. One per attempt, each capture replacing the one before, so
+    a job asked for many profiles keeps a bounded number of ConfigMaps (as its hang
+    evidence does); the capture's id is in its label."""
+    return f"{job_name}-profile-{attempt}"
 
 
 def profile_configmap(
-    job: Mapping[str, Any], attempt: int, capture_id: str, data: Mapping[str, str]
+    job: Mapping[str, Any], attempt: int, data: Mapping[str, str]
 ) -> dict[str, Any]:
     """A profile's comparison and every rank's summary, owned by the job (gone with it)."""
     name, namespace, _ = job_meta(job)
@@ -137,9 +127,9 @@ def profile_configmap(
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
-            "name": profile_configmap_name(name, attempt, capture_id),
+            "name": profile_configmap_name(name, attempt),
             "namespace": namespace,
-            "labels": {**selector_labels(name), PROFILE_LABEL: profile_id8(capture_id)},
+            "labels": {**selector_labels(name), PROFILE_LABEL: "summaries"},
             "ownerReferences": [owner_reference(job)],
         },
         "data": dict(data),

@@ -35,7 +35,7 @@ MAX_VALUE: Final = 256
 """Characters of an annotation value the operator reads (``status.profile.request``'s cap)."""
 MAX_RANKS: Final = 256
 """Ranks one capture asks (bounded as hang evidence is); ``all`` on a larger job is refused."""
-ID_PATTERN: Final = re.compile(r"[A-Za-z0-9._-]{1,64}")
+ID_PATTERN: Final = contract.PROFILE_ID
 IN_FLIGHT: Final = ("Requested", "Capturing")
 """``status.profile.state`` values of a capture under way."""
 DONE: Final = ("Captured", "Failed", "Refused")
@@ -75,12 +75,10 @@ def parse_request(value: str) -> Request | str:
     steps = contract.PROFILE_DEFAULT_STEPS
     if "steps" in seen:
         text = seen["steps"]
-        if (
-            not re.fullmatch(r"[0-9]{1,4}", text)
-            or not 1 <= int(text) <= contract.PROFILE_MAX_STEPS
-        ):
+        given = contract.profile_steps(text)
+        if given is None:
             return f"steps must be an integer from 1 to {contract.PROFILE_MAX_STEPS}, not {_quote(text)}"
-        steps = int(text)
+        steps = given
     ranks: RanksChoice = "slowest"
     if seen.get("ranks") in ("all", "slowest"):
         ranks = "all" if seen["ranks"] == "all" else "slowest"
@@ -290,7 +288,51 @@ def base_record(
         "operation": None,
         "configMap": None,
         "failedRanks": None,
+        "refused": None,
     }
+
+
+MAX_WAIT_SECONDS: Final = 3600.0
+"""The longest the operator waits for a capture's ranks."""
+
+
+def wait_seconds(steps: int, step_seconds: float | None = None) -> float:
+    """How long the ranks of a capture are waited for: the steps at a pessimistic step time
+    (three times the job's median, at least 1 s), plus a minute to reach the next boundary
+    and to write and summarise the trace; at most :data:`MAX_WAIT_SECONDS`."""
+    return min(MAX_WAIT_SECONDS, _wait(steps, step_seconds))
+
+
+def _wait(steps: int, step_seconds: float | None) -> float:
+    per_step = max(1.0, step_seconds or 10.0)
+    return 60.0 + 3.0 * (steps + 1) * per_step
+
+
+def step_seconds(status: Mapping[str, Any]) -> float | None:
+    """The job's median step time from ``status.progress`` (None: not known yet)."""
+    p50 = (status.get("progress") or {}).get("stepSecondsP50")
+    if isinstance(p50, bool) or not isinstance(p50, int | float) or not p50 > 0:
+        return None
+    return float(p50)
+
+
+def wanted(job: Mapping[str, Any]) -> bool:
+    """Whether :func:`decide` could do anything for ``job`` (read from the raw body, no
+    parsing: every job's metrics task asks it on every wake-up)."""
+    meta = job.get("metadata") or {}
+    status = job.get("status") or {}
+    profile = status.get("profile") or {}
+    if profile.get("state") in IN_FLIGHT:
+        return True
+    value = (meta.get("annotations") or {}).get(PROFILE_ANNOTATION)
+    if value is not None and not _acknowledged(value, profile, status.get("operatorState") or {}):
+        return True
+    monitoring = (job.get("spec") or {}).get("monitoring") or {}
+    return (
+        monitoring.get("profileOnVerdict") is True
+        and (status.get("bottleneck") or {}).get("severity") == "Warning"
+        and (status.get("operatorState") or {}).get("profileAutoAttempt") != attempt_of(status)
+    )
 
 
 def decide(job: Mapping[str, Any], now: str, in_flight: str | None = None) -> Decision:
@@ -300,6 +342,8 @@ def decide(job: Mapping[str, Any], now: str, in_flight: str | None = None) -> De
     runtime is running for the job, None when it runs none. A manual request wins over the
     automatic one (:func:`auto_request`) in the same pass.
     """
+    if in_flight is None and not wanted(job):
+        return Nothing()
     j = _job(job)
     status, profile = j.status, (j.status.get("profile") or {})
     attempt = attempt_of(status)
@@ -368,6 +412,12 @@ def _manual(
     ranks = resolve_ranks(parsed, world_size(spec), j.status)
     if isinstance(ranks, str):
         return refuse(ranks)
+    per_step = step_seconds(j.status)
+    if _wait(parsed.steps, per_step) > MAX_WAIT_SECONDS:
+        return refuse(
+            f"at {per_step:.3g}s per step, {parsed.steps} steps could outlast the operator's "
+            f"wait of {MAX_WAIT_SECONDS / 60:.0f} min: ask fewer steps"
+        )
     rec = base_record(
         value=value,
         capture_id=capture_id,

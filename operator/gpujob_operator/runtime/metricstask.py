@@ -22,7 +22,7 @@ from typing import Any
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import job_uid
 from gpujob_operator.api.hostports import host_port_refusal
-from gpujob_operator.api.profile import with_profile
+from gpujob_operator.api.profile import wanted, with_profile
 from gpujob_operator.api.spec import parse_spec
 from gpujob_operator.api.status import attempt_of, stall_evidence
 from gpujob_operator.api.statusupgrade import upgrade
@@ -76,7 +76,8 @@ class MetricsTask:
         if status.get("phase") != c.PHASE_RUNNING or not (spec.get("monitoring") or {}).get(
             "enabled", True
         ):
-            await self.profile(job, None)  # a request now is refused (or a capture ends)
+            if self.profiles.in_flight or wanted(job):
+                await self.profile(job, None)  # a request now is refused (or a capture ends)
             return None
         meta = job["metadata"]
         identity = (int(meta.get("generation") or 0), attempt_of(status))
@@ -88,15 +89,16 @@ class MetricsTask:
             self.monitored = identity
         monitor = self.monitor
         interval = float((spec.get("monitoring") or {}).get("scrapeIntervalSeconds") or 15)
-        refusal = host_port_refusal(parse_spec(spec), loop.host_ports)
-        if refusal is None:
-            await self.profile(
-                job, monitor.scrape_targets(spec, pods, job_uid(job), loop.host_ports)
-            )
+        if self.profiles.in_flight or wanted(job):  # else nothing to parse on this wake-up
+            ports = loop.host_ports
+            barred = host_port_refusal(parse_spec(spec), ports) is not None
+            targets = None if barred else monitor.scrape_targets(spec, pods, job_uid(job), ports)
+            await self.profile(job, targets)
         now = time.time()
         if now < self.next_scrape:
             return self.next_scrape - now
         self.next_scrape = next_tick(now, interval, job_uid(job))
+        refusal = host_port_refusal(parse_spec(spec), loop.host_ports)
         if refusal is not None:
             await self.refuse_ports(refusal)
             return interval

@@ -55,10 +55,8 @@ def _deadline(record: Mapping[str, Any], status: Mapping[str, Any]) -> float | N
     started = c.parse_time(record.get("requestedAt"))
     if started is None:
         return None
-    p50 = (status.get("progress") or {}).get("stepSecondsP50")
-    per_step = float(p50) if isinstance(p50, int | float) and p50 > 0 else None
     steps = int(record.get("steps") or 1)
-    return started.timestamp() + pc.capture_deadline(steps, per_step)
+    return started.timestamp() + req.wait_seconds(steps, req.step_seconds(status))
 
 
 def _ended(record: Mapping[str, Any], status: Mapping[str, Any]) -> str | None:
@@ -151,7 +149,15 @@ class ProfileCapture:
             self.in_flight = None
             await self._write(loop, job, final, ("Warning", c.PROFILE_FAILED, why))
             return
-        if targets is None or now - self.asked_at < POLL_SECONDS:
+        if targets is None:  # the ranks cannot be asked (their ports are barred): not forever
+            deadline = _deadline(record, status)
+            if deadline is not None and now >= deadline:
+                why = "no rank could be asked before the deadline (see MetricsAvailable)"
+                final = {**record, "state": "Failed", "reason": why, "capturedAt": stamp(now)}
+                self.in_flight = None
+                await self._write(loop, job, final, ("Warning", c.PROFILE_FAILED, why))
+            return
+        if now - self.asked_at < POLL_SECONDS:
             return
         self.asked_at = now
         await self._ask(loop, job, record, targets, token, _deadline(record, status))
@@ -205,7 +211,7 @@ class ProfileCapture:
         data: Mapping[str, str],
     ) -> tuple[str | None, str | None]:
         """Write the ConfigMap; its name, or None and why not (the record still goes)."""
-        body = profile_configmap(job, attempt, capture_id, data)
+        body = profile_configmap(job, attempt, data)
         try:
             await loop.kube.put_configmap(str(job["metadata"]["namespace"]), body)
         except NameTaken as e:

@@ -27,7 +27,6 @@ from gpujob_operator.api import conditions as c
 from gpujob_operator.api import profile as P
 from gpujob_operator.api.job import GROUP, PLURAL, VERSION
 from gpujob_operator.api.names import PROFILE_ANNOTATION
-from gpujob_operator.monitoring.profile.profilecompare import capture_deadline
 from gpujob_trainer import contract
 
 EXIT_REFUSED = 2
@@ -178,9 +177,8 @@ def run(
     out.write(f"asked {namespace}/{args.name} for a profile: {value}\n")
     if not args.wait:
         return 0
-    p50 = ((job.get("status") or {}).get("progress") or {}).get("stepSecondsP50")
-    step = float(p50) if isinstance(p50, int | float) and not isinstance(p50, bool) else None
-    limit = args.timeout if args.timeout is not None else capture_deadline(args.steps, step) + 60
+    step = P.step_seconds(job.get("status") or {})
+    limit = args.timeout if args.timeout is not None else P.wait_seconds(args.steps, step) + 60
     until = clock() + limit
     while True:
         job = api.get_job(namespace, args.name)

@@ -467,3 +467,30 @@ def test_the_state_answers_while_the_profiler_starts_or_stops(tmp_path: Path) ->
     training.join(30)
     assert done and answered == ["pending"], answered
     assert rig.p.state()["state"] == "capturing"
+
+
+def test_a_capture_that_never_sees_a_step_expires_and_frees_the_rank(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.p.request("a", 2)
+    assert rig.p.request("b", 2)["state"] == "busy"
+    rig.now += 4000.0  # no step came for over an hour: the operator gave up long ago
+    doc = rig.p.request("b", 2)
+    assert doc["state"] == "pending" and doc["id"] == "b", doc
+
+
+def test_only_the_newest_traces_of_a_rank_are_kept(tmp_path: Path) -> None:
+    """Each capture writes a trace; the folder keeps this rank's newest three (and never a
+    half-written one), so asking again and again never fills the pod's disk."""
+    out = tmp_path / "out"
+    out.mkdir()
+    other = out / "my_job-rank7-x.pt.trace.json"  # another rank's: not ours to delete
+    other.write_text("{}")
+    (out / "my_job-rank2-old.pt.trace.json.partial").write_text("{")
+    rig = Rig(tmp_path)
+    for n in range(5):
+        rig.p.request(f"c{n}", 1)
+        rig.ticks(2)
+        assert rig.p.state()["state"] == "done"
+    mine = sorted(p.name for p in out.glob("*-rank2-*"))
+    assert mine == [f"my_job-rank2-c{n}.pt.trace.json" for n in (2, 3, 4)], mine
+    assert other.exists()

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from gpujob_operator.api.profile import wait_seconds
 from gpujob_operator.monitoring.profile.profiledoc import (
     ProfileDocError,
     RankState,
@@ -55,10 +56,8 @@ def profile_targets(
 
 
 def capture_deadline(steps: int, step_seconds: float | None = None) -> float:
-    """Seconds to wait for every rank: the steps at a pessimistic step time, plus time to
-    reach the next step boundary and to export and summarize the trace."""
-    per_step = max(1.0, step_seconds or 10.0)
-    return min(3600.0, 60.0 + 3.0 * (steps + 1) * per_step)
+    """Seconds to wait for every rank (:func:`gpujob_operator.api.profile.wait_seconds`)."""
+    return wait_seconds(steps, step_seconds)
 
 
 @dataclass(frozen=True)
