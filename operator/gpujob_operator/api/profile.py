@@ -171,6 +171,17 @@ def _acknowledged(value: str, profile: Mapping[str, Any], state: Mapping[str, An
     return value[:MAX_VALUE] in seen
 
 
+def waiting_request(job: Mapping[str, Any]) -> str | None:
+    """The job's request annotation when the operator has not acted on it yet (None: none,
+    or already accepted or refused): a second asker must not overwrite it unseen."""
+    value = ((job.get("metadata") or {}).get("annotations") or {}).get(PROFILE_ANNOTATION)
+    status = job.get("status") or {}
+    seen = _acknowledged(
+        value or "", status.get("profile") or {}, status.get("operatorState") or {}
+    )
+    return None if value is None or seen else str(value)
+
+
 def bookkeeping(decision: Decision) -> dict[str, Any] | None:
     """The ``status.operatorState`` fields a decision sets: the annotation value acted on,
     or the attempt the automatic capture took (None: nothing to keep)."""

@@ -39,7 +39,12 @@ class JobApi(Protocol):
 
     def get_job(self, namespace: str, name: str) -> Mapping[str, Any] | None: ...
 
-    def annotate(self, namespace: str, name: str, key: str, value: str) -> None: ...
+    def annotate(
+        self, namespace: str, name: str, key: str, value: str, resource_version: str | None = None
+    ) -> bool | None:
+        """Set the annotation; with ``resource_version``, only on that version of the job
+        (False: the job changed meanwhile)."""
+        ...
 
     def configmap_data(self, namespace: str, name: str) -> Mapping[str, str] | None: ...
 
@@ -67,9 +72,23 @@ class KubeJobApi:
             raise
         return job if isinstance(job, Mapping) else None
 
-    def annotate(self, namespace: str, name: str, key: str, value: str) -> None:
-        body = {"metadata": {"annotations": {key: value}}}
-        self._custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, body)
+    def annotate(
+        self, namespace: str, name: str, key: str, value: str, resource_version: str | None = None
+    ) -> bool | None:
+        from kubernetes.client.exceptions import ApiException
+
+        meta: dict[str, Any] = {"annotations": {key: value}}
+        if resource_version:
+            meta["resourceVersion"] = resource_version  # the API server answers 409 if stale
+        try:
+            self._custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, {"metadata": meta}
+            )
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise
+        return True
 
     def configmap_data(self, namespace: str, name: str) -> Mapping[str, str] | None:
         from kubernetes.client.exceptions import ApiException
@@ -79,6 +98,10 @@ class KubeJobApi:
         except ApiException:
             return None
         return dict(cm.data or {})
+
+
+ANNOTATE_TRIES = 10
+"""Tries to set the request on the version of the job it was checked against."""
 
 
 def default_namespace() -> str:
@@ -163,17 +186,30 @@ def run(
         return EXIT_REFUSED
     api = api if api is not None else KubeJobApi()
     namespace = args.namespace or default_namespace()
-    job = api.get_job(namespace, args.name)
-    if job is None:
-        err.write(f"gpujob profile: job {namespace}/{args.name} not found\n")
+    for _ in range(ANNOTATE_TRIES):  # the job's version moves with every status write
+        job = api.get_job(namespace, args.name)
+        if job is None:
+            err.write(f"gpujob profile: job {namespace}/{args.name} not found\n")
+            return EXIT_FAILED
+        waiting = P.waiting_request(job)
+        if waiting is not None:
+            err.write(
+                f"gpujob profile: refused: another request ({waiting}) waits for the operator; "
+                "ask again once status.profile shows it\n"
+            )
+            return EXIT_REFUSED
+        meta = dict(job.get("metadata") or {})
+        meta["annotations"] = {**(meta.get("annotations") or {}), PROFILE_ANNOTATION: value}
+        decision = P.decide({**job, "metadata": meta}, _now())
+        if isinstance(decision, P.Refuse):
+            err.write(f"gpujob profile: refused: {decision.reason}\n")
+            return EXIT_REFUSED
+        version = str(meta.get("resourceVersion") or "") or None
+        if api.annotate(namespace, args.name, PROFILE_ANNOTATION, value, version) is not False:
+            break
+    else:
+        err.write(f"gpujob profile: the job kept changing; try again (id {capture_id})\n")
         return EXIT_FAILED
-    meta = dict(job.get("metadata") or {})
-    meta["annotations"] = {**(meta.get("annotations") or {}), PROFILE_ANNOTATION: value}
-    decision = P.decide({**job, "metadata": meta}, _now())
-    if isinstance(decision, P.Refuse):
-        err.write(f"gpujob profile: refused: {decision.reason}\n")
-        return EXIT_REFUSED
-    api.annotate(namespace, args.name, PROFILE_ANNOTATION, value)
     out.write(f"asked {namespace}/{args.name} for a profile: {value}\n")
     if not args.wait:
         return 0

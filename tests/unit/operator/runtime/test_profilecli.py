@@ -29,8 +29,11 @@ class FakeApi:
             self.job = {**self.job, "status": {**self.job["status"], **self.script.pop(0)}}
         return self.job
 
-    def annotate(self, namespace: str, name: str, key: str, value: str) -> None:
+    def annotate(
+        self, namespace: str, name: str, key: str, value: str, resource_version: str | None = None
+    ) -> bool | None:
         self.calls.append(("annotate", namespace, name, key, value))
+        return None
 
     def configmap_data(self, namespace: str, name: str) -> Mapping[str, str] | None:
         self.calls.append(("configmap", namespace, name))
@@ -167,3 +170,29 @@ def test_the_cli_knows_the_subcommand(capsys: pytest.CaptureFixture[str]) -> Non
     with pytest.raises(SystemExit) as e:
         cli.main(["profile", "--help"])
     assert e.value.code == 0 and "--steps" in capsys.readouterr().out
+
+
+def test_a_request_still_waiting_for_the_operator_is_not_overwritten() -> None:
+    """Two people asking at once: the second sees the first's request waiting and is
+    refused, instead of replacing it before the operator saw it."""
+    waiting = job()
+    waiting["metadata"]["annotations"] = {"gpujob.dev/profile": "steps=5;id=first"}
+    api = FakeApi(waiting)
+    rc, _, err = call(api)
+    assert rc == 2 and "another request (steps=5;id=first) waits for the operator" in err
+    assert [c[0] for c in api.calls] == ["get"]
+    # once the operator acted on it (accepted or refused), a new request goes through
+    waiting["status"]["operatorState"] = {"profileRequest": "steps=5;id=first"}
+    rc, _, err = call(api)
+    assert rc == 0, err
+
+
+def test_a_job_that_changed_since_it_was_read_is_read_again() -> None:
+    class Moving(FakeApi):
+        def annotate(self, *a: Any, **k: Any) -> bool | None:
+            super().annotate(*a[:4])
+            return len([c for c in self.calls if c[0] == "annotate"]) > 2
+
+    api = Moving(job())
+    rc, _, _ = call(api)
+    assert rc == 0 and [c[0] for c in api.calls] == ["get", "annotate"] * 3
