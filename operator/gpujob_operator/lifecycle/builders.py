@@ -115,11 +115,16 @@ def profile_volume(
     spec: api.GPUTrainingJobSpec, mounts: list[dict[str, Any]]
 ) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """The emptyDir for traces and its mount, when the job names no path of its own and
-    does not mount something at the default path itself."""
+    does not mount something at the default path itself, or read-only above it (the mount
+    point could not be made there, and the pod would not start)."""
     if spec.monitoring.profile.path is not None:
         return None
-    if any(m.get("mountPath", "").rstrip("/") == PROFILE_DEFAULT_DIR for m in mounts):
-        return None
+    for m in mounts:
+        at = str(m.get("mountPath", "")).rstrip("/")
+        if at == PROFILE_DEFAULT_DIR:
+            return None
+        if m.get("readOnly") and (PROFILE_DEFAULT_DIR + "/").startswith(at + "/"):
+            return None
     return (
         {"name": PROFILE_VOLUME, "emptyDir": {}},
         {"name": PROFILE_VOLUME, "mountPath": PROFILE_DEFAULT_DIR},

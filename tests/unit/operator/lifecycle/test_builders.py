@@ -318,6 +318,23 @@ def test_a_user_mount_at_the_default_path_is_kept_as_the_place() -> None:
     assert _env(pod)["GPUJOB_PROFILE_DIR"] == "/var/run/gpujob/profiles"
 
 
+@pytest.mark.parametrize(("at", "read_only", "added"), [
+    ("/var/run", True, False),  # the mount point could not be made: the pod would not start
+    ("/var/run/gpujob/", True, False),
+    ("/var/run", False, True),  # a writable folder above: the emptyDir nests in it
+    ("/var/run/gpujob-other", True, True),  # not above the default path
+])  # fmt: skip
+def test_no_profile_volume_under_a_read_only_mount_of_the_users(
+    at: str, read_only: bool, added: bool
+) -> None:
+    tpl = {
+        "volumes": [{"name": "mine", "emptyDir": {}}],
+        "volumeMounts": [{"name": "mine", "mountPath": at, "readOnly": read_only}],
+    }
+    pod = builders.build_pod(job(template=tpl), 0, 0)
+    assert ("gpujob-profiles" in [v["name"] for v in pod["spec"]["volumes"]]) == added
+
+
 def test_profile_dir_is_reserved_env() -> None:
     with pytest.raises(ValueError, match="GPUJOB_PROFILE_DIR"):
         api.parse_spec({**job()["spec"], "env": [{"name": "GPUJOB_PROFILE_DIR", "value": "/tmp"}]})
