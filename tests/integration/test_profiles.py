@@ -66,6 +66,16 @@ def test_a_profile_names_the_rank_that_does_more_work_and_its_operation(
         assert auto["slowestRank"] == 1, auto
         assert auto["operation"] in MATMULS or "mm" in auto["operation"], auto
         assert auto["answer"].startswith("rank 1: "), auto
+        # the verdict's advice now points at the profile
+        wait_until(
+            lambda: (
+                "A profile of this attempt: rank 1: "
+                in str((job_status(kube, "profiled").get("bottleneck") or {}).get("advice"))
+            ),
+            60,
+            "the verdict's advice naming the profile",
+            interval=1.0,
+        )
 
         # A request from the CLI, long enough that a second one arrives while it runs.
         first = gpujob_wait(kube, "profile", "profiled", "--steps", "50", "--ranks", "all",
