@@ -314,3 +314,41 @@ def summarize(
             for (name, kind), seconds in top
         ],
     }
+
+
+def summarize_file(
+    path: str, *, rank: int | None = None, requested_steps: int | None = None
+) -> dict[str, Any]:
+    """:func:`summarize` of a trace file."""
+    import json
+
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    return summarize(doc, rank=rank, requested_steps=requested_steps)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m gpujob_trainer.profilesummary TRACE [RANK] [STEPS]``: the summary as JSON
+    on stdout (exit 0), or why none on stderr (exit 2). The rank runs it as a child process,
+    so reading a large trace holds neither its GIL nor its memory."""
+    import json
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not 1 <= len(args) <= 3:
+        sys.stderr.write("usage: python -m gpujob_trainer.profilesummary TRACE [RANK] [STEPS]\n")
+        return 2
+    rank = int(args[1]) if len(args) > 1 and args[1] != "-" else None
+    steps = int(args[2]) if len(args) > 2 else None
+    try:
+        summary = summarize_file(args[0], rank=rank, requested_steps=steps)
+    except (OSError, ValueError) as exc:  # SummaryError and json's errors are ValueErrors
+        kind = "" if isinstance(exc, SummaryError) else f"{type(exc).__name__}: "
+        sys.stderr.write(f"{kind}{str(exc)[:400]}\n")
+        return 2
+    sys.stdout.write(json.dumps(summary, separators=(",", ":")))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

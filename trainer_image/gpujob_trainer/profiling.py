@@ -34,6 +34,8 @@ import json
 import logging
 import os
 import re
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -184,6 +186,7 @@ class Profiler:
         wall: Callable[[], float] = time.time,
         background: Callable[[Callable[[], None]], None] | None = None,
         available: str | None = None,
+        summarize: Callable[[str, int, int], dict[str, Any]] | None = None,
     ) -> None:
         self.rank = rank
         self._arm = arm
@@ -193,6 +196,7 @@ class Profiler:
         self._job = job if job is not None else (os.environ.get(ENV_JOB_NAME) or None)
         self._wall = wall
         self._background = background or _daemon
+        self._summarize = summarize or summarize_apart
         self.unavailable = available
         """Why captures are not offered (None: they are)."""
         self._lock = threading.Lock()
@@ -402,10 +406,7 @@ class Profiler:
             )
             return
         try:
-            with open(path, encoding="utf-8") as f:
-                doc = json.load(f)
-            summary = profilesummary.summarize(doc, rank=self.rank, requested_steps=self._steps)
-            summary = _bounded(summary)
+            summary = _bounded(self._summarize(str(path), self.rank, self._steps))
         except Exception as exc:
             self._finished(ident, error=f"the summary failed: {_why(exc)}")
             return
@@ -450,6 +451,47 @@ def _mtime(path: Path) -> float:
         return path.stat().st_mtime
     except OSError:
         return 0.0
+
+
+SUMMARY_SECONDS: Final = 600.0
+"""The longest a trace's summary may take (its child process is killed then)."""
+
+
+def summarize_apart(path: str, rank: int, steps: int) -> dict[str, Any]:
+    """The trace's summary, computed by a child Python process: parsing a trace of tens of
+    megabytes takes a second of CPU and ten times its size in memory, which the training
+    process must not pay in held GIL or kept heap. Its answer is bounded like any input."""
+    package = str(Path(profilesummary.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (package, os.environ.get("PYTHONPATH", "")) if p
+    )}  # fmt: skip
+    done = subprocess.run(
+        # the package imports this module before runpy runs it: a harmless warning, hushed
+        [
+            sys.executable,
+            "-W",
+            "ignore::RuntimeWarning",
+            "-m",
+            "gpujob_trainer.profilesummary",
+            path,
+            str(rank),
+            str(steps),
+        ],
+        capture_output=True,
+        env=env,
+        timeout=SUMMARY_SECONDS,
+        check=False,
+    )
+    if done.returncode != 0:
+        lines = done.stderr.decode(errors="replace").strip().splitlines()
+        why = lines[-1][:MAX_ERROR] if lines else ""
+        raise profilesummary.SummaryError(why or f"exit code {done.returncode}")
+    if len(done.stdout) > 4 * MAX_SUMMARY_BYTES:
+        raise profilesummary.SummaryError(f"the summary is {len(done.stdout)} bytes")
+    summary = json.loads(done.stdout)
+    if not isinstance(summary, dict):
+        raise profilesummary.SummaryError("the summary is not a JSON object")
+    return summary
 
 
 def _bounded(summary: dict[str, Any]) -> dict[str, Any]:

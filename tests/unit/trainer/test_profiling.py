@@ -213,7 +213,8 @@ def test_a_trace_without_steps_or_not_json_fails_the_summary(tmp_path: Path) -> 
     rig = Rig(tmp_path, trace="{not json")
     rig.p.request("b", 1)
     rig.ticks(2)
-    assert rig.p.state()["error"].startswith("the summary failed: JSONDecodeError")
+    error = rig.p.state()["error"]
+    assert error.startswith("the summary failed: ") and "JSONDecodeError" in error, error
 
 
 def test_a_trace_over_the_bound_is_kept_and_not_read(
@@ -494,3 +495,17 @@ def test_only_the_newest_traces_of_a_rank_are_kept(tmp_path: Path) -> None:
     mine = sorted(p.name for p in out.glob("*-rank2-*"))
     assert mine == [f"my_job-rank2-c{n}.pt.trace.json" for n in (2, 3, 4)], mine
     assert other.exists()
+
+
+def test_the_summary_is_computed_apart_from_the_training_process(tmp_path: Path) -> None:
+    """A child Python reads the trace: the rank's GIL and heap never hold the parse. Its
+    answer is the in-process summary's; its failure says why in one line."""
+    from gpujob_trainer import profilesummary, profiling
+
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps(chrome_trace(3)))
+    apart = profiling.summarize_apart(str(trace), 4, 2)
+    assert apart == profilesummary.summarize_file(str(trace), rank=4, requested_steps=2)
+    trace.write_text(json.dumps({"traceEvents": []}))
+    with pytest.raises(profilesummary.SummaryError, match=r"^the trace holds no ProfilerStep#"):
+        profiling.summarize_apart(str(trace), 4, 2)
