@@ -404,11 +404,20 @@ class _TimedForward(_StandIn):
 
     def __init__(self, tracker: Recorder, inner: Callable[..., Any]) -> None:
         super().__init__(inner)
-        self._tracker: Recorder | None = tracker
-        """None once removed: a wrapper set over ours meanwhile still calls ours, which then
-        passes calls through (removing it would drop the other wrapper)."""
-        self._events, self._now = tracker._events, tracker._now
-        self._enter, self._exit = ENTERS[contract.PHASE_FORWARD], EXITS[contract.PHASE_FORWARD]
+        phase = contract.PHASE_FORWARD
+        self._hot: tuple[Any, ...] | None = (
+            tracker,
+            tracker._events,
+            tracker._now,
+            ENTERS[phase],
+            EXITS[phase],
+            inner,
+        )
+        """The tracker and what a call reads of it, in one attribute: the class defines
+        `__getattr__`, so Python does not specialise its attribute reads, and each costs a
+        generic lookup, every step. None once removed: a wrapper set over ours meanwhile
+        still calls ours, which then passes calls through (removing it would drop the other
+        wrapper)."""
 
     @classmethod
     def install(cls, tracker: Recorder, model: Any) -> _Removable:
@@ -421,7 +430,7 @@ class _TimedForward(_StandIn):
             undo.append(_set_on(model, _REPLICATE, _UntimedReplicas(replicate, before))[1])
 
         def remove() -> None:
-            forward._tracker = None
+            forward._hot = None
             for step in undo:
                 step()
 
@@ -429,22 +438,25 @@ class _TimedForward(_StandIn):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # Inline, like the hooks below: this runs every step.
-        tracker = self._tracker
-        if tracker is None or tracker._held:  # inside eval/checkpoint: that phase's time
+        hot = self._hot
+        if hot is None:
             return self.__wrapped__(*args, **kwargs)
+        tracker, events, now, enter, leave, inner = hot
+        if tracker._held:  # inside eval/checkpoint: that phase's time
+            return inner(*args, **kwargs)
         if tracker._flops_countdown:  # the model's FLOPs are still to count (early steps)
             tracker._flops_forward(args, kwargs)
         if tracker._bwd >= _LATE_QUEUED:  # a late backward that never finished (it raised)
             tracker._bwd = _IDLE
             tracker._pop(contract.PHASE_COMM_WAIT)
             tracker._pop(contract.PHASE_BACKWARD)
-        record, events = tracker._record, self._events
-        events.extend((self._now(), self._enter, None if record is None else record()))
+        record = tracker._record
+        events.extend((now(), enter, None if record is None else record()))
         try:
-            return self.__wrapped__(*args, **kwargs)
+            return inner(*args, **kwargs)
         finally:
             record = tracker._record
-            events.extend((self._now(), self._exit, None if record is None else record()))
+            events.extend((now(), leave, None if record is None else record()))
 
 
 _REPLICATE = "_replicate_for_data_parallel"
