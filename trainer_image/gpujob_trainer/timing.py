@@ -123,8 +123,9 @@ class Timeline:
         each step they finished (two marks or more)."""
         done: list[list[Mark]] = []
         stack, marks = self.stack, self.marks
-        for i in range(0, len(flat) - 2, 3):
-            host, (kind, phase, other), event = flat[i], flat[i + 1], flat[i + 2]
+        values = iter(flat)
+        # Three values at a time (a trailing partial event is left, as it always was).
+        for host, (kind, phase, other), event in zip(values, values, values, strict=False):
             if kind == ENTER:
                 if self.pending is not None and (
                     phase in ALWAYS_BOUNDARIES or (not self.fetched and phase in LOOP_STARTS)
@@ -134,16 +135,21 @@ class Timeline:
                 if phase == contract.PHASE_DATA_WAIT:
                     self.fetched = True
                 stack.append(phase)
-            elif kind == EXIT:
-                _pop(stack, phase)
-            elif kind == SWITCH:
-                _pop(stack, phase)
+                marks.append((host, stack[-1], event))
+                self.last_mark_host = host
+                continue
+            if kind != MARK and (kind != END or phase is not None):
+                # Every other op leaves `phase` first: `_pop` inline for the innermost one
+                # (nearly always), a call fewer per event at every scrape.
+                if stack[-1] == phase and len(stack) > 1:
+                    stack.pop()
+                else:
+                    _pop(stack, phase)
+            if kind == SWITCH:
                 stack.append(other)
             elif kind == POP:
-                _pop(stack, phase)
                 continue
             elif kind == DONE:
-                _pop(stack, phase)
                 self.closed_by_boundary = False
                 if self.pending is not None and (
                     other in self.stepped or self.pending >= MAX_OPEN_MARKS
@@ -152,9 +158,7 @@ class Timeline:
                 self.pending = len(marks)
                 self.stepped.add(other)
             elif kind == END:
-                if phase is not None:
-                    _pop(stack, phase)
-                elif self.pending is not None or self.closed_by_boundary:
+                if phase is None and (self.pending is not None or self.closed_by_boundary):
                     # end_step(): the last optimizer's end it is, or a boundary already
                     # ended this iteration (a checkpoint after the optimizer step)
                     if self.pending is not None:
