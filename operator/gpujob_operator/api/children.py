@@ -93,14 +93,24 @@ def hang_configmap_name(job_name: str, attempt: int) -> str:
 
 def hang_configmap(job: Mapping[str, Any], attempt: int, data: Mapping[str, str]) -> dict[str, Any]:
     """Every rank's stacks and collectives, owned by the job (gone with it)."""
+    name = job_meta(job)[0]
+    return _owned_configmap(
+        job, hang_configmap_name(name, attempt), ("gpujob.dev/evidence", "hang"), data
+    )
+
+
+def _owned_configmap(
+    job: Mapping[str, Any], cm_name: str, label: tuple[str, str], data: Mapping[str, str]
+) -> dict[str, Any]:
+    """A ConfigMap of the job's (its selector labels and ``label``), owned by it."""
     name, namespace, _ = job_meta(job)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
-            "name": hang_configmap_name(name, attempt),
+            "name": cm_name,
             "namespace": namespace,
-            "labels": {**selector_labels(name), "gpujob.dev/evidence": "hang"},
+            "labels": {**selector_labels(name), label[0]: label[1]},
             "ownerReferences": [owner_reference(job)],
         },
         "data": dict(data),
@@ -114,7 +124,7 @@ def profile_configmap_name(job_name: str, attempt: int) -> str:
     """The ConfigMap holding the attempt's latest profile (its comparison and summaries):
     ``<job>-profile-<attempt>``. One per attempt, each capture replacing the one before, so
     a job asked for many profiles keeps a bounded number of ConfigMaps (as its hang
-    evidence does); the capture's id is in its label."""
+    evidence does)."""
     return f"{job_name}-profile-{attempt}"
 
 
@@ -122,15 +132,7 @@ def profile_configmap(
     job: Mapping[str, Any], attempt: int, data: Mapping[str, str]
 ) -> dict[str, Any]:
     """A profile's comparison and every rank's summary, owned by the job (gone with it)."""
-    name, namespace, _ = job_meta(job)
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": profile_configmap_name(name, attempt),
-            "namespace": namespace,
-            "labels": {**selector_labels(name), PROFILE_LABEL: "summaries"},
-            "ownerReferences": [owner_reference(job)],
-        },
-        "data": dict(data),
-    }
+    name = job_meta(job)[0]
+    return _owned_configmap(
+        job, profile_configmap_name(name, attempt), (PROFILE_LABEL, "summaries"), data
+    )
