@@ -346,6 +346,12 @@ def wanted(job: Mapping[str, Any]) -> bool:
     )
 
 
+def failed_record(profile: Mapping[str, Any], why: str, now: str) -> dict[str, Any]:
+    """A capture under way, ended as Failed with why (the job ended, the gang restarted,
+    its ranks could not be asked)."""
+    return {**profile, "state": "Failed", "reason": why, "capturedAt": now}
+
+
 def decide(job: Mapping[str, Any], now: str, in_flight: str | None = None) -> Decision:
     """What to do with ``job`` (its body: metadata.annotations, spec, status) this pass.
 
@@ -365,8 +371,7 @@ def decide(job: Mapping[str, Any], now: str, in_flight: str | None = None) -> De
     if under_way and in_flight is None and profile.get("id"):
         why = _finished(status)
         if why is not None:
-            rec = {**profile, "state": "Failed", "reason": why, "capturedAt": now}
-            return Refuse(why, rec)
+            return Refuse(why, failed_record(profile, why, now))
         return Start(
             id=str(profile["id"]),
             steps=int(profile.get("steps") or contract.PROFILE_DEFAULT_STEPS),

@@ -59,14 +59,20 @@ def _deadline(record: Mapping[str, Any], status: Mapping[str, Any]) -> float | N
     return started.timestamp() + req.wait_seconds(steps, req.step_seconds(status))
 
 
-def _ended(record: Mapping[str, Any], status: Mapping[str, Any]) -> str | None:
-    """Why a capture under way can no longer finish (None: it can)."""
+def _ended(
+    record: Mapping[str, Any], status: Mapping[str, Any], askable: bool, now: float
+) -> str | None:
+    """Why a capture under way can no longer finish (None: it can). ``askable``: whether
+    the ranks can be asked at all (not while their ports are barred; then not forever)."""
     phase = status.get("phase")
     if phase != c.PHASE_RUNNING:
         return f"the job left Running ({phase or 'unknown'}) during the capture"
     attempt = attempt_of(status)
     if record.get("attempt") is not None and record.get("attempt") != attempt:
         return f"the gang restarted (attempt {attempt}) during the capture: its ranks are new"
+    deadline = None if askable else _deadline(record, status)
+    if deadline is not None and now >= deadline:
+        return "no rank could be asked before the deadline (see MetricsAvailable)"
     return None
 
 
@@ -143,21 +149,13 @@ class ProfileCapture:
         if record.get("state") not in req.IN_FLIGHT or record.get("id") != self.in_flight:
             self.in_flight = None
             return
-        why = _ended(record, status)
+        why = _ended(record, status, targets is not None, now)
         if why is not None:
-            final = {**record, "state": "Failed", "reason": why, "capturedAt": stamp(now)}
+            final = req.failed_record(record, why, stamp(now))
             self.in_flight = None
             await self._write(loop, job, final, ("Warning", c.PROFILE_FAILED, why))
             return
-        if targets is None:  # the ranks cannot be asked (their ports are barred): not forever
-            deadline = _deadline(record, status)
-            if deadline is not None and now >= deadline:
-                why = "no rank could be asked before the deadline (see MetricsAvailable)"
-                final = {**record, "state": "Failed", "reason": why, "capturedAt": stamp(now)}
-                self.in_flight = None
-                await self._write(loop, job, final, ("Warning", c.PROFILE_FAILED, why))
-            return
-        if now - self.asked_at < POLL_SECONDS:
+        if targets is None or now - self.asked_at < POLL_SECONDS:
             return
         self.asked_at = now
         await self._ask(loop, job, record, targets, token, _deadline(record, status))

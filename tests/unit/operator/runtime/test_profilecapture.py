@@ -12,6 +12,7 @@ from typing import Any
 from gpujob_operator.api import conditions as c
 from gpujob_operator.monitoring.scrape.result import ScrapeTarget
 from gpujob_operator.runtime.profilecapture import ProfileCapture
+from tests.unit.operator.runtime.test_host_port_refusal import Loop
 
 
 def summary(rank: int, mm: float) -> dict[str, Any]:
@@ -44,17 +45,6 @@ def state(rank: int, capture_id: str, st: str, mm: float = 0.0) -> bytes:
         "summary": summary(rank, mm) if st == "done" else None,
     }
     return json.dumps(doc).encode()
-
-
-class Loop(SimpleNamespace):
-    """The JobHandle calls the profile capture makes, recorded."""
-
-    def freshest(self, body: dict[str, Any]) -> dict[str, Any]:
-        return body
-
-    async def write_status(self, ns: str, name: str, patch: dict[str, Any]) -> None:
-        self.writes.append(patch)
-        self.body["status"].update(patch)
 
 
 def make(annotation: str | None, answers: list[list[bytes]]) -> Loop:
