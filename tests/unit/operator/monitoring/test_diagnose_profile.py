@@ -14,6 +14,7 @@ import pytest
 from aiohttp import web
 
 from gpujob_operator.monitoring import diagnose
+from tests.support.loopback import served
 from tests.unit.operator.monitoring.test_profile_compare import doc, summary
 
 
@@ -42,15 +43,8 @@ async def ranks(asked: list[dict[str, str]], *, hostile: bool = False) -> AsyncI
 
     app = web.Application()
     app.router.add_get("/r{rank}/debug/profile", handler)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with served(app) as base:
+        yield base
 
 
 def test_profile_polls_compares_and_names_the_slow_rank() -> None:

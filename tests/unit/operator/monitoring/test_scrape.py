@@ -19,6 +19,7 @@ from gpujob_operator.monitoring.scrape.expfmt import WANTED, parse
 from gpujob_operator.monitoring.scrape.frame import NEEDED, frame
 from gpujob_operator.monitoring.scrape.result import ErrorKind, ScrapeResult, ScrapeTarget
 from gpujob_operator.monitoring.scrape.scraper import Scraper
+from tests.support.loopback import served
 
 PAYLOAD = (
     Path(__file__).resolve().parents[3] / "data" / "payloads" / "healthy-scrape2-rank1.prom"
@@ -61,15 +62,8 @@ async def server(state: dict[str, int]) -> AsyncIterator[str]:
         ("/foreign", foreign),
     ):
         app.router.add_get(path, handler)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with served(app) as base:
+        yield base
 
 
 def closed_port() -> int:
