@@ -124,7 +124,12 @@ def test_the_guard_outlives_reset_reads_and_a_thawed_replica_writes_nothing(
         late = [(f.method, f.path.pattern) for f in writes for t, _ in f.seen if t > thawed_at]
         assert not late, f"the thawed replica wrote: {late}"
 
-        status = wait_job_phase(kube, "thaw", ("Succeeded", "Failed"), timeout=180)
+        try:
+            status = wait_job_phase(kube, "thaw", ("Succeeded", "Failed"), timeout=180)
+        except AssertionError as e:
+            raise AssertionError(
+                f"{e}\nb: {b.log_tail(60)}\nstatus: {job_status(kube, 'thaw')}"
+            ) from e
         census.stop()
         assert status["phase"] == "Succeeded", (status, b.log_tail(60))
         assert status["gang"]["restarts"] == 1, status
