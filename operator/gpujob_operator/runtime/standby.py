@@ -9,10 +9,7 @@ every job loop it has.
 A replica that has served and is then paused also restarts (``demote``): kopf keeps its
 indexes across a pause and never learns of the pods deleted meanwhile, so a resumed replica
 would plan with ghosts of deleted pods. A fresh process starts paused with empty indexes
-and fills them from a full listing when it becomes active. A working replica merely
-outranked by a peer that came back (its predecessor, thawed) first holds its writes for a
-keep-alive lifetime: that peer restarts itself, and both restarting would leave the jobs
-without an operator.
+and fills them from a full listing when it becomes active.
 
 The guard fails closed: a replica whose keep-alive lapsed (now, or since its last look:
 frozen, or cut off for longer than a lifetime) while another replica is live may already
@@ -103,8 +100,6 @@ class Judgement:
     """This replica's keep-alive deadline as read (``lastseen + lifetime``), for the next look."""
     peer_live: bool = False
     """Another peer was live in this look (a possible successor), for the next look."""
-    outranked: bool = False
-    """Inactive only because a live peer outranks this replica (nothing of its own lapsed)."""
 
 
 def judge(
@@ -177,9 +172,7 @@ def judge(
                 False, f"{why} and a live peer may have taken over", deadline=mine, peer_live=others
             )
     if not all(peers.is_active(s, me, priority, now) for s in statuses):
-        return Judgement(
-            False, "another replica is active", deadline=mine, peer_live=others, outranked=True
-        )
+        return Judgement(False, "another replica is active", deadline=mine, peer_live=others)
     fence = lifetime / 2
     if mine is not None:
         fence = min(fence, (mine - now).total_seconds() - margin)
@@ -215,7 +208,6 @@ async def guard(
     ever end.
     """
     active, confirmed = True, False
-    held_until: float | None = None
     last_read = time.monotonic()
     deadline: dt.datetime | None = None
     peer_seen = False
@@ -257,48 +249,12 @@ async def guard(
             if verdict is not None:
                 last_read, deadline = started, verdict.deadline or deadline
                 peer_seen = verdict.peer_live
-                held_until = _held_until(verdict, confirmed, held_until, started, lifetime, me)
-                if held_until is not None and started < held_until:
-                    fence.until = 0.0  # no writes while two replicas may think they lead
-                    await asyncio.sleep(interval)
-                    continue
                 active, confirmed = _act(
                     verdict, active, confirmed, me, started, fence, stop_loops, demote
                 )
             await asyncio.sleep(interval)
     finally:
         ticker.cancel()
-
-
-def _held_until(
-    verdict: Judgement,
-    confirmed: bool,
-    held_until: float | None,
-    started: float,
-    lifetime: float,
-    me: str,
-) -> float | None:
-    """Until when a confirmed active replica, now merely outranked, holds its writes instead
-    of standing down; None when it does not hold.
-
-    Priority goes by age, so the peer that outranks a working replica is nearly always its
-    predecessor come back (thawed, reconnected) with a fresh keep-alive. That peer finds
-    its own lapse at its guard's next look and restarts; were this replica to demote on
-    seeing it, both would restart and the jobs would have no operator for a while. So it
-    shuts its fence and keeps its loops and caches for up to one keep-alive lifetime; a
-    peer still outranking it after that is the active one, and this replica demotes.
-    """
-    if not (verdict.outranked and confirmed):
-        return None
-    if held_until is None:
-        log.warning(
-            "peering: this replica (%s) is outranked by a peer that came back; writes held for"
-            " up to %.0fs while it stands down",
-            me,
-            lifetime,
-        )
-        return started + lifetime
-    return held_until
 
 
 def _act(

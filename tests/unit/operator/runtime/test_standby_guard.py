@@ -218,52 +218,23 @@ def test_the_guard_survives_every_read_error_and_goes_on_judging(error: Exceptio
     assert not seen.demotes, "never confirmed active: nothing to drop"
 
 
-def test_an_active_replica_that_stays_outranked_holds_its_writes_then_demotes_once() -> None:
+def test_an_active_replica_that_loses_its_place_demotes_once_and_shuts_the_fence() -> None:
     alone = status_of(**{ME: live(-20)})
     outranked = status_of(**{ME: live(-20), OLD: live(-10)})
     api = ScriptedPeering([alone, alone, outranked])
     fence, seen = standby.Fence(), Seen()
     fence.until = 0.0
     opened: list[bool] = []
-    held: list[tuple[bool, int]] = []  # (fence open, demotions) while outranked
-    demoted_at: list[int] = []
 
     def done() -> bool:
         opened.append(fence.open())
-        if api.calls > 3:
-            held.append((fence.open(), len(seen.demotes)))
-        if seen.demotes and not demoted_at:
-            demoted_at.append(api.calls)
-        return bool(demoted_at) and api.calls >= demoted_at[0] + 5
+        return api.calls >= 8
 
-    started = time.monotonic()
-    asyncio.run(run_guard(api, done, fence, seen, lifetime=0.3))
+    asyncio.run(run_guard(api, done, fence, seen))
     assert True in opened, "the fence opened while this replica was the active one"
-    assert time.monotonic() - started >= 0.3, "it held for a keep-alive lifetime first"
-    assert (False, 0) in held, "while it held, the fence was shut and it had not demoted"
     assert not fence.open()
     assert seen.demotes == [1], "demoted once, not at every round"
     assert seen.stops
-
-
-def test_an_active_replica_outranked_by_a_peer_that_stands_down_keeps_working() -> None:
-    """Before, the working replica demoted as soon as its thawed predecessor's keep-alive
-    showed, and the predecessor restarted too: the jobs had no operator for a while."""
-    alone = status_of(**{ME: live(-20)})
-    outranked = status_of(**{ME: live(-20), OLD: live(-10)})
-    api = ScriptedPeering([alone, alone, outranked, outranked, alone])
-    fence, seen = standby.Fence(), Seen()
-    shut_while_outranked: list[bool] = []
-
-    def done() -> bool:
-        if api.calls in (4, 5):
-            shut_while_outranked.append(not fence.open())
-        return api.calls >= 10 and fence.open()
-
-    asyncio.run(run_guard(api, done, fence, seen))
-    assert any(shut_while_outranked), "no writes while the peer outranked it"
-    assert not seen.demotes and not seen.stops, "its loops and caches stayed"
-    assert fence.open(), "working again once the peer stood down"
 
 
 def test_a_guard_that_cannot_read_keeps_the_loops_and_lets_the_fence_shut() -> None:
