@@ -23,7 +23,7 @@ from pydantic.alias_generators import to_camel
 
 from gpujob_operator.api import k8sformats as kf
 from gpujob_operator.api import rules as R
-from gpujob_operator.api.quantity import parse_quantity
+from gpujob_operator.api.quantity import crd_quantity
 
 
 class Model(BaseModel):
@@ -55,7 +55,7 @@ class Ruled(Model):
 
 def quantity_value(value: int | str | None) -> Decimal | None:
     """The value of a quantity field (None when unset or unparsable)."""
-    return None if value is None else parse_quantity(value)
+    return None if value is None else crd_quantity(value)
 
 
 _NON_NEGATIVE = (
@@ -73,7 +73,7 @@ ResourceQuantity = Annotated[
         R.Rule(
             _NON_NEGATIVE,
             "must be a non-negative quantity such as 500m, 2, 1.5 or 16Gi",
-            lambda v: (q := parse_quantity(v)) is not None and q >= 0,
+            lambda v: (q := crd_quantity(v)) is not None and q >= 0,
         ),
         max_length=64,
         int_or_string=True,
@@ -87,7 +87,7 @@ PositiveQuantity = Annotated[
         R.Rule(
             _POSITIVE,
             "must be a positive quantity such as 8Gi",
-            lambda v: (q := parse_quantity(v)) is not None and q > 0,
+            lambda v: (q := crd_quantity(v)) is not None and q > 0,
         ),
         max_length=64,
         int_or_string=True,

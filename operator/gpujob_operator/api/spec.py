@@ -182,6 +182,7 @@ _PROCS_EXPR = (
 )
 
 
+_LIMIT_MEMORY: Final = "self.resources.limits['memory']"
 _HOLDS = (
     "(self.monitoring.profile.path == m.mountPath || self.monitoring.profile.path.startsWith("
     "m.mountPath.endsWith('/') ? m.mountPath : m.mountPath + '/'))"
@@ -239,8 +240,8 @@ _SPEC_RULES: Final = (
     R.Rule(
         "!has(self.template) || !has(self.template.shmSize) || !has(self.resources) || "
         "!has(self.resources.limits) || !('memory' in self.resources.limits) || "
-        "!isQuantity(string(self.template.shmSize)) || "
-        "!isQuantity(string(self.resources.limits['memory'])) || "
+        f"!{R.CEL_QUANTITY.format(x='self.template.shmSize')} || "
+        f"!{R.CEL_QUANTITY.format(x=_LIMIT_MEMORY)} || "
         "quantity(string(self.template.shmSize)).compareTo("
         "quantity(string(self.resources.limits['memory']))) <= 0",
         "spec.template.shmSize must be <= spec.resources.limits.memory: /dev/shm is "

@@ -9,6 +9,7 @@ import pytest
 
 from gpujob_operator.api.quantity import (
     MAX_VALUE,
+    crd_quantity,
     format_quantity,
     is_quantity,
     parse_quantity,
@@ -109,10 +110,17 @@ def test_refusals(bad: Any) -> None:
 
 def test_the_table_core_v1_and_the_crd_agree_on() -> None:
     """tests/support/format_cases.py: a resource quantity field takes what parses and is not
-    negative (the integration tests run the same table through the API server)."""
+    negative (the integration tests run the same table through the API server); the CRD
+    refuses an exponent of four digits or more, which core/v1 reads only after seconds."""
     for value, valid in CASES["quantity"].items():
-        q = parse_quantity(value)
+        q = crd_quantity(value)
         assert (q is not None and q >= 0) == valid, value
+
+
+def test_an_exponent_the_crd_refuses_is_still_read_from_a_pod() -> None:
+    assert crd_quantity("1e1000") is None and crd_quantity("2E+0999") is None
+    assert crd_quantity("1e999") == parse_quantity("1e999") == Decimal("1e999")
+    assert parse_quantity("1e1000") == Decimal("1e1000")  # a pod's own request, read back
 
 
 def test_huge_exponents_neither_crash_nor_blow_up() -> None:
