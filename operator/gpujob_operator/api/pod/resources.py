@@ -17,7 +17,7 @@ from gpujob_operator.api import rules as R
 from gpujob_operator.api.base import NamedPassthrough, ResourceQuantity
 from gpujob_operator.api.base import Ruled as _Ruled
 from gpujob_operator.api.base import quantity_value as _q
-from gpujob_operator.api.quantity import crd_quantity
+from gpujob_operator.api.quantity import crd_quantity, parse_quantity
 
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 
@@ -112,7 +112,7 @@ def _hugepages_ok(name: str, value: int | str) -> bool:
     """core/v1: a hugepages-SIZE amount is a whole number of pages of a positive SIZE."""
     if not name.startswith("hugepages-") or (q := crd_quantity(value)) is None:
         return True
-    size = crd_quantity(name.removeprefix("hugepages-"))
+    size = parse_quantity(name.removeprefix("hugepages-"))  # unguarded, as in the CEL rule
     return size is not None and size > 0 and _whole(Decimal(float(q) / float(size)))
 
 
