@@ -132,7 +132,6 @@ def test_the_guard_outlives_reset_reads_and_a_thawed_replica_writes_nothing(
         # the moment the thawed replica's fresh keep-alive outranked it (priority goes by age)
         # and restarted to drop its caches; its pod would start it again, and so does the
         # test, once. Before, an exit here left the job with no operator until the deadline.
-        working = [b]
 
         def finished() -> dict[str, Any] | None:
             op = working[-1]
@@ -162,6 +161,6 @@ def test_the_guard_outlives_reset_reads_and_a_thawed_replica_writes_nothing(
         if a.proc is not None and a.proc.poll() is None:
             os.kill(a.proc.pid, signal.SIGCONT)
         a.stop()
-        for op in (b, *working[1:]):
+        for op in working:
             op.stop()
         proxy.stop()

@@ -45,7 +45,9 @@ MAX_EXPONENT_DIGITS: Final = 3
 quantity parser spends time and memory that grow with the exponent's value: on one dry-run
 create, "1e10000000" took 5 s of its CPU and 900 MB, "1e99999999999" 35 s until the request
 timed out (a Pod's resources as much). No resource needs more than e999."""
-_LONG_EXPONENT: Final = re.compile(f"[eE][+-]?[0-9]{{{MAX_EXPONENT_DIGITS + 1}}}")
+LONG_EXPONENT: Final = f"[eE][+-]?[0-9]{{{MAX_EXPONENT_DIGITS + 1}}}"
+"""A longer exponent than that, as a regular expression both Python and CEL (RE2) read."""
+_LONG_EXPONENT: Final = re.compile(LONG_EXPONENT)
 _NANO: Final = Decimal("1e-9")
 MAX_VALUE: Final = Decimal(2**63 - 1)
 """The server caps a quantity with an SI suffix (or none) here; an exponent is not capped."""

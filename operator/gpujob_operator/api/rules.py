@@ -26,7 +26,7 @@ from pydantic.alias_generators import to_snake
 from pydantic_core import core_schema
 
 from gpujob_operator.api import k8sformats as kf
-from gpujob_operator.api.quantity import MAX_EXPONENT_DIGITS
+from gpujob_operator.api.quantity import LONG_EXPONENT
 
 # How each format is explained in messages (the user sees these from kubectl apply).
 QUALIFIED_NAME: Final = (
@@ -52,10 +52,10 @@ CEL_LABEL_VALUE: Final = "!format.labelValue().validate({x}).hasValue()"
 CEL_DNS_LABEL: Final = "!format.dns1123Label().validate({x}).hasValue()"
 CEL_DNS_SUBDOMAIN: Final = "!format.dns1123Subdomain().validate({x}).hasValue()"
 # A quantity field is int-or-string (dyn in CEL): string() turns both into text.
-# A longer exponent than MAX_EXPONENT_DIGITS is refused by a regular expression (linear)
+# A long exponent (quantity.LONG_EXPONENT) is refused by a regular expression (linear)
 # before isQuantity() or quantity() reads it: CEL's && stops at the first false.
 CEL_QUANTITY: Final = (
-    "(!string({x}).matches('[eE][+-]?[0-9]{{" + str(MAX_EXPONENT_DIGITS + 1) + "}}') && "
+    "(!string({x}).matches('" + LONG_EXPONENT.replace("{", "{{").replace("}", "}}") + "') && "
     "isQuantity(string({x})))"
 )
 CEL_QUANTITY_OF: Final = "quantity(string({x}))"

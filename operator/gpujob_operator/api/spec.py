@@ -242,8 +242,8 @@ _SPEC_RULES: Final = (
         "!has(self.resources.limits) || !('memory' in self.resources.limits) || "
         f"!{R.CEL_QUANTITY.format(x='self.template.shmSize')} || "
         f"!{R.CEL_QUANTITY.format(x=_LIMIT_MEMORY)} || "
-        "quantity(string(self.template.shmSize)).compareTo("
-        "quantity(string(self.resources.limits['memory']))) <= 0",
+        f"{R.CEL_QUANTITY_OF.format(x='self.template.shmSize')}.compareTo("
+        f"{R.CEL_QUANTITY_OF.format(x=_LIMIT_MEMORY)}) <= 0",
         "spec.template.shmSize must be <= spec.resources.limits.memory: /dev/shm is "
         "memory-backed and counts against the limit",
         _shm_fits,
