@@ -33,8 +33,17 @@ STALLED: Final = "Stalled"
 METRICS_AVAILABLE: Final = "MetricsAvailable"
 BOTTLENECK_DETECTED: Final = "BottleneckDetected"
 
+# Placement (owned by the planner): whether the gang's pods are kept off blamed nodes.
+NODES_AVOIDED: Final = "NodesAvoided"
+
 LIFECYCLE_TYPES: Final = (CREATED, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED)
-ALL_TYPES: Final = (*LIFECYCLE_TYPES, STALLED, METRICS_AVAILABLE, BOTTLENECK_DETECTED)
+ALL_TYPES: Final = (
+    *LIFECYCLE_TYPES,
+    STALLED,
+    METRICS_AVAILABLE,
+    BOTTLENECK_DETECTED,
+    NODES_AVOIDED,
+)
 
 MESSAGE_MAX_LENGTH: Final = 32768
 """The CRD's maxLength of a condition's message: the API server refuses a whole status patch
@@ -83,6 +92,12 @@ JOB_FAILED: Final = "JobFailed"
 NOT_STARTED: Final = "NotStarted"
 STALL_DETECTED: Final = "StallDetected"
 STALL_CONFIRMED: Final = "StallConfirmed"
+# NodesAvoided: the next attempt kept off the nodes an ended attempt blamed.
+NODE_BLAMED: Final = "NodeBlamed"
+BLAMED_NODES_AVOIDED: Final = "BlamedNodesAvoided"
+TOO_FEW_NODES: Final = "TooFewNodes"
+NODES_UNKNOWN: Final = "NodesUnknown"
+NO_BLAMED_NODES: Final = "NoBlamedNodes"
 """Stalled held for two consecutive scrapes: only now may restartOnStall act."""
 HANG_EVIDENCE: Final = "HangEvidence"
 """Event: every rank's place when a stall was detected, compared (status.hangEvidence)."""

@@ -114,6 +114,17 @@ class GoodputLedger(StatusModel):
     )
 
 
+class Suspect(StatusModel):
+    """A node a published verdict of the current attempt named: blamed if the attempt ends."""
+
+    node: str = Field(max_length=253, description="The node.")
+    verdict: str = Field(max_length=64, description="HardwareFault or Straggler.")
+    attempt: int = Field(description="The attempt the verdict was about.")
+    since: Time | None = Field(default=None, description="When the verdict was published.")
+    seen: Time | None = Field(default=None, description="When a pass last saw it published.")
+    summary: str | None = Field(default=None, max_length=1024, description="Its summary.")
+
+
 class OperatorState(StatusModel):
     """The operator's bookkeeping (internal, free to change between versions)."""
 
@@ -147,6 +158,13 @@ class OperatorState(StatusModel):
         "began: the current attempt makes progress once it passes it.",
     )
     goodput: GoodputLedger | None = Field(default=None, description="The goodput ledger's cursor.")
+    suspects: list[Suspect] | None = Field(
+        default=None,
+        max_length=16,
+        description="Nodes the current attempt's published verdicts named (HardwareFault, "
+        "Straggler), blamed if the attempt ends (spec.runPolicy.avoidBlamedNodes).",
+        json_schema_extra={"x-kubernetes-list-type": "atomic"},
+    )
     profile_request: str | None = Field(
         default=None,
         max_length=256,

@@ -143,6 +143,29 @@ class RunPolicy(_Model):
         "status.operatorState.admissionDenial across operator restarts); 0 fails at the first "
         "denial.",
     )
+    avoid_blamed_nodes: bool = Field(
+        default=True,
+        description="Keep the next attempts off a node that an ended attempt blamed: a "
+        "HardwareFault on one of its GPUs (XID, uncorrected ECC, a GPU lost), the rank a "
+        "stall's hang evidence names, a Straggler that held avoidAfterWindows windows, a node "
+        "that went NotReady. The pods get required node affinity NotIn for avoidSeconds "
+        "(status.gang.avoidedNodes); never so many nodes that the gang cannot fit (then condition "
+        "NodesAvoided False, TooFewNodes, and the pods go anywhere).",
+    )
+    avoid_after_windows: int = Field(
+        default=3,
+        ge=1,
+        le=100,
+        description="A Straggler verdict blames its node once it held this many analysis "
+        "windows (spec.monitoring.window.durationSeconds each) when its attempt ended.",
+    )
+    avoid_seconds: int = Field(
+        default=3600,
+        ge=60,
+        le=604800,
+        description="How long a blamed node is avoided, from the end of the attempt that "
+        "blamed it.",
+    )
 
 
 class Scheduling(_Model):

@@ -244,6 +244,27 @@ class Failure(StatusModel):
     time: Time | None = Field(default=None, description="When the container terminated.")
 
 
+BlameReason = Literal["HardwareFault", "Stalled", "Straggler", "NodeNotReady"]
+
+
+class AvoidedNode(StatusModel):
+    """A node an ended attempt blamed, which the next attempts' pods are kept off."""
+
+    node: str = Field(max_length=253, description="The node's name.")
+    reason: BlameReason = Field(
+        description="HardwareFault, Stalled (the rank the hang evidence named), Straggler "
+        "(held spec.runPolicy.avoidAfterWindows windows) or NodeNotReady."
+    )
+    message: str | None = Field(
+        default=None, max_length=1024, description="The verdict or event that blamed it."
+    )
+    attempt: int | None = Field(default=None, description="The attempt that blamed it.")
+    since: Time | None = Field(default=None, description="When that attempt ended.")
+    expires: Time | None = Field(
+        default=None, description="When it is no longer avoided (spec.runPolicy.avoidSeconds)."
+    )
+
+
 class QueueForecast(StatusModel):
     """When a waiting job is forecast to start, and, once it started, how far off that was."""
 
@@ -441,6 +462,14 @@ class GangStatus(StatusModel):
         default=None,
         description="When the waiting gang is forecast to start, and once it started how far "
         "off that was.",
+    )
+    avoided_nodes: list[AvoidedNode] | None = Field(
+        default=None,
+        max_length=32,
+        description="Nodes ended attempts blamed, kept off the next attempts' pods until they "
+        "expire (spec.runPolicy.avoidBlamedNodes); condition NodesAvoided says whether the "
+        "current attempt could avoid them.",
+        json_schema_extra={"x-kubernetes-list-type": "atomic"},
     )
 
     mechanism: GangMechanism | None = Field(

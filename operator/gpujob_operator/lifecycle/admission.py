@@ -243,7 +243,7 @@ def sync_pods_ready(pp: PlanningPass) -> None:
 
 def build_pod(pp: PlanningPass, rank: int) -> dict[str, Any]:
     """Pod ``rank`` of the current attempt, joined to its gang's admission."""
-    pod = builders.build_pod(pp.body, rank, pp.attempt, pp.spec)
+    pod = pp.place(builders.build_pod(pp.body, rank, pp.attempt, pp.spec))
     if pp.mechanism == api.GANG_NATIVE and pp.gang_obs.native_version:
         version = pp.gang_obs.native_version
         if not pp.ensure:

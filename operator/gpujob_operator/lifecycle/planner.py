@@ -43,9 +43,11 @@ from pydantic import ValidationError
 from gpujob_operator import api
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.events import Event
+from gpujob_operator.api.status import attempt_of
 from gpujob_operator.lifecycle import (
     admission,
     backoff,
+    blame,
     builders,
     converge,
     restarts,
@@ -117,6 +119,22 @@ def run(pp: PlanningPass) -> None:
     converge.converge(pp)
 
 
+def needs_nodes(job: Mapping[str, Any], pods: Sequence[ObservedPod]) -> bool:
+    """Whether a pass may create pods that avoid blamed nodes: the shell reads the nodes
+    for it then, and only then (a list of every node is not for every pass)."""
+    status = job.get("status") or {}
+    if not (status.get("gang") or {}).get("avoidedNodes") or c.is_finished(
+        status.get("conditions") or []
+    ):
+        return False
+    run_policy = (job.get("spec") or {}).get("runPolicy") or {}
+    if run_policy.get("avoidBlamedNodes") is False:
+        return False
+    attempt = max([attempt_of(status), *(p.attempt for p in pods)])
+    have = {p.node_rank for p in pods if p.attempt == attempt}
+    return len(have) < int((job.get("spec") or {}).get("nodes") or 0)
+
+
 def invalid_spec(body: Mapping[str, Any], now: datetime, problems: str) -> Plan:
     """The plan for a stored job the model refuses: Failed with InvalidSpec, nothing else.
 
@@ -160,6 +178,7 @@ def plan(
     gang_obs: GangObservation | None = None,
     gone: Sequence[ObservedPod] = (),
     resume_backoff: bool = True,
+    nodes: blame.NodeView | None = None,
 ) -> Plan:
     """Decide what to do for ``job`` given its pods (all attempts) at ``now``.
 
@@ -176,6 +195,9 @@ def plan(
     exits at once on SIGTERM still reads as preempted or evicted, not lost.
     ``resume_backoff``: with no ``refused``, resume the one in ``operatorState.createBackoff`` (a
     shell that has not tried a create since it started); False once the shell has tried.
+    ``nodes``: the cluster's nodes (or why they could not be read) when the job avoids blamed
+    nodes and its attempt lacks pods (:func:`needs_nodes`); the fit of the gang without them
+    is checked against these (:mod:`.blame`).
     """
     body: Mapping[str, Any]
     if isinstance(job, api.GPUTrainingJob):
@@ -188,7 +210,7 @@ def plan(
         return invalid_spec(body, now, api.spec_problems(e))
     pp = PlanningPass(
         body, pods, now, service_exists, log_tails or {}, refused, restart_backoff,
-        gang_grace_seconds, gang_obs, gone, resume_backoff,
+        gang_grace_seconds, gang_obs, gone, resume_backoff, nodes,
     )  # fmt: skip
     run(pp)
     admission.sync_pods_ready(pp)

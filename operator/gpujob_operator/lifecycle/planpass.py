@@ -25,7 +25,7 @@ from gpujob_operator.api.display import render_display
 from gpujob_operator.api.events import Event, EventType
 from gpujob_operator.api.status import furthest_step
 from gpujob_operator.api.statusupgrade import upgrade, without_nulls
-from gpujob_operator.lifecycle import backoff, goodput
+from gpujob_operator.lifecycle import backoff, blame, goodput
 from gpujob_operator.lifecycle.apiserver.refusals import (
     Refused,
     backoff_record,
@@ -73,7 +73,7 @@ _OURS: Final = frozenset({"goodput", "display", "operatorState"})
 """The accounting's own keys (display and the bookkeeping are rendered after it, and compared
 apart): the ledger is written when due, or with anything else."""
 
-_GANG_OWN: Final = ("attempt", "restarts", "nextAttemptTime", "replicas")
+_GANG_OWN: Final = ("attempt", "restarts", "nextAttemptTime", "replicas", "avoidedNodes")
 """``status.gang``'s keys the planner writes whole on every pass."""
 
 _GANG_CARRIED: Final = ("gpus", "startForecast")
@@ -100,6 +100,7 @@ class PlanningPass:
         gang_obs: GangObservation | None,
         gone: Sequence[ObservedPod],
         resume_backoff: bool = True,
+        nodes: blame.NodeView | None = None,
     ) -> None:
         self.body = body
         self.now = now
@@ -165,6 +166,19 @@ class PlanningPass:
             int(a) for a in self.old_state.get("attemptsWithoutProgress") or []
         ]
         """The consecutive failed attempts that never passed the furthest step before them."""
+        self.nodes = nodes
+        """The cluster's nodes, read by the shell while a new attempt's pods avoid some."""
+        self.suspects: list[dict[str, Any]] = blame.suspects(
+            self.old_status, self.prev_attempt, now
+        )
+        """Nodes the running attempt's published verdicts named (``operatorState``)."""
+        self.avoided: list[dict[str, Any]] = blame.active(
+            [a for a in old_gang.get("avoidedNodes") or [] if isinstance(a, Mapping)],
+            now,
+        )
+        """``status.gang.avoidedNodes`` not yet expired (:mod:`.blame`)."""
+        self._placement: blame.Placement | None = None
+        self._placed = False
 
     # -- small helpers
     def set(self, type_: str, status: c.ConditionStatus, reason: str, message: str) -> None:
@@ -204,6 +218,33 @@ class PlanningPass:
         """Every other pod of the job: an earlier attempt's, or one without a rank of the gang."""
         current = {p.name for p in self.current}
         return [p for p in self.pods if p.name not in current or p.attempt != self.attempt]
+
+    def place(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """``pod`` kept off the blamed nodes the gang can spare (decided once per pass, with
+        the first pod built), and condition NodesAvoided saying where it stands."""
+        if not self._placed:
+            self._placed = True
+            avoided = self.avoided if self.spec.run_policy.avoid_blamed_nodes else []
+            self._placement = blame.placement(
+                avoided, pod, self.spec.nodes, self.nodes, self.attempt
+            )
+            p = self._placement
+            if p is None:
+                self.set_if_present(
+                    c.NODES_AVOIDED, c.FALSE, c.NO_BLAMED_NODES,
+                    f"attempt {self.attempt} has no blamed node to avoid",
+                )  # fmt: skip
+            else:
+                old = c.find(self.conds, c.NODES_AVOIDED) or {}
+                if p.status == c.FALSE and (old.get("status"), old.get("reason")) != (
+                    p.status,
+                    p.reason,
+                ):
+                    self.event("Warning", p.reason, p.message)
+                self.set(c.NODES_AVOIDED, p.status, p.reason, p.message)
+        if self._placement is None:
+            return pod
+        return blame.exclude(pod, self._placement.excluded)
 
     # -- the present attempt's verdicts
     def verdicts_end(self) -> str | None:
@@ -294,6 +335,7 @@ class PlanningPass:
             "nextAttemptTime": self.next_attempt if not c.is_finished(self.conds) else None,
             "replicas": replicas,
             "gpus": gpus,
+            "avoidedNodes": self.avoided or None,
         }
         return {k: v for k, v in out.items() if v is not None}
 
@@ -330,6 +372,7 @@ class PlanningPass:
             createBackoff=self.backoff_record(phase),
             attemptsWithoutProgress=self.no_progress[-MAX_NO_PROGRESS_LISTED:] or None,
             furthestStepAtAttemptStart=self.attempt_baseline(),
+            suspects=[x for x in self.suspects if x.get("attempt") == self.attempt] or None,
         )
         updates: dict[str, Any] = {
             "observedGeneration": self.generation,

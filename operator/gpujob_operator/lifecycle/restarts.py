@@ -27,7 +27,7 @@ torchrun's static rendezvous needs every rank, so one rank's end is the gang's:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Final
 
@@ -36,7 +36,7 @@ from gpujob_operator.api import children
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.display import EVIDENCE_MARK, format_hang
 from gpujob_operator.api.status import furthest_step, stall_evidence
-from gpujob_operator.lifecycle import terminal
+from gpujob_operator.lifecycle import blame, terminal
 from gpujob_operator.lifecycle.gang import gang
 from gpujob_operator.lifecycle.observations import (
     PREEMPTION_BY_SCHEDULER,
@@ -146,6 +146,7 @@ def restart_needed(pp: PlanningPass) -> bool:
             f"{what}; backoffLimit {limit} reached after {pp.restarts} restarts",
         )
         return True
+    avoiding = blame_ending(pp, failure=failure, failed=failed, stalled=cause == c.STALL_DETECTED)
     pp.restarts += 1
     pp.attempt += 1  # the pass's status then sets Stalled False: one incident, one restart
     delay = pp.restart_backoff.delay(pp.restarts)
@@ -153,6 +154,7 @@ def restart_needed(pp: PlanningPass) -> bool:
     message = (
         f"{what}; restarting all {pp.spec.nodes} pods as attempt {pp.attempt} "
         f"(restart {pp.restarts}/{limit}) at {pp.next_attempt}, after a {delay:g}s backoff"
+        f"{avoiding}"
     )
     pp.set(c.RESTARTING, c.TRUE, c.GANG_RESTART, message)
     pp.set(c.RUNNING, c.FALSE, cause, message)
@@ -160,6 +162,45 @@ def restart_needed(pp: PlanningPass) -> bool:
     pp.event("Warning", c.GANG_RESTART, message)
     pp.delete(pp.pods)
     return True
+
+
+def blame_ending(
+    pp: PlanningPass,
+    *,
+    failure: Mapping[str, Any] | None = None,
+    failed: ObservedPod | None = None,
+    disrupted: ObservedPod | None = None,
+    stalled: bool = False,
+) -> str:
+    """Record the nodes the attempt ending now blames (``status.gang.avoidedNodes``, a Warning
+    Event each; :mod:`.blame`) and return a clause for the restart's message."""
+    if not pp.spec.run_policy.avoid_blamed_nodes:
+        return ""
+    evidence = stall_evidence({**pp.old_status, "conditions": pp.conds}) if stalled else None
+    found = blame.blamed(
+        blame.Ending(
+            suspects=pp.suspects,
+            window_seconds=float(pp.spec.monitoring.window.duration_seconds),
+            after_windows=pp.spec.run_policy.avoid_after_windows,
+            evidence=evidence,
+            failure=failure,
+            failed=failed,
+            disrupted=disrupted,
+        )
+    )
+    if not found:
+        return ""
+    seconds = pp.spec.run_policy.avoid_seconds
+    pp.avoided = blame.record(pp.avoided, found, pp.attempt, pp.now, seconds)
+    until = c.format_time(pp.now + timedelta(seconds=seconds))
+    for node, reason, message in found:
+        pp.event(
+            "Warning",
+            c.NODE_BLAMED,
+            f"attempt {pp.attempt} blames node {node} ({reason}: {message}); the next "
+            f"attempts avoid it until {until}",
+        )
+    return "; avoiding " + ", ".join(f"{n} ({r})" for n, r, _ in found)
 
 
 def disruption_restart(pp: PlanningPass, pod: ObservedPod) -> None:
@@ -178,13 +219,14 @@ def disruption_restart(pp: PlanningPass, pod: ObservedPod) -> None:
     )
     if attempt_progressed(pp):
         pp.no_progress = []
+    avoiding = blame_ending(pp, disrupted=pod)
     pp.attempt += 1
     pp.gang_status["preemptions"] = int(pp.gang_status.get("preemptions") or 0) + 1
     limit = pp.spec.run_policy.backoff_limit
     message = (
         f"{what}; a disruption, not a failure: restarting all {pp.spec.nodes} pods as "
         f"attempt {pp.attempt}, not counted against backoffLimit "
-        f"({pp.restarts}/{limit} restarts used)"
+        f"({pp.restarts}/{limit} restarts used){avoiding}"
     )
     pp.set(c.RESTARTING, c.TRUE, reason, message)
     pp.set(c.RUNNING, c.FALSE, reason, message)

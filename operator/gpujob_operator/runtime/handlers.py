@@ -35,6 +35,7 @@ from gpujob_operator.runtime import peers, standby, webhook
 from gpujob_operator.runtime.forecaster import Forecaster
 from gpujob_operator.runtime.jobloop import JobLoop
 from gpujob_operator.runtime.kube import Kube
+from gpujob_operator.runtime.nodecache import NodeCache
 from gpujob_operator.runtime.settings import Settings
 
 log = logging.getLogger("gpujob.handlers")
@@ -63,6 +64,7 @@ class OperatorState:
     forecast_task: asyncio.Task[None] | None = None
     _kube: Kube | None = None
     _scraper: Scraper | None = None
+    _nodes: NodeCache | None = None
 
     def scraper(self) -> Scraper:
         """One scraper for every job: one HTTP session and one global bound on concurrency."""
@@ -78,6 +80,12 @@ class OperatorState:
             fence = None if self.settings.standalone else standby.FENCE.open
             self._kube = Kube(timeout=self.settings.api_timeout, may_write=fence)
         return self._kube
+
+    def node_cache(self) -> NodeCache:
+        """One node cache for every job loop: one list of the nodes per TTL at most."""
+        if self._nodes is None:
+            self._nodes = NodeCache(self.kube())
+        return self._nodes
 
     async def close(self) -> None:
         """The operator's exit: cancel the guard and the forecaster, stop every loop, close
@@ -278,6 +286,7 @@ async def job_event(
             _post_event,
             own.scraper(),
             default_gang=own.settings.default_gang,
+            nodes=own.node_cache(),
             retry=own.settings.retry,
             restart_backoff=own.settings.restart_backoff,
             gang_grace_seconds=own.settings.gang_grace_seconds,

@@ -57,6 +57,7 @@ from gpujob_operator.runtime.faults import (
 from gpujob_operator.runtime.jobhandle import EventPoster
 from gpujob_operator.runtime.kube import Fenced, JobGone, Kube
 from gpujob_operator.runtime.metricstask import MetricsTask
+from gpujob_operator.runtime.nodecache import NodeCache
 
 log = logging.getLogger("gpujob.reconciler")
 
@@ -127,6 +128,8 @@ class JobLoop:
     """Node ports a host-network job may have scraped (GPUJOB_HOST_PORT_RANGE)."""
     body: dict[str, Any] = field(default_factory=dict)
     default_gang: str = api.GANG_NONE
+    nodes: NodeCache | None = None
+    """The operator's node cache: read when a new attempt's pods avoid blamed nodes."""
     on_exit: Callable[[JobLoop], None] | None = None
     """Called once when the loop ends by itself (its job is gone): forget it."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
@@ -216,6 +219,10 @@ class JobLoop:
         service = time.monotonic() - self.service_seen_at <= SERVICE_RECHECK_SECONDS
         self.call = "get_gang"
         gang_obs = await gangstate.observe(self.kube, job, self.default_gang)
+        view = None
+        if self.nodes is not None and planner.needs_nodes(job, observed):
+            self.call = "list_nodes"
+            view = await self.nodes.get()
         plan = planner.plan(
             job,
             observed,
@@ -227,6 +234,7 @@ class JobLoop:
             gang_obs=gang_obs,
             gone=list(self.gone.values()),
             resume_backoff=not self.tried,
+            nodes=view,
         )
         self.reconciles += 1
         if plan.phase in (c.PHASE_SUCCEEDED, c.PHASE_FAILED, c.PHASE_SUSPENDED):

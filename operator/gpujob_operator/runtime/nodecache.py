@@ -1,0 +1,78 @@
+"""The cluster's nodes for placement checks, read at most once per TTL for the whole operator.
+
+A job whose next attempt avoids blamed nodes checks that its gang still fits without them
+(:mod:`~gpujob_operator.lifecycle.blame`). That needs every node, which at thousands of
+nodes is megabytes: the list is made only when such a job is about to create pods, shared
+by every job loop (one call in flight; the others wait for it) and kept for
+:data:`TTL_SECONDS`. Only what placement reads is kept of each node (name, labels, taints,
+unschedulable, allocatable). A refused or failed list is remembered for the same time as
+the reason, which the job's NodesAvoided condition shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from kubernetes.client.rest import ApiException
+
+from gpujob_operator.lifecycle.blame import NodeView
+from gpujob_operator.observability.opmetrics import METRICS, error_reason
+from gpujob_operator.runtime.kube import Kube, api_reason
+
+log = logging.getLogger("gpujob.nodes")
+
+TTL_SECONDS: Final = 30.0
+READ_TIMEOUT: Final = (5.0, 30.0)
+
+
+def slim(node: Mapping[str, Any]) -> dict[str, Any]:
+    """What placement reads of a node; the rest (images, conditions, addresses) is dropped."""
+    meta, spec, status = (node.get(k) or {} for k in ("metadata", "spec", "status"))
+    return {
+        "metadata": {"name": meta.get("name"), "labels": dict(meta.get("labels") or {})},
+        "spec": {
+            "unschedulable": bool(spec.get("unschedulable")),
+            "taints": list(spec.get("taints") or []),
+        },
+        "status": {"allocatable": dict(status.get("allocatable") or {})},
+    }
+
+
+class NodeCache:
+    """``await get()``: the nodes, from one list call per :data:`TTL_SECONDS` at most."""
+
+    def __init__(self, kube: Kube, clock: Callable[[], float] = time.monotonic) -> None:
+        self.kube = kube
+        self.clock = clock
+        self._view: NodeView | None = None
+        self._read_at = -float("inf")
+        self._lock = asyncio.Lock()
+
+    async def get(self) -> NodeView:
+        async with self._lock:
+            if self._view is None or self.clock() - self._read_at >= TTL_SECONDS:
+                self._view = await self._read()
+                self._read_at = self.clock()
+            return self._view
+
+    async def _read(self) -> NodeView:
+        try:
+            resp: Any = await asyncio.to_thread(
+                self.kube.core.list_node, _preload_content=False, _request_timeout=READ_TIMEOUT
+            )
+            items = json.loads(resp.data).get("items") or []
+        except Exception as e:
+            why = (
+                f"cannot list nodes: {e.status} {api_reason(e)}"
+                if isinstance(e, ApiException)
+                else f"cannot list nodes: {error_reason(e)}"
+            )
+            log.warning("%s; blamed nodes are not avoided until it can", why)
+            METRICS.observe_api_error("list_nodes", error_reason(e))
+            return NodeView((), why)
+        return NodeView(tuple(slim(n) for n in items if isinstance(n, Mapping)))
