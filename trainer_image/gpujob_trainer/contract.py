@@ -38,6 +38,13 @@ ENV_TRAINER: Final = (
     *ENV_NODE_RANK_FALLBACKS,
 )
 
+ENV_NODE_NAME: Final = "GPUJOB_NODE_NAME"
+"""The pod's node (the downward API's spec.nodeName): what the pre-flight check names."""
+PREFLIGHT_EXIT_CODE: Final = 86
+"""The exit code of a pod whose pre-flight check failed (``python -m gpujob_trainer.preflight``);
+its last log line starts with :data:`PREFLIGHT_MARK` and names the node and the numbers."""
+PREFLIGHT_MARK: Final = "gpujob preflight"
+
 DEFAULT_METRICS_PORT: Final = 9400
 METRICS_PATH: Final = "/metrics"
 EVIDENCE_PATH: Final = "/debug/evidence"

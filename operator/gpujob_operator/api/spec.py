@@ -82,6 +82,51 @@ class Training(_Model):
 CleanPodPolicy = Literal["None", "Running", "All"]
 
 
+class Preflight(_Model):
+    """A health check of every node before training (``python -m gpujob_trainer.preflight``)."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Run the check: each pod times a GEMM on each GPU (on the CPU without "
+        "GPUs) and the gang one all-reduce, then starts spec.command; a node that fails exits "
+        f"{contract.PREFLIGHT_EXIT_CODE} naming itself, the attempt restarts and the node is "
+        "avoided (runPolicy.avoidBlamedNodes). The image needs gpujob_trainer and torch, "
+        "and spec.command must be set (the check runs it).",
+    )
+    min_relative_speed: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="A node whose GEMM rate is below this share of the gang's median fails.",
+    )
+    min_gemm_tflops: float | None = Field(
+        default=None,
+        gt=0,
+        alias="minGemmTFLOPS",
+        description="A node whose slowest device's GEMM rate (TFLOP/s) is below this fails.",
+    )
+    min_peak_ratio: float = Field(
+        default=0.25,
+        ge=0,
+        le=1,
+        description="A GPU the trainer's peak table knows fails below this share of its "
+        "dense bf16 peak.",
+    )
+    min_bus_bandwidth_gbps: float | None = Field(
+        default=None,
+        gt=0,
+        alias="minBusBandwidthGBps",
+        description="The gang fails (naming no node) when one all-reduce's bus bandwidth "
+        "(GB/s) is below this.",
+    )
+    timeout_seconds: int = Field(
+        default=300,
+        ge=10,
+        le=3600,
+        description="How long the nodes wait for each other before the check fails.",
+    )
+
+
 class RunPolicy(_Model):
     """Retries, deadlines, cleanup and suspension of the whole gang."""
 
@@ -158,6 +203,11 @@ class RunPolicy(_Model):
         le=100,
         description="A Straggler verdict blames its node once it held this many analysis "
         "windows (spec.monitoring.window.durationSeconds each) when its attempt ended.",
+    )
+    preflight: Preflight = Field(
+        default_factory=Preflight,
+        description="An opt-in health check of every node before training starts; a node "
+        "that fails is named and avoided.",
     )
     avoid_seconds: int = Field(
         default=3600,
@@ -258,6 +308,17 @@ _SPEC_RULES: Final = (
         "spec.command[0] must not be empty: it is the program every rank runs",
         lambda s: not s.command or s.command[0] != "",
         field_path=".command",
+    ),
+    # The check runs before the command and then becomes it: an image's own entrypoint
+    # cannot be wrapped.
+    R.Rule(
+        "!has(self.runPolicy) || !has(self.runPolicy.preflight) || "
+        "!has(self.runPolicy.preflight.enabled) || !self.runPolicy.preflight.enabled || "
+        "(has(self.command) && size(self.command) > 0)",
+        "spec.runPolicy.preflight.enabled needs spec.command: the check runs before it and "
+        "then starts it (the image's own entrypoint cannot be wrapped)",
+        lambda s: not s.run_policy.preflight.enabled or bool(s.command),
+        field_path=".runPolicy.preflight.enabled",
     ),
     # A memory-backed /dev/shm counts against the container's memory limit.
     R.Rule(

@@ -244,7 +244,7 @@ class Failure(StatusModel):
     time: Time | None = Field(default=None, description="When the container terminated.")
 
 
-BlameReason = Literal["HardwareFault", "Stalled", "Straggler", "NodeNotReady"]
+BlameReason = Literal["HardwareFault", "Preflight", "Stalled", "Straggler", "NodeNotReady"]
 
 
 class AvoidedNode(StatusModel):
@@ -252,8 +252,9 @@ class AvoidedNode(StatusModel):
 
     node: str = Field(max_length=253, description="The node's name.")
     reason: BlameReason = Field(
-        description="HardwareFault, Stalled (the rank the hang evidence named), Straggler "
-        "(held spec.runPolicy.avoidAfterWindows windows) or NodeNotReady."
+        description="HardwareFault, Preflight (its pre-flight check failed), Stalled (the "
+        "rank the hang evidence named), Straggler (held spec.runPolicy.avoidAfterWindows "
+        "windows) or NodeNotReady."
     )
     message: str | None = Field(
         default=None, max_length=1024, description="The verdict or event that blamed it."

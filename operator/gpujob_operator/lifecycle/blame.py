@@ -39,11 +39,13 @@ from gpujob_operator.api.quantity import parse_quantity
 from gpujob_operator.lifecycle.forecast.queueview import fits_node
 from gpujob_operator.lifecycle.gang import podholds
 from gpujob_operator.lifecycle.observations import ObservedPod
+from gpujob_trainer import contract
 
 HARDWARE_FAULT: Final = "HardwareFault"
 STALLED: Final = "Stalled"
 STRAGGLER: Final = "Straggler"
 NODE_NOT_READY: Final = "NodeNotReady"
+PREFLIGHT: Final = "Preflight"
 
 SUSPECT_VERDICTS: Final = frozenset({HARDWARE_FAULT, STRAGGLER})
 """Published verdicts whose node is noted while the attempt runs."""
@@ -51,7 +53,7 @@ MAX_SUSPECTS: Final = 16
 """``operatorState.suspects`` holds at most this many (the CRD's maxItems)."""
 MAX_AVOIDED: Final = 32
 """``status.gang.avoidedNodes`` holds at most this many (the CRD's maxItems)."""
-SEVERITY: Final = {STRAGGLER: 0, NODE_NOT_READY: 1, STALLED: 2, HARDWARE_FAULT: 3}
+SEVERITY: Final = {STRAGGLER: 0, NODE_NOT_READY: 1, STALLED: 2, PREFLIGHT: 3, HARDWARE_FAULT: 4}
 """When the gang cannot fit, exclusions are given up least severe first."""
 TAINT_MANAGER: Final = "DeletionByTaintManager"
 """The DisruptionTarget reason of a pod evicted from a NotReady or unreachable node."""
@@ -179,6 +181,10 @@ def blamed(end: Ending) -> list[tuple[str, str, str]]:
         add(disrupted.node_name, NODE_NOT_READY, evicted)
     if failure is not None and failed is not None:
         text = f"{failure.get('message') or ''}\n{failure.get('logTail') or ''}"
+        named = f"{contract.PREFLIGHT_MARK} FAILED on node"
+        checked = [ln.strip() for ln in text.splitlines() if named in ln]
+        if failure.get("exitCode") == contract.PREFLIGHT_EXIT_CODE and checked:
+            add(failed.node_name, PREFLIGHT, checked[-1])
         hit = GPU_FAULT.search(text)
         if hit is not None:
             line = next((ln for ln in text.splitlines() if hit.group(0) in ln), hit.group(0))

@@ -56,7 +56,7 @@ from gpujob_operator.api.names import ENV_PROFILE_DIR, PROFILE_DEFAULT_DIR, PROF
 from gpujob_operator.api.pod.template import MERGED_FIELDS, TRAINER_FIELDS
 from gpujob_operator.api.profile import profile_dir
 from gpujob_trainer import contract
-from gpujob_trainer.contract import ENV_METRICS_ADDR
+from gpujob_trainer.contract import ENV_METRICS_ADDR, ENV_NODE_NAME
 
 CONTAINER_NAME: Final = "trainer"
 SHM_VOLUME: Final = "gpujob-shm"
@@ -170,6 +170,11 @@ def build_env(
         env.append(
             {"name": ENV_METRICS_ADDR, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
         )
+    if spec.run_policy.preflight.enabled:
+        # The check names the node it failed on.
+        env.append(
+            {"name": ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+        )
     env += [{"name": k, "value": v} for k, v in defaults if k not in user_names]
     env += [e.model_dump(mode="json", by_alias=True, exclude_none=True) for e in user]
     return env
@@ -209,13 +214,34 @@ def torchrun_command(
     return [*flags, "--no-python", *command]
 
 
+def preflight_command(spec: api.GPUTrainingJobSpec) -> list[str]:
+    """``python -m gpujob_trainer.preflight`` with the job's limits, up to its ``--``."""
+    p = spec.run_policy.preflight
+    out = [
+        "python", "-m", "gpujob_trainer.preflight",
+        f"--min-relative={p.min_relative_speed:g}",
+        f"--min-peak-ratio={p.min_peak_ratio:g}",
+        f"--timeout={p.timeout_seconds}",
+    ]  # fmt: skip
+    if p.min_gemm_tflops is not None:
+        out.append(f"--min-tflops={p.min_gemm_tflops:g}")
+    if p.min_bus_bandwidth_gbps is not None:
+        out.append(f"--min-bus-gbps={p.min_bus_bandwidth_gbps:g}")
+    return [*out, "--"]
+
+
 def container_command(
     job_name: str, spec: api.GPUTrainingJobSpec, node_rank: int, master_port: int | None = None
 ) -> list[str] | None:
-    """The container's ``command``: wrapped by torchrun, or the user's as is (None = image's)."""
+    """The container's ``command``: wrapped by torchrun, or the user's as is (None = image's);
+    behind the pre-flight check when ``runPolicy.preflight`` is on (it then becomes it)."""
     if spec.training.launcher == "torchrun":
-        return torchrun_command(job_name, spec, node_rank, master_port)
-    return list(spec.command) if spec.command else None
+        command: list[str] | None = torchrun_command(job_name, spec, node_rank, master_port)
+    else:
+        command = list(spec.command) if spec.command else None
+    if command and spec.run_policy.preflight.enabled:
+        return [*preflight_command(spec), *command]
+    return command
 
 
 _QUANTITY_MAPS: Final = frozenset({"requests", "limits", "overhead"})

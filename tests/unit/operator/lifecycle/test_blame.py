@@ -368,3 +368,52 @@ def test_a_failed_pod_without_a_node_blames_nothing() -> None:
         failed=ObservedPod("p", 0, 0, phase="Failed", node_name=None),
     )
     assert blame.blamed(end) == []
+
+
+def test_a_failed_preflight_blames_the_node_its_last_line_names() -> None:
+    sim = running(runPolicy={"preflight": {"enabled": True}})
+    line = "gpujob preflight FAILED on node n1 (node rank 1): GEMM 0.1 TFLOP/s on cpu is 0.2x"
+    sim.fail("bert-node-1", code=86)
+    sim.reconcile(log_tails={"bert-node-1": f"loading\n{line} (1.8s)\n"})
+    avoided = sim.status["gang"]["avoidedNodes"]
+    assert [(a["node"], a["reason"]) for a in avoided] == [("n1", "Preflight")]
+    assert avoided[0]["message"] == f"{line} (1.8s)"
+
+
+def test_a_gang_wide_preflight_failure_or_another_exit_code_blames_no_node() -> None:
+    for code, tail in (
+        (86, "gpujob preflight FAILED for the gang: the 2 nodes did not meet within 300s"),
+        (1, "gpujob preflight FAILED on node n1 (node rank 1): printed by the user's script"),
+    ):
+        sim = running(runPolicy={"preflight": {"enabled": True}})
+        sim.fail("bert-node-1", code=code)
+        sim.reconcile(log_tails={"bert-node-1": tail})
+        assert "avoidedNodes" not in sim.status["gang"], (code, tail)
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "none"])
+def test_preflight_runs_before_the_command_and_is_told_its_node(launcher: str) -> None:
+    from gpujob_operator.lifecycle import builders
+
+    job = make_job(
+        nodes=2,
+        gpusPerNode=8,
+        training={"launcher": launcher},
+        runPolicy={"preflight": {"enabled": True, "minGemmTFLOPS": 400, "timeoutSeconds": 60}},
+    )
+    pod = builders.build_pod(job, 1, 0)
+    trainer = pod["spec"]["containers"][0]
+    command = trainer["command"]
+    check = command[: command.index("--") + 1]
+    assert check == [
+        "python", "-m", "gpujob_trainer.preflight", "--min-relative=0.5",
+        "--min-peak-ratio=0.25", "--timeout=60", "--min-tflops=400", "--",
+    ]  # fmt: skip
+    rest = command[len(check) :]
+    assert rest[0] == ("torchrun" if launcher == "torchrun" else "python")
+    assert rest[-2:] == ["-m", "train"]
+    env = {e["name"]: e for e in trainer["env"]}
+    assert env["GPUJOB_NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    plain = builders.build_pod(make_job(nodes=2, gpusPerNode=8), 1, 0)
+    assert plain["spec"]["containers"][0]["command"][0] == "torchrun"
+    assert "GPUJOB_NODE_NAME" not in {e["name"] for e in plain["spec"]["containers"][0]["env"]}
