@@ -163,3 +163,66 @@ def test_the_next_attempt_avoids_the_node_of_a_hardware_fault_and_then_says_it_c
         assert done["gang"]["restarts"] == 2
     finally:
         op.stop()
+
+
+def test_a_gang_passes_its_preflight_and_trains(kube: Kube, operator: OperatorProcess) -> None:
+    """Two pods meet over gloo on the rendezvous port + 1, then become the command."""
+    kube.apply(
+        python_job(
+            "checked",
+            "import os; print('trained on', os.environ['GPUJOB_NODE_NAME'])",
+            nodes=2,
+            gpus=1,
+            runPolicy={"backoffLimit": 0, "preflight": {"enabled": True, "minRelativeSpeed": 0}},
+        )
+    )
+    done = wait_until(
+        lambda: (s := job_status(kube, "checked")).get("phase") in ("Succeeded", "Failed") and s,
+        180,
+        "the checked job to finish",
+        interval=0.5,
+    )
+    assert done["phase"] == "Succeeded", (done.get("failure"), done.get("conditions"))
+    for rank in (0, 1):
+        log = (
+            kube.run("logs", f"checked-node-{rank}", check=True).stdout
+            + kube.run("logs", f"checked-node-{rank}", check=True).stderr
+        )
+        pod = kube.get("pod", f"checked-node-{rank}") or {}
+        node = pod["spec"]["nodeName"]
+        assert f"gpujob preflight: node {node} (node rank {rank}) passed" in log, log
+        assert f"trained on {node}" in log, log
+
+
+def test_a_failed_preflight_names_its_node_and_the_next_attempt_avoids_it(
+    kube: Kube, operator: OperatorProcess
+) -> None:
+    kube.apply(
+        python_job(
+            "unfit",
+            "print('never runs')",
+            nodes=1,
+            gpus=4,
+            runPolicy={"backoffLimit": 1, "preflight": {"enabled": True, "minGemmTFLOPS": 1e6}},
+        )
+    )
+    done = wait_until(
+        lambda: (s := job_status(kube, "unfit")).get("phase") == "Failed" and s,
+        180,
+        "the unfit job to fail",
+        interval=0.5,
+    )
+    failed = c.find(done["conditions"], c.FAILED) or {}
+    assert failed.get("reason") == c.BACKOFF_LIMIT_EXCEEDED, failed
+    assert done["failure"]["exitCode"] == 86
+    avoided = done["gang"]["avoidedNodes"]
+    assert [a["reason"] for a in avoided] == ["Preflight"]
+    first = avoided[0]["node"]
+    assert f"gpujob preflight FAILED on node {first} (node rank 0)" in avoided[0]["message"]
+    assert "below minGemmTFLOPS 1e+06" in avoided[0]["message"]
+    assert avoided[0]["attempt"] == 0
+    # Attempt 1 ran elsewhere (and failed there too): its pod is the one left.
+    pod = kube.get("pod", "unfit-node-0") or {}
+    assert pod["metadata"]["labels"]["gpujob.dev/attempt"] == "1"
+    assert pod["spec"]["nodeName"] != first
+    assert "never runs" not in kube.run("logs", "unfit-node-0").stdout
