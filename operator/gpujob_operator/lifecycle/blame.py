@@ -51,6 +51,10 @@ SUSPECT_VERDICTS: Final = frozenset({HARDWARE_FAULT, STRAGGLER})
 """Published verdicts whose node is noted while the attempt runs."""
 MAX_SUSPECTS: Final = 16
 """``operatorState.suspects`` holds at most this many (the CRD's maxItems)."""
+SEEN_REFRESH_SECONDS: Final = 60.0
+"""A suspect's ``seen`` moves at most this often: every pass writing a new time would make
+each pass's status write wake the next pass. The hold at the attempt's end is measured to
+that moment when the verdict is still published then (:attr:`Ending.published`)."""
 MAX_AVOIDED: Final = 32
 """``status.gang.avoidedNodes`` holds at most this many (the CRD's maxItems)."""
 SEVERITY: Final = {STRAGGLER: 0, NODE_NOT_READY: 1, STALLED: 2, PREFLIGHT: 3, HARDWARE_FAULT: 4}
@@ -104,7 +108,9 @@ def suspects(status: Mapping[str, Any], attempt: int, now: datetime) -> list[dic
     since = b.get("since") if isinstance(b.get("since"), str) else seen
     for s in out:
         if s.get("node") == node and s.get("verdict") == verdict:
-            s["seen"] = seen
+            last = _time(s.get("seen"))
+            if last is None or (now - last).total_seconds() >= SEEN_REFRESH_SECONDS:
+                s["seen"] = seen
             return out
     summary = _clip(str(b.get("summary") or verdict))
     new = {
@@ -128,8 +134,9 @@ def suspects(status: Mapping[str, Any], attempt: int, now: datetime) -> list[dic
 # ---- blame at the end of an attempt --------------------------------------------------------
 
 
-def _windows_held(s: Mapping[str, Any], window_seconds: float) -> float:
-    since, seen = _time(s.get("since")), _time(s.get("seen"))
+def _windows_held(s: Mapping[str, Any], window_seconds: float, until: datetime | None) -> float:
+    since = _time(s.get("since"))
+    seen = until if until is not None else _time(s.get("seen"))
     if since is None or seen is None or window_seconds <= 0:
         return 0.0
     return max(0.0, (seen - since).total_seconds()) / window_seconds
@@ -150,6 +157,9 @@ class Ending:
     """``status.failure`` of the failed rank, with its log tail."""
     failed: ObservedPod | None = None
     disrupted: ObservedPod | None = None
+    published: Mapping[str, Any] | None = None
+    """``status.bottleneck`` as the attempt ends: its suspect held until ``now``."""
+    now: datetime | None = None
 
 
 def blamed(end: Ending) -> list[tuple[str, str, str]]:
@@ -168,7 +178,9 @@ def blamed(end: Ending) -> list[tuple[str, str, str]]:
         if verdict == HARDWARE_FAULT:
             add(node, HARDWARE_FAULT, str(s.get("summary") or verdict))
         elif verdict == STRAGGLER:
-            held = _windows_held(s, end.window_seconds)
+            p = end.published or {}
+            live = (p.get("node"), p.get("verdict")) == (node, verdict)
+            held = _windows_held(s, end.window_seconds, end.now if live else None)
             if held >= end.after_windows:
                 add(node, STRAGGLER, f"{s.get('summary') or verdict} (held {held:.1f} windows)")
     if end.evidence is not None:

@@ -186,6 +186,8 @@ def blame_ending(
             failure=failure,
             failed=failed,
             disrupted=disrupted,
+            published=pp.old_status.get("bottleneck"),
+            now=pp.now,
         )
     )
     if not found:

@@ -417,3 +417,17 @@ def test_preflight_runs_before_the_command_and_is_told_its_node(launcher: str) -
     plain = builders.build_pod(make_job(nodes=2, gpusPerNode=8), 1, 0)
     assert plain["spec"]["containers"][0]["command"][0] == "torchrun"
     assert "GPUJOB_NODE_NAME" not in {e["name"] for e in plain["spec"]["containers"][0]["env"]}
+
+
+def test_a_published_suspect_does_not_make_every_pass_write_the_status() -> None:
+    from gpujob_operator.api.patches import minimal_patch
+
+    sim = running()
+    sim.publish("Straggler", "n1", since=T0)
+    sim.reconcile()
+    for seconds in (5, 30, 59):
+        sim.now = T0 + timedelta(seconds=seconds)
+        assert minimal_patch(sim.status, sim.plan().status) == {}, seconds
+    sim.now = T0 + timedelta(seconds=61)
+    sim.reconcile()
+    assert sim.status["operatorState"]["suspects"][0]["seen"] == c.format_time(sim.now)
