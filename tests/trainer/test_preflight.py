@@ -40,10 +40,11 @@ def test_absolute_floors_peaks_and_the_bus_bandwidth() -> None:
 
 
 def test_the_command_comes_after_the_separator_and_is_required() -> None:
-    limits, timeout, command = parse(
-        ["--min-tflops", "2", "--timeout", "9", "--", "torchrun", "-x"]
+    limits, timeout, port, command = parse(
+        ["--min-tflops", "2", "--timeout", "9", "--port=29501", "--", "torchrun", "-x"]
     )
-    assert limits.min_tflops == 2 and timeout == 9 and command == ["torchrun", "-x"]
+    assert limits.min_tflops == 2 and timeout == 9 and port == 29501
+    assert command == ["torchrun", "-x"]
     with pytest.raises(SystemExit):
         parse(["--min-tflops", "2"])
 

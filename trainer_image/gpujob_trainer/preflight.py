@@ -160,7 +160,7 @@ def allreduce_gbps(torch: Any, dist: Any, world: int, cuda: bool) -> float:
     return 2 * (world - 1) / world * size / took / 1e9
 
 
-def run(limits: Limits, timeout: float) -> tuple[int, str]:
+def run(limits: Limits, timeout: float, port: int | None = None) -> tuple[int, str]:
     """Measure, gather, judge: (exit code, the line to print last)."""
     import torch
     import torch.distributed as dist
@@ -175,9 +175,10 @@ def run(limits: Limits, timeout: float) -> tuple[int, str]:
     cuda = torch.cuda.is_available() and torch.cuda.device_count() > 0
     if world > 1:
         addr = env.get("PET_MASTER_ADDR") or env.get("MASTER_ADDR") or "127.0.0.1"
-        # One above the rendezvous port: torchrun binds that one next, and a peer's torchrun
-        # must never reach this check's store while it still stands.
-        port = int(env.get("PET_MASTER_PORT") or env.get("MASTER_PORT") or 29500) + 1
+        # Not the rendezvous port itself (default: one above it): torchrun binds that one
+        # next, and a peer's torchrun must never reach this check's store while it stands.
+        master = int(env.get("PET_MASTER_PORT") or env.get("MASTER_PORT") or 29500)
+        port = port or master + 1
         if cuda:
             torch.cuda.set_device(0)
         try:
@@ -198,6 +199,11 @@ def run(limits: Limits, timeout: float) -> tuple[int, str]:
             dist.all_gather_object(gathered, mine)
             rates = [r for r in gathered if isinstance(r, NodeRate)]
             bus = allreduce_gbps(torch, dist, world, cuda)
+        except Exception as e:  # a peer gone, a fabric NCCL cannot use: the gang's failure
+            return contract.PREFLIGHT_EXIT_CODE, (
+                f"{contract.PREFLIGHT_MARK} FAILED for the gang: the nodes met but could not "
+                f"exchange ({type(e).__name__}: {e})"
+            )
         finally:
             dist.destroy_process_group()
     failed = judge(rates, bus, limits)
@@ -223,26 +229,27 @@ def run(limits: Limits, timeout: float) -> tuple[int, str]:
     )
 
 
-def parse(argv: Sequence[str]) -> tuple[Limits, float, list[str]]:
+def parse(argv: Sequence[str]) -> tuple[Limits, float, int | None, list[str]]:
     p = argparse.ArgumentParser(prog="python -m gpujob_trainer.preflight")
     p.add_argument("--min-relative", type=float, default=0.5)
     p.add_argument("--min-tflops", type=float, default=None)
     p.add_argument("--min-peak-ratio", type=float, default=0.25)
     p.add_argument("--min-bus-gbps", type=float, default=None)
-    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--port", type=int, default=None, help="where the nodes meet (rendezvous + 1)")
     p.add_argument("command", nargs=argparse.REMAINDER)
     a = p.parse_args(list(argv))
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
     if not command:
         p.error("a command to run after the check is required (after --)")
     limits = Limits(a.min_relative, a.min_tflops, a.min_peak_ratio, a.min_bus_gbps)
-    return limits, a.timeout, command
+    return limits, a.timeout, a.port, command
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    limits, timeout, command = parse(sys.argv[1:] if argv is None else argv)
+    limits, timeout, port, command = parse(sys.argv[1:] if argv is None else argv)
     began = time.monotonic()
-    code, line = run(limits, timeout)
+    code, line = run(limits, timeout, port)
     print(f"{line} ({time.monotonic() - began:.1f}s)", file=sys.stderr, flush=True)
     if code != 0:
         return code

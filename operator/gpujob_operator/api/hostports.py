@@ -62,7 +62,9 @@ def rank_ports(spec: GPUTrainingJobSpec, identity: str) -> RankPorts:
     on_host = bool(spec.template and spec.template.host_network)
     if not on_host or t.host_network_ports == "Spec":
         return RankPorts(metrics=t.metrics_port, master=t.master_port, on_host=on_host)
-    size = -(-(spec.procs_per_node + 1) // BLOCK) * BLOCK
+    # The metrics ports, the rendezvous port and (runPolicy.preflight) the check's, above it.
+    used = spec.procs_per_node + 1 + int(spec.run_policy.preflight.enabled)
+    size = -(-used // BLOCK) * BLOCK
     blocks = (RANGE[1] - RANGE[0]) // size
     digest = int(hashlib.sha256(identity.encode()).hexdigest()[:12], 16)
     base = RANGE[0] + (digest % blocks) * size

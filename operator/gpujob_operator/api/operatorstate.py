@@ -120,8 +120,12 @@ class Suspect(StatusModel):
     node: str = Field(max_length=253, description="The node.")
     verdict: str = Field(max_length=64, description="HardwareFault or Straggler.")
     attempt: int = Field(description="The attempt the verdict was about.")
-    since: Time | None = Field(default=None, description="When the verdict was published.")
-    seen: Time | None = Field(default=None, description="When a pass last saw it published.")
+    since: Time | None = Field(
+        default=None, description="Since when a pass sees it published (its open spell)."
+    )
+    held_seconds: int | None = Field(
+        default=None, ge=0, description="Seconds it was published in its closed spells."
+    )
     summary: str | None = Field(default=None, max_length=1024, description="Its summary.")
 
 

@@ -120,10 +120,12 @@ class Preflight(_Model):
         "(GB/s) is below this.",
     )
     timeout_seconds: int = Field(
-        default=300,
+        default=600,
         ge=10,
         le=3600,
-        description="How long the nodes wait for each other before the check fails.",
+        description="How long the nodes wait for each other before the check fails (as "
+        "torchrun's rendezvous, 600 by default: the first pod may start long before the last "
+        "one's image is pulled). They meet on training.masterPort + 1.",
     )
 
 
@@ -193,9 +195,10 @@ class RunPolicy(_Model):
         description="Keep the next attempts off a node that an ended attempt blamed: a "
         "HardwareFault on one of its GPUs (XID, uncorrected ECC, a GPU lost), the rank a "
         "stall's hang evidence names, a Straggler that held avoidAfterWindows windows, a node "
-        "that went NotReady. The pods get required node affinity NotIn for avoidSeconds "
-        "(status.gang.avoidedNodes); never so many nodes that the gang cannot fit (then condition "
-        "NodesAvoided False, TooFewNodes, and the pods go anywhere).",
+        "that went NotReady, a failed pre-flight check. The pods get required node affinity "
+        "NotIn for avoidSeconds (status.gang.avoidedNodes); never so many nodes that the gang "
+        "cannot fit on the nodes' allocatable resources (then condition NodesAvoided False, "
+        "TooFewNodes, and the least severe exclusions are given back).",
     )
     avoid_after_windows: int = Field(
         default=3,

@@ -51,10 +51,6 @@ SUSPECT_VERDICTS: Final = frozenset({HARDWARE_FAULT, STRAGGLER})
 """Published verdicts whose node is noted while the attempt runs."""
 MAX_SUSPECTS: Final = 16
 """``operatorState.suspects`` holds at most this many (the CRD's maxItems)."""
-SEEN_REFRESH_SECONDS: Final = 60.0
-"""A suspect's ``seen`` moves at most this often: every pass writing a new time would make
-each pass's status write wake the next pass. The hold at the attempt's end is measured to
-that moment when the verdict is still published then (:attr:`Ending.published`)."""
 MAX_AVOIDED: Final = 32
 """``status.gang.avoidedNodes`` holds at most this many (the CRD's maxItems)."""
 SEVERITY: Final = {STRAGGLER: 0, NODE_NOT_READY: 1, STALLED: 2, PREFLIGHT: 3, HARDWARE_FAULT: 4}
@@ -92,8 +88,14 @@ def _time(value: Any) -> datetime | None:
 
 
 def suspects(status: Mapping[str, Any], attempt: int, now: datetime) -> list[dict[str, Any]]:
-    """The suspects of ``attempt``, the attempt ``status`` (as read this pass) describes:
-    the ones noted before, and the node its published verdict names now."""
+    """The suspects of ``attempt``, the attempt ``status`` (as read this pass) describes.
+
+    A suspect's time is kept in spells: ``since`` opens one when a pass first sees the
+    verdict name the node, the first pass that no longer sees it adds the spell to
+    ``heldSeconds`` and closes it. So the status changes only when a verdict comes or goes
+    (never on every pass), a gap is not counted as held, and a verdict that moved to
+    another node does not lend that node its start.
+    """
     state = status.get("operatorState") or {}
     out = [
         dict(s)
@@ -102,29 +104,33 @@ def suspects(status: Mapping[str, Any], attempt: int, now: datetime) -> list[dic
     ]
     b = status.get("bottleneck") or {}
     node, verdict = b.get("node"), b.get("verdict")
-    if not (isinstance(node, str) and node and verdict in SUSPECT_VERDICTS):
-        return out[-MAX_SUSPECTS:]
-    seen = c.format_time(now)
-    since = b.get("since") if isinstance(b.get("since"), str) else seen
+    live = (
+        (node, verdict) if isinstance(node, str) and node and verdict in SUSPECT_VERDICTS else None
+    )
+    stamp = c.format_time(now)
     for s in out:
-        if s.get("node") == node and s.get("verdict") == verdict:
-            last = _time(s.get("seen"))
-            if last is None or (now - last).total_seconds() >= SEEN_REFRESH_SECONDS:
-                s["seen"] = seen
-            return out
-    summary = _clip(str(b.get("summary") or verdict))
+        if (s.get("node"), s.get("verdict")) == live:
+            if not s.get("since"):
+                s["since"] = stamp
+            live = None
+        elif s.get("since"):
+            began = _time(s.get("since"))
+            held = max(0.0, (now - began).total_seconds()) if began is not None else 0.0
+            s["heldSeconds"] = round(float(s.get("heldSeconds") or 0) + held)
+            s.pop("since", None)
+    if live is None:
+        return out
     new = {
-        "node": node,
-        "verdict": verdict,
+        "node": live[0],
+        "verdict": live[1],
         "attempt": attempt,
-        "since": since,
-        "seen": seen,
-        "summary": summary,
+        "since": stamp,
+        "summary": _clip(str(b.get("summary") or live[1])),
     }
     # Full: a HardwareFault is never pushed out by a Straggler.
     while len(out) >= MAX_SUSPECTS:
         weakest = min(range(len(out)), key=lambda i: SEVERITY.get(str(out[i].get("verdict")), 0))
-        if SEVERITY.get(str(out[weakest].get("verdict")), 0) > SEVERITY[str(verdict)]:
+        if SEVERITY.get(str(out[weakest].get("verdict")), 0) > SEVERITY[str(live[1])]:
             return out
         out.pop(weakest)
     out.append(new)
@@ -134,12 +140,13 @@ def suspects(status: Mapping[str, Any], attempt: int, now: datetime) -> list[dic
 # ---- blame at the end of an attempt --------------------------------------------------------
 
 
-def _windows_held(s: Mapping[str, Any], window_seconds: float, until: datetime | None) -> float:
-    since = _time(s.get("since"))
-    seen = until if until is not None else _time(s.get("seen"))
-    if since is None or seen is None or window_seconds <= 0:
-        return 0.0
-    return max(0.0, (seen - since).total_seconds()) / window_seconds
+def _windows_held(s: Mapping[str, Any], window_seconds: float, now: datetime | None) -> float:
+    """Windows a suspect held: its closed spells, and the open one up to ``now``."""
+    held = float(s.get("heldSeconds") or 0)
+    began = _time(s.get("since"))
+    if began is not None and now is not None:
+        held += max(0.0, (now - began).total_seconds())
+    return held / window_seconds if window_seconds > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -157,9 +164,21 @@ class Ending:
     """``status.failure`` of the failed rank, with its log tail."""
     failed: ObservedPod | None = None
     disrupted: ObservedPod | None = None
-    published: Mapping[str, Any] | None = None
-    """``status.bottleneck`` as the attempt ends: its suspect held until ``now``."""
     now: datetime | None = None
+    """When the attempt ends: a spell still open held until then."""
+    preflights: Sequence[ObservedPod] = ()
+    """Every pod of the attempt whose pre-flight check failed (exit code
+    :data:`~gpujob_trainer.contract.PREFLIGHT_EXIT_CODE`), not only the first."""
+
+
+def preflight_line(exit_code: Any, text: str) -> str | None:
+    """The line a failed pre-flight check names its node in, or None: only with its exit
+    code, so a user's script printing the same words blames nothing."""
+    if exit_code != contract.PREFLIGHT_EXIT_CODE:
+        return None
+    named = f"{contract.PREFLIGHT_MARK} FAILED on node"
+    lines = [ln.strip() for ln in text.splitlines() if named in ln]
+    return lines[-1] if lines else None
 
 
 def blamed(end: Ending) -> list[tuple[str, str, str]]:
@@ -178,9 +197,7 @@ def blamed(end: Ending) -> list[tuple[str, str, str]]:
         if verdict == HARDWARE_FAULT:
             add(node, HARDWARE_FAULT, str(s.get("summary") or verdict))
         elif verdict == STRAGGLER:
-            p = end.published or {}
-            live = (p.get("node"), p.get("verdict")) == (node, verdict)
-            held = _windows_held(s, end.window_seconds, end.now if live else None)
+            held = _windows_held(s, end.window_seconds, end.now)
             if held >= end.after_windows:
                 add(node, STRAGGLER, f"{s.get('summary') or verdict} (held {held:.1f} windows)")
     if end.evidence is not None:
@@ -191,12 +208,15 @@ def blamed(end: Ending) -> list[tuple[str, str, str]]:
         detail = f": {disrupted.disruption_message}" if disrupted.disruption_message else ""
         evicted = f"pod {disrupted.name} was evicted from its node ({TAINT_MANAGER}{detail})"
         add(disrupted.node_name, NODE_NOT_READY, evicted)
+    checks = [(p, p.exit_code, p.message or "") for p in end.preflights]
     if failure is not None and failed is not None:
         text = f"{failure.get('message') or ''}\n{failure.get('logTail') or ''}"
-        named = f"{contract.PREFLIGHT_MARK} FAILED on node"
-        checked = [ln.strip() for ln in text.splitlines() if named in ln]
-        if failure.get("exitCode") == contract.PREFLIGHT_EXIT_CODE and checked:
-            add(failed.node_name, PREFLIGHT, checked[-1])
+        checks.append((failed, failure.get("exitCode"), text))
+    for pod, code, said in checks:
+        line = preflight_line(code, said)
+        if line is not None:
+            add(pod.node_name, PREFLIGHT, line)
+    if failure is not None and failed is not None:
         hit = GPU_FAULT.search(text)
         if hit is not None:
             line = next((ln for ln in text.splitlines() if hit.group(0) in ln), hit.group(0))
@@ -212,21 +232,20 @@ def record(
     now: datetime,
     seconds: float,
 ) -> list[dict[str, Any]]:
-    """``status.gang.avoidedNodes`` with what attempt ``attempt`` blamed first (a node blamed
-    again gets the new reason and expiry), at most :data:`MAX_AVOIDED`."""
+    """``status.gang.avoidedNodes`` with what attempt ``attempt`` blamed first, at most
+    :data:`MAX_AVOIDED`. A node blamed again gets the new expiry and keeps the more severe
+    of its reasons (a HardwareFault never turns into a Straggler, first to be given back)."""
     expires = c.format_time(now + timedelta(seconds=seconds))
+    old = {str(a.get("node")): a for a in avoided}
+    new = []
+    when = {"attempt": attempt, "since": c.format_time(now), "expires": expires}
+    for node, reason, message in found:
+        was = old.get(node)
+        if was is not None and SEVERITY.get(str(was.get("reason")), 0) > SEVERITY[reason]:
+            new.append({**dict(was), **when})
+        else:
+            new.append({"node": node, "reason": reason, "message": message, **when})
     fresh = {node for node, _, _ in found}
-    new = [
-        {
-            "node": node,
-            "reason": reason,
-            "message": message,
-            "attempt": attempt,
-            "since": c.format_time(now),
-            "expires": expires,
-        }
-        for node, reason, message in found
-    ]
     return (new + [dict(a) for a in avoided if a.get("node") not in fresh])[:MAX_AVOIDED]
 
 
@@ -243,33 +262,41 @@ def active(avoided: Sequence[Mapping[str, Any]], now: datetime) -> list[dict[str
 # ---- placement -----------------------------------------------------------------------------
 
 
-def _fits_per_node(pod: Mapping[str, Any], node: Mapping[str, Any], needed: int) -> int:
-    """How many such pods the node's allocatable holds (its load aside): ``needed`` when the
-    pod requests nothing the node counts."""
+def holds(
+    pod: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]], needed: int
+) -> dict[str, int]:
+    """How many of the gang's pods each node the pod may go to holds by its allocatable
+    resources (its load aside), at most ``needed``; nodes holding none are left out. One
+    pass over the nodes, whatever is excluded later."""
+    spec = pod.get("spec") or {}
     wants = {k: v for k, v in podholds.requests(pod).items() if v > 0}
-    alloc = (node.get("status") or {}).get("allocatable") or {}
-    most = needed
-    for name, want in wants.items():
-        have = parse_quantity(alloc.get(name)) if isinstance(alloc, Mapping) else None
-        if have is None or have <= 0:
-            return 0
-        most = min(most, math.floor(have / want))
-    return max(0, most)
+    out: dict[str, int] = {}
+    for node in nodes:
+        if not fits_node(spec, node):
+            continue
+        alloc = (node.get("status") or {}).get("allocatable") or {}
+        most = needed
+        for name, want in wants.items():
+            have = parse_quantity(alloc.get(name)) if isinstance(alloc, Mapping) else None
+            most = 0 if have is None or have <= 0 else min(most, math.floor(have / want))
+            if most == 0:
+                break
+        if most > 0:
+            out[str((node.get("metadata") or {}).get("name") or "")] = most
+    return out
 
 
 def capacity(pod: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]],
              excluded: frozenset[str], needed: int) -> int:  # fmt: skip
     """How many of the gang's pods the nodes not excluded hold, capped at ``needed``."""
-    spec = pod.get("spec") or {}
-    total = 0
-    for node in nodes:
-        name = str((node.get("metadata") or {}).get("name") or "")
-        if name in excluded or not fits_node(spec, node):
-            continue
-        total += _fits_per_node(pod, node, needed)
-        if total >= needed:
-            return needed
-    return total
+    return _without(holds(pod, nodes, needed), excluded, needed)
+
+
+def _without(
+    counts: Mapping[str, int], excluded: Sequence[str] | frozenset[str], needed: int
+) -> int:
+    total = sum(counts.values()) - sum(counts.get(n, 0) for n in set(excluded))
+    return min(total, needed)
 
 
 @dataclass(frozen=True)
@@ -310,7 +337,8 @@ def placement(
             f"attempt {attempt} cannot check that its {needed} pods fit without the blamed "
             f"nodes {listed(names)} ({why}); placing them on any node",
         )
-    whole = capacity(pod, view.nodes, frozenset(), needed)
+    counts = holds(pod, view.nodes, needed)
+    whole = _without(counts, (), needed)
     if whole < needed:
         # The gang does not fit even on every node (capacity still to come): exclusions do
         # not decide whether it starts, so keep them.
@@ -322,7 +350,7 @@ def placement(
             f"on the cluster's nodes even with them",
         )
     keep = list(names)
-    while keep and capacity(pod, view.nodes, frozenset(keep), needed) < needed:
+    while keep and _without(counts, keep, needed) < needed:
         keep.pop()  # the least severe, most recent last
     if len(keep) == len(names):
         return Placement(

@@ -214,14 +214,20 @@ def torchrun_command(
     return [*flags, "--no-python", *command]
 
 
-def preflight_command(spec: api.GPUTrainingJobSpec) -> list[str]:
-    """``python -m gpujob_trainer.preflight`` with the job's limits, up to its ``--``."""
+def preflight_command(spec: api.GPUTrainingJobSpec, port: int) -> list[str]:
+    """``python -m gpujob_trainer.preflight`` with the job's limits, up to its ``--``: run by
+    the user's own interpreter where the command names one, else ``python3``."""
     p = spec.run_policy.preflight
+    command = list(spec.command or [])
+    python = (
+        command[0] if command and _PYTHON.fullmatch(os.path.basename(command[0])) else "python3"
+    )
     out = [
-        "python", "-m", "gpujob_trainer.preflight",
+        python, "-m", "gpujob_trainer.preflight",
         f"--min-relative={p.min_relative_speed:g}",
         f"--min-peak-ratio={p.min_peak_ratio:g}",
         f"--timeout={p.timeout_seconds}",
+        f"--port={port}",
     ]  # fmt: skip
     if p.min_gemm_tflops is not None:
         out.append(f"--min-tflops={p.min_gemm_tflops:g}")
@@ -240,7 +246,8 @@ def container_command(
     else:
         command = list(spec.command) if spec.command else None
     if command and spec.run_policy.preflight.enabled:
-        return [*preflight_command(spec), *command]
+        master = spec.training.master_port if master_port is None else master_port
+        return [*preflight_command(spec, master + 1), *command]
     return command
 
 

@@ -119,20 +119,32 @@ def run(pp: PlanningPass) -> None:
     converge.converge(pp)
 
 
-def needs_nodes(job: Mapping[str, Any], pods: Sequence[ObservedPod]) -> bool:
-    """Whether a pass may create pods that avoid blamed nodes: the shell reads the nodes
-    for it then, and only then (a list of every node is not for every pass)."""
+def needs_nodes(job: Mapping[str, Any], pods: Sequence[ObservedPod], now: datetime) -> bool:
+    """Whether this pass may create pods that avoid blamed nodes: the shell reads the nodes
+    for it then, and only then (a list of every node is not for every pass). Not while the
+    job is suspended, its restart backs off, an older attempt's pods are still going, or
+    Kueue has not admitted it."""
     status = job.get("status") or {}
-    if not (status.get("gang") or {}).get("avoidedNodes") or c.is_finished(
-        status.get("conditions") or []
-    ):
+    gang_status = status.get("gang") or {}
+    if not gang_status.get("avoidedNodes") or c.is_finished(status.get("conditions") or []):
         return False
-    run_policy = (job.get("spec") or {}).get("runPolicy") or {}
-    if run_policy.get("avoidBlamedNodes") is False:
+    spec = job.get("spec") or {}
+    run_policy = spec.get("runPolicy") or {}
+    if run_policy.get("avoidBlamedNodes") is False or run_policy.get("suspend"):
+        return False
+    if gang_status.get("mechanism") == api.GANG_KUEUE and not gang_status.get("admitted"):
+        return False
+    try:
+        due = c.parse_time(gang_status.get("nextAttemptTime"))
+    except (TypeError, ValueError):
+        due = None
+    if due is not None and due > now:
         return False
     attempt = max([attempt_of(status), *(p.attempt for p in pods)])
+    if any(p.attempt < attempt for p in pods):
+        return False  # the old gang must be gone first
     have = {p.node_rank for p in pods if p.attempt == attempt}
-    return len(have) < int((job.get("spec") or {}).get("nodes") or 0)
+    return len(have) < int(spec.get("nodes") or 0)
 
 
 def invalid_spec(body: Mapping[str, Any], now: datetime, problems: str) -> Plan:

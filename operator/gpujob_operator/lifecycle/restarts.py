@@ -47,6 +47,7 @@ from gpujob_operator.lifecycle.observations import (
     root_cause,
 )
 from gpujob_operator.lifecycle.planpass import PlanningPass
+from gpujob_trainer import contract
 
 
 def suspend(pp: PlanningPass) -> None:
@@ -126,8 +127,13 @@ def restart_needed(pp: PlanningPass) -> bool:
         return True
     pp.failure = failure
     what = describe_failure(failure)
-    if not is_retryable(failure.get("exitCode"), pp.spec.run_policy.retryable_exit_codes):
-        codes = pp.spec.run_policy.retryable_exit_codes
+    # A node failing its pre-flight check is the node's fault, not the job's: retried (on
+    # another node) whatever retryableExitCodes says.
+    checked = pp.spec.run_policy.preflight.enabled and blame.preflight_line(
+        failure.get("exitCode"), f"{failure.get('message') or ''}\n{failure.get('logTail') or ''}"
+    )
+    codes = pp.spec.run_policy.retryable_exit_codes
+    if not checked and not is_retryable(failure.get("exitCode"), codes):
         terminal.finish(
             pp,
             False,
@@ -186,8 +192,8 @@ def blame_ending(
             failure=failure,
             failed=failed,
             disrupted=disrupted,
-            published=pp.old_status.get("bottleneck"),
             now=pp.now,
+            preflights=[p for p in pp.current if p.exit_code == contract.PREFLIGHT_EXIT_CODE],
         )
     )
     if not found:

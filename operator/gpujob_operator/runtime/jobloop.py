@@ -220,13 +220,14 @@ class JobLoop:
         self.call = "get_gang"
         gang_obs = await gangstate.observe(self.kube, job, self.default_gang)
         view = None
-        if self.nodes is not None and planner.needs_nodes(job, observed):
+        when = now or datetime.now(UTC)
+        if self.nodes is not None and planner.needs_nodes(job, observed, when):
             self.call = "list_nodes"
             view = await self.nodes.get()
         plan = planner.plan(
             job,
             observed,
-            now or datetime.now(UTC),
+            when,
             service_exists=service,
             refused=self.refused,
             restart_backoff=self.restart_backoff,

@@ -43,6 +43,24 @@ def slim(node: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+ERROR_TTL_SECONDS: Final = 5.0
+"""A failed list is retried this soon: a job creating pods meanwhile goes without its fit."""
+STALE_OK_SECONDS: Final = 300.0
+"""After a failed list, the last good one serves this long: nodes change slowly, and a blip
+of the API server must not send a gang onto the nodes it blamed."""
+
+
+def _list_nodes(kube: Kube) -> tuple[dict[str, Any], ...]:
+    """List, read and slim every node in the calling thread: the body of thousands of nodes
+    is tens of MB, not for the event loop. ``resourceVersion=0`` is served from the API
+    server's watch cache, not from etcd."""
+    resp: Any = kube.core.list_node(
+        _preload_content=False, _request_timeout=READ_TIMEOUT, resource_version="0"
+    )
+    items = json.loads(resp.data).get("items") or []
+    return tuple(slim(n) for n in items if isinstance(n, Mapping))
+
+
 class NodeCache:
     """``await get()``: the nodes, from one list call per :data:`TTL_SECONDS` at most."""
 
@@ -50,29 +68,34 @@ class NodeCache:
         self.kube = kube
         self.clock = clock
         self._view: NodeView | None = None
+        self._good: NodeView | None = None
+        self._good_at = -float("inf")
         self._read_at = -float("inf")
         self._lock = asyncio.Lock()
 
     async def get(self) -> NodeView:
-        async with self._lock:
-            if self._view is None or self.clock() - self._read_at >= TTL_SECONDS:
-                self._view = await self._read()
+        async with self._lock:  # one list in flight; the others wait and share it
+            now = self.clock()
+            ttl = ERROR_TTL_SECONDS if self._view is not None and self._view.error else TTL_SECONDS
+            if self._view is None or now - self._read_at >= ttl:
+                self._view = await self._read(now)
                 self._read_at = self.clock()
             return self._view
 
-    async def _read(self) -> NodeView:
+    async def _read(self, now: float) -> NodeView:
         try:
-            resp: Any = await asyncio.to_thread(
-                self.kube.core.list_node, _preload_content=False, _request_timeout=READ_TIMEOUT
-            )
-            items = json.loads(resp.data).get("items") or []
+            nodes = await asyncio.to_thread(_list_nodes, self.kube)
         except Exception as e:
             why = (
                 f"cannot list nodes: {e.status} {api_reason(e)}"
                 if isinstance(e, ApiException)
                 else f"cannot list nodes: {error_reason(e)}"
             )
-            log.warning("%s; blamed nodes are not avoided until it can", why)
             METRICS.observe_api_error("list_nodes", error_reason(e))
+            if self._good is not None and now - self._good_at <= STALE_OK_SECONDS:
+                log.warning("%s; using the list from %.0fs ago", why, now - self._good_at)
+                return self._good
+            log.warning("%s; blamed nodes are not avoided until it can", why)
             return NodeView((), why)
-        return NodeView(tuple(slim(n) for n in items if isinstance(n, Mapping)))
+        self._good, self._good_at = NodeView(nodes), now
+        return self._good

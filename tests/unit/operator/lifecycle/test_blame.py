@@ -36,7 +36,7 @@ class PlacedSim(Sim):
 
     def plan(self, log_tails: dict[str, str] | None = None) -> Plan:
         view = None
-        if planner.needs_nodes(self.job, self.observed()):
+        if planner.needs_nodes(self.job, self.observed(), self.now):
             view = NodeView(tuple(self.nodes or ()), self.view_error)
         return planner.plan(
             self.job,
@@ -324,13 +324,21 @@ def test_blamed_nodes_add_to_every_term_of_the_users_own_affinity() -> None:
 
 def test_the_shell_reads_nodes_only_for_a_pass_that_may_create_avoiding_pods() -> None:
     sim = running()
-    assert not planner.needs_nodes(sim.job, sim.observed()), "nothing avoided"
+    assert not planner.needs_nodes(sim.job, sim.observed(), sim.now), "nothing avoided"
     sim.publish("HardwareFault", "n0")
     sim.reconcile()
     restart(sim)
-    assert planner.needs_nodes(sim.job, sim.observed()), "the next attempt lacks its pods"
+    assert not planner.needs_nodes(sim.job, sim.observed(), sim.now), "the old pods still go"
+    sim.gc()
+    assert planner.needs_nodes(sim.job, sim.observed(), sim.now), "the next attempt lacks its pods"
+    sim.job["spec"]["runPolicy"] = {"suspend": True}
+    assert not planner.needs_nodes(sim.job, sim.observed(), sim.now), "suspended"
+    del sim.job["spec"]["runPolicy"]
+    sim.status["gang"]["nextAttemptTime"] = c.format_time(sim.now + timedelta(seconds=20))
+    assert not planner.needs_nodes(sim.job, sim.observed(), sim.now), "backing off"
+    del sim.status["gang"]["nextAttemptTime"]
     next_attempt(sim)
-    assert not planner.needs_nodes(sim.job, sim.observed()), "every rank of it exists"
+    assert not planner.needs_nodes(sim.job, sim.observed(), sim.now), "every rank of it exists"
 
 
 def test_suspects_stay_bounded_and_a_straggler_never_pushes_out_a_hardware_fault() -> None:
@@ -407,7 +415,7 @@ def test_preflight_runs_before_the_command_and_is_told_its_node(launcher: str) -
     check = command[: command.index("--") + 1]
     assert check == [
         "python", "-m", "gpujob_trainer.preflight", "--min-relative=0.5",
-        "--min-peak-ratio=0.25", "--timeout=60", "--min-tflops=400", "--",
+        "--min-peak-ratio=0.25", "--timeout=60", "--port=29501", "--min-tflops=400", "--",
     ]  # fmt: skip
     rest = command[len(check) :]
     assert rest[0] == ("torchrun" if launcher == "torchrun" else "python")
@@ -425,9 +433,66 @@ def test_a_published_suspect_does_not_make_every_pass_write_the_status() -> None
     sim = running()
     sim.publish("Straggler", "n1", since=T0)
     sim.reconcile()
-    for seconds in (5, 30, 59):
+    for seconds in (5, 30, 59, 61, 119):
         sim.now = T0 + timedelta(seconds=seconds)
         assert minimal_patch(sim.status, sim.plan().status) == {}, seconds
-    sim.now = T0 + timedelta(seconds=61)
+
+
+def test_a_straggler_holds_in_spells_and_a_moved_verdict_lends_no_time() -> None:
+    sim = running(runPolicy={"avoidAfterWindows": 3})  # 360 s
+    sim.publish("Straggler", "n0", since=T0)
     sim.reconcile()
-    assert sim.status["operatorState"]["suspects"][0]["seen"] == c.format_time(sim.now)
+    sim.now = T0 + timedelta(minutes=10)  # n0 held 10 min, then the verdict moves to n1
+    sim.publish("Straggler", "n1", since=T0)  # hysteresis keeps the verdict's first time
+    sim.reconcile()
+    got = {s["node"]: s for s in sim.status["operatorState"]["suspects"]}
+    assert got["n0"]["heldSeconds"] == 600 and "since" not in got["n0"]
+    assert got["n1"]["since"] == c.format_time(sim.now), "its own spell, not the verdict's"
+    sim.now += timedelta(seconds=30)
+    del sim.status["bottleneck"]
+    sim.reconcile()
+    sim.now += timedelta(hours=1)  # a long gap, then n1 straggles for a minute more
+    sim.publish("Straggler", "n1", since=T0)
+    sim.reconcile()
+    sim.now += timedelta(minutes=1)
+    restart(sim)
+    avoided = sim.status["gang"]["avoidedNodes"]
+    assert [(a["node"], a["reason"]) for a in avoided] == [("n0", "Straggler")]
+    assert "held 5.0 windows" in avoided[0]["message"]
+
+
+def test_a_node_blamed_again_keeps_its_more_severe_reason() -> None:
+    avoided = [{"node": "n0", "reason": "HardwareFault", "message": "XID 79", "attempt": 0}]
+    got = blame.record(avoided, [("n0", "Straggler", "slow"), ("n1", "Stalled", "rank 3")], 2,
+                       T0, 600)  # fmt: skip
+    assert [(a["node"], a["reason"], a["message"], a["attempt"]) for a in got] == [
+        ("n0", "HardwareFault", "XID 79", 2),
+        ("n1", "Stalled", "rank 3", 2),
+    ]
+    assert got[0]["expires"] == c.format_time(T0 + timedelta(seconds=600))
+
+
+def test_every_pod_that_failed_its_preflight_is_blamed_not_only_the_first() -> None:
+    sim = running(nodes=2, cluster=4, runPolicy={"preflight": {"enabled": True}})
+    for rank, node in ((0, "n0"), (1, "n1")):
+        line = f"gpujob preflight FAILED on node {node} (node rank {rank}): GEMM slow"
+        sim.fail(f"bert-node-{rank}", code=86, message=f"x\n{line}")
+    sim.reconcile()
+    avoided = sim.status["gang"]["avoidedNodes"]
+    assert sorted((a["node"], a["reason"]) for a in avoided) == [
+        ("n0", "Preflight"),
+        ("n1", "Preflight"),
+    ]
+
+
+def test_a_failed_preflight_is_retried_whatever_retryable_exit_codes_say() -> None:
+    sim = running(runPolicy={"preflight": {"enabled": True}, "retryableExitCodes": [1]})
+    line = "gpujob preflight FAILED on node n1 (node rank 1): GEMM slow"
+    sim.fail("bert-node-1", code=86, message=line)
+    sim.reconcile()
+    assert sim.status["phase"] == "Restarting"
+    assert sim.status["gang"]["avoidedNodes"][0]["node"] == "n1"
+    sim2 = running(runPolicy={"retryableExitCodes": [1]})
+    sim2.fail("bert-node-1", code=86, message=line)
+    sim2.reconcile()
+    assert sim2.status["phase"] == "Failed", "without the check, 86 is the user's own code"
