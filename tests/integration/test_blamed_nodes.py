@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpujob_operator.api import conditions as c
-from tests.integration.conftest import job_status
+from tests.integration.conftest import job_status, wait_job_phase
 from tests.support.jobs import python_job, repo_code_env
 from tests.support.kube import Kube
 from tests.support.operator import OperatorProcess
@@ -153,12 +153,7 @@ def test_the_next_attempt_avoids_the_node_of_a_hardware_fault_and_then_says_it_c
         assert "NodeBlamed" in events and "TooFewNodes" in events
 
         (box / "finish-2").touch()
-        done = wait_until(
-            lambda: (s := job_status(kube, "xid")).get("phase") in ("Succeeded", "Failed") and s,
-            120,
-            "the job to finish",
-            interval=0.5,
-        )
+        done = wait_job_phase(kube, "xid", ("Succeeded", "Failed"), 120)
         assert done["phase"] == "Succeeded", done.get("conditions")
         assert done["gang"]["restarts"] == 2
     finally:
@@ -176,12 +171,7 @@ def test_a_gang_passes_its_preflight_and_trains(kube: Kube, operator: OperatorPr
             runPolicy={"backoffLimit": 0, "preflight": {"enabled": True, "minRelativeSpeed": 0}},
         )
     )
-    done = wait_until(
-        lambda: (s := job_status(kube, "checked")).get("phase") in ("Succeeded", "Failed") and s,
-        180,
-        "the checked job to finish",
-        interval=0.5,
-    )
+    done = wait_job_phase(kube, "checked", ("Succeeded", "Failed"), 180)
     assert done["phase"] == "Succeeded", (done.get("failure"), done.get("conditions"))
     for rank in (0, 1):
         log = (
@@ -206,12 +196,7 @@ def test_a_failed_preflight_names_its_node_and_the_next_attempt_avoids_it(
             runPolicy={"backoffLimit": 1, "preflight": {"enabled": True, "minGemmTFLOPS": 1e6}},
         )
     )
-    done = wait_until(
-        lambda: (s := job_status(kube, "unfit")).get("phase") == "Failed" and s,
-        180,
-        "the unfit job to fail",
-        interval=0.5,
-    )
+    done = wait_job_phase(kube, "unfit", ("Succeeded", "Failed"), 180)
     failed = c.find(done["conditions"], c.FAILED) or {}
     assert failed.get("reason") == c.BACKOFF_LIMIT_EXCEEDED, failed
     assert done["failure"]["exitCode"] == 86

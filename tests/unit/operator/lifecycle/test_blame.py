@@ -34,21 +34,10 @@ class PlacedSim(Sim):
         self.nodes = nodes
         self.view_error: str | None = None
 
-    def plan(self, log_tails: dict[str, str] | None = None) -> Plan:
-        view = None
-        if planner.needs_nodes(self.job, self.observed(), self.now):
-            view = NodeView(tuple(self.nodes or ()), self.view_error)
-        return planner.plan(
-            self.job,
-            self.observed(),
-            self.now,
-            service_exists=self.service,
-            log_tails=log_tails,
-            refused=self.refused,
-            restart_backoff=self.restart_backoff,
-            gone=self.gone,
-            nodes=view,
-        )
+    def node_view(self) -> NodeView | None:
+        if not planner.needs_nodes(self.job, self.observed(), self.now):
+            return None
+        return NodeView(tuple(self.nodes or ()), self.view_error)
 
     def bind(self, *names: str) -> None:
         """Bind the unbound pods in order: rank i to the i-th node its affinity allows."""

@@ -19,6 +19,7 @@ from gpujob_operator.api.patches import minimal_patch
 from gpujob_operator.api.statusupgrade import MOVES, is_legacy
 from gpujob_operator.lifecycle import backoff, observations, planner, restarts
 from gpujob_operator.lifecycle.apiserver.refusals import Refused
+from gpujob_operator.lifecycle.blame import NodeView
 from gpujob_operator.lifecycle.observations import ObservedPod, observe_pod
 from gpujob_operator.lifecycle.planner import Plan
 from tests.support.fakekube import apply_merge_patch
@@ -75,7 +76,12 @@ class Sim:
             refused=self.refused,
             restart_backoff=self.restart_backoff,
             gone=self.gone,
+            nodes=self.node_view(),
         )
+
+    def node_view(self) -> NodeView | None:
+        """The nodes the shell would read for this pass (none here; see test_blame)."""
+        return None
 
     def reconcile(self, log_tails: dict[str, str] | None = None) -> Plan:
         p = self.plan(log_tails)
