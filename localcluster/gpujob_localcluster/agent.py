@@ -47,7 +47,12 @@ from gpujob_localcluster.nodes import Nodes, NodeShape, node_addresses
 from gpujob_localcluster.podrun import ContainerRun, PodRun, now_iso
 from gpujob_localcluster.podstatus import PodReporter
 from gpujob_localcluster.processes import become_subreaper, descendants
-from gpujob_localcluster.restarts import backoff_message, should_restart
+from gpujob_localcluster.restarts import (
+    RESTART_ALL,
+    backoff_message,
+    container_restart,
+    rule_action,
+)
 
 log = logging.getLogger("gpujob.nodeagent")
 
@@ -315,7 +320,7 @@ class NodeAgent:
     def _start_container(self, run: PodRun, crun: ContainerRun) -> None:
         """Start one attempt of a container (the first, or a restart) and its probes."""
         crun.attempt += 1
-        crun.proc = None
+        crun.proc, crun.cleared = None, False
         crun.exit_code, crun.reason, crun.message, crun.finished_at = None, "", "", ""
         crun.waiting, crun.restart_at, crun.kill_at = None, None, None
         crun.family, crun.ended = set(), False
@@ -417,6 +422,17 @@ class NodeAgent:
         if run.finished:
             return
         crun.ended = True
+        if run.restarting_all:
+            if not run.alive():
+                self._clear_all(run)
+            return
+        if (
+            not run.deleting
+            and not self.stopping.is_set()
+            and rule_action(crun.spec, crun.exit_code or 0) == RESTART_ALL
+        ):
+            self._restart_all(run, crun)
+            return
         if not run.deleting and not self.stopping.is_set() and self._wants_restart(run, crun):
             wait = crun.backoff.wait_after(time.monotonic())
             crun.restart_at = time.monotonic() + wait
@@ -442,13 +458,68 @@ class NodeAgent:
             return code != 0 and run.policy != "Never"
         if crun.kind == "sidecar":
             return not run.winding_down
-        return should_restart(run.policy, code)
+        return container_restart(crun.spec, run.policy, code)
+
+    def _restart_all(self, run: PodRun, trigger: ContainerRun) -> None:
+        """``RestartAllContainers``: kill every container of the pod at once (no grace
+        period, no preStop hook, as the kubelet does), then start them all again in place:
+        the same pod, UID, address, volumes and devices."""
+        log.info("pod %s: container %s exited %s: restarting every container in place",
+                 run.key, trigger.name, trigger.exit_code)  # fmt: skip
+        run.restarting_all = run.in_place = True
+        run.restart_all_trigger = trigger.name
+        run.winding_down, run.sidecar_deadline = False, None
+        for c in run.containers:
+            c.restart_at, c.waiting, c.kill_at = None, None, None
+        alive = run.alive()
+        for c in alive:
+            containers.kill_container(c, signal.SIGKILL)
+        self.reporter.event(
+            run,
+            "Normal",
+            "Killing",
+            f"Container {trigger.name} exited with {trigger.exit_code}: restarting all "
+            "containers in place (restartPolicyRules RestartAllContainers)",
+            trigger.name,
+        )
+        self.reporter.publish(run)
+        if not alive:
+            self._clear_all(run)
+
+    def _clear_all(self, run: PodRun) -> None:
+        """Every container is gone: keep each one's exit as its last state, count a restart
+        for each that ran, and start the pod over from its first init container (after the
+        trigger's crash-loop back-off)."""
+        now = time.monotonic()
+        for c in run.containers:
+            if c.attempt > 0 and not c.cleared:
+                c.last_state = {"terminated": podstatus.terminated(c)}
+                c.restart_count += 1
+                with contextlib.suppress(OSError):
+                    os.replace(c.log_path, c.previous_log)
+            c.cleared, c.proc, c.ended = True, None, False
+            c.exit_code, c.reason, c.message, c.finished_at = None, "", "", ""
+            c.started_at, c.probe_states = "", {}
+        run.initialized = run.init_failed = run.winding_down = False
+        run.restarting_all = False
+        trigger = run.container(run.restart_all_trigger)
+        wait = trigger.backoff.wait_after(now) if trigger is not None else 0.0
+        if trigger is not None:
+            trigger.backoff.restarted(now + wait)
+        if wait > 0 and not run.deleting and not self.stopping.is_set():
+            run.restart_all_at = now + wait
+            self.reporter.publish(run)
+            return
+        self._advance(run)
 
     def _advance(self, run: PodRun) -> None:
         """Move the pod on after a change: the next init container, the regular containers
         once initialized, the sidecars' stop once the regular containers are done, and the
         pod's end once nothing runs any more. Publishes the pod's status."""
         if run.finished:
+            return
+        if (run.restarting_all or run.restart_all_at is not None) and not run.deleting:
+            self.reporter.publish(run)  # nothing starts until every container is gone
             return
         if not run.deleting and not self.stopping.is_set() and not run.winding_down:
             step = initorder.next_step(podstatus.init_fates(run))
@@ -464,6 +535,7 @@ class NodeAgent:
                 run.initialized = True
                 for crun in run.of_kind("regular"):
                     self._start_container(run, crun)
+                run.in_place = False
         regulars = run.of_kind("regular")
         # Done: every regular container's exit taken in, and none of them to be restarted.
         if run.initialized and all(c.ended and c.restart_at is None for c in regulars):
@@ -499,6 +571,10 @@ class NodeAgent:
     def _restart_due(self) -> None:
         now = time.monotonic()
         for run in list(self.runs.values()):
+            if run.restart_all_at is not None and now >= run.restart_all_at:
+                run.restart_all_at = None
+                if not run.deleting:
+                    self._advance(run)
             for crun in run.containers:
                 if crun.restart_at is None or now < crun.restart_at or run.deleting:
                     continue

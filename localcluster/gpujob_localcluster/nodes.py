@@ -49,6 +49,9 @@ def node_addresses(count: int, octet: int) -> list[str]:
     return [f"127.255.{octet}.{i + 1}" for i in range(count)]
 
 
+DECLARED_FEATURES = ("RestartAllContainersOnContainerExits",)
+
+
 class Nodes:
     """Registers the agent's nodes and heartbeats them (node status and Lease)."""
 
@@ -94,7 +97,13 @@ class Nodes:
                 },
             },
             "spec": {},
-            "status": {"capacity": capacity, "allocatable": capacity},
+            # What this agent implements that a pod may require of its node (the
+            # scheduler's NodeDeclaredFeatures filter): restarts of every container in place.
+            "status": {
+                "capacity": capacity,
+                "allocatable": capacity,
+                "declaredFeatures": list(DECLARED_FEATURES),
+            },
         }
 
     def status(self, name: str) -> dict[str, Any]:

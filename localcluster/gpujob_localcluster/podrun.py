@@ -50,6 +50,9 @@ class ContainerRun:
     """Every process seen under this container: killed when it ends, like a cgroup."""
     ended: bool = False
     """The agent has taken in its last attempt's exit (and decided on a restart)."""
+    cleared: bool = False
+    """Removed by a restart of every container of its pod (``RestartAllContainers``): it
+    starts again in its turn, its restart count and last state kept."""
     kind: str = "regular"
     """``regular``, ``init`` (runs to completion first) or ``sidecar`` (a native sidecar:
     an init container with ``restartPolicy: Always``)."""
@@ -123,6 +126,15 @@ class PodRun:
     """The regular containers are done (or init failed): sidecars are stopped, none restarts."""
     sidecar_deadline: float | None = None
     """Monotonic SIGKILL deadline of the sidecars' stop (the pod's grace period)."""
+    restarting_all: bool = False
+    """A container exited by a ``RestartAllContainers`` rule: every container is being
+    killed (condition AllContainersRestarting True) before all start again in place."""
+    in_place: bool = False
+    """From that exit until the regular containers run again: the pod stays Running."""
+    restart_all_at: float | None = None
+    """Monotonic time the cleared pod starts again (the trigger's crash-loop back-off)."""
+    restart_all_trigger: str = ""
+    """The container whose exit restarted them all."""
 
     @property
     def key(self) -> str:

@@ -44,13 +44,16 @@ class PodReporter:
             init_failed=run.init_failed,
             others_alive=any(c.running for c in inits),
         )
+        if run.in_place and not run.init_failed:
+            phase = "Running"  # restarting every container in place: the pod stays Running
         # Sidecars' readiness counts towards the pod's, as the kubelet counts it.
         ready = phase == "Running" and all(c.ready for c in regulars + sidecars)
         pending = initorder.incomplete(init_fates(run))
         ts = now_iso()
         wanted = {
             "PodReadyToStartContainers": "True",
-            "Initialized": "True" if run.initialized else "False",
+            # The kubelet keeps Initialized True through an in-place restart of every container.
+            "Initialized": "True" if run.initialized or run.in_place else "False",
             "ContainersReady": "True" if ready else "False",
             "Ready": "True" if ready else "False",
         }
@@ -76,6 +79,8 @@ class PodReporter:
                     unready = [c.name for c in regulars + sidecars if not c.ready]
                     cond["message"] = f"containers with unready status: [{' '.join(unready)}]"
             conds.append(cond)
+        if run.restarting_all or ALL_RESTARTING in run.conditions:
+            conds.append(all_restarting(run, ts))
         status_patch: dict[str, Any] = {
             "phase": phase,
             "podIP": run.ip,
@@ -166,13 +171,36 @@ class PodReporter:
             log.debug("event %s on %s not recorded: %s", reason, run.key, e.reason)
 
 
+ALL_RESTARTING = "AllContainersRestarting"
+
+
+def all_restarting(run: PodRun, ts: str) -> dict[str, Any]:
+    """The AllContainersRestarting condition: True from a ``RestartAllContainers`` exit
+    until no container of the pod is left, then False (present from its first time on)."""
+    status = "True" if run.restarting_all else "False"
+    old = run.conditions.get(ALL_RESTARTING)
+    if old is None or old[0] != status:
+        run.conditions[ALL_RESTARTING] = (status, ts)
+    cond: dict[str, Any] = {
+        "type": ALL_RESTARTING,
+        "status": status,
+        "lastTransitionTime": run.conditions[ALL_RESTARTING][1],
+    }
+    if run.restarting_all:
+        cond["reason"] = "RestartAllContainersStarted"
+        cond["message"] = f"container {run.restart_all_trigger} exited with restart policy rule"
+    else:
+        cond["reason"] = "AllContainersRestartCleanedUp"
+    return cond
+
+
 def init_fates(run: PodRun) -> list[initorder.InitFate]:
     """The pod's init containers as :mod:`initorder` sees them."""
     return [
         initorder.InitFate(
             name=c.name,
             sidecar=c.kind == "sidecar",
-            attempted=c.attempt > 0,
+            attempted=c.attempt > 0 and not c.cleared,
             started=c.started,
             succeeded=c.succeeded,
             failed=c.ended and c.exit_code not in (None, 0) and c.restart_at is None,
@@ -210,7 +238,7 @@ def container_status(crun: ContainerRun) -> dict[str, Any]:
         "ready": ready,
         "started": crun.started,
     }
-    if crun.attempt == 0:  # not started yet: it waits for the init containers before it
+    if crun.attempt == 0 or crun.cleared:  # it waits for the init containers before it
         return {**base, "state": {"waiting": {"reason": "PodInitializing"}}}
     if crun.running:
         return {**base, "state": {"running": {"startedAt": crun.started_at}}}

@@ -5,11 +5,42 @@ Pure: times are plain floats (seconds on a monotonic clock) handed in by the age
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Final
 
 INITIAL_BACKOFF = 10.0
 MAX_BACKOFF = 300.0
+
+
+RESTART: Final = "Restart"
+RESTART_ALL: Final = "RestartAllContainers"
+"""The container restart rules' actions (core/v1 ContainerRestartRule, KEP-5307 and
+KEP-5532): restart this container, or every container of the pod in place."""
+
+
+def rule_action(spec: Mapping[str, Any], exit_code: int) -> str | None:
+    """The action of the container's first ``restartPolicyRules`` rule whose exit codes
+    match (``In`` / ``NotIn`` its values), or None when none does."""
+    for rule in spec.get("restartPolicyRules") or ():
+        codes = rule.get("exitCodes") or {}
+        values = set(codes.get("values") or ())
+        op = codes.get("operator")
+        if (op == "In" and exit_code in values) or (op == "NotIn" and exit_code not in values):
+            return str(rule.get("action") or "")
+    return None
+
+
+def container_restart(spec: Mapping[str, Any], pod_policy: str, exit_code: int) -> bool:
+    """Whether a regular container that exited is started again on its own: a matching
+    rule's ``Restart`` first, then the container's own ``restartPolicy``, then the pod's
+    (``RestartAllContainers`` restarts the whole pod instead, not this container alone)."""
+    action = rule_action(spec, exit_code)
+    if action == RESTART:
+        return True
+    if action == RESTART_ALL:
+        return False
+    return should_restart(str(spec.get("restartPolicy") or pod_policy), exit_code)
 
 
 def should_restart(policy: str, exit_code: int) -> bool:

@@ -378,3 +378,70 @@ def test_a_restarted_agent_publishes_its_slices_again_in_place(kube: Kube) -> No
     for name, old in before.items():
         assert after[name]["metadata"]["uid"] == old["metadata"]["uid"]  # replaced, not recreated
         assert after[name]["spec"]["devices"] == old["spec"]["devices"]
+
+
+def test_a_restart_all_containers_rule_restarts_the_whole_pod_in_place(kube: Kube) -> None:
+    """KEP-5532 as the kubelet does it: one container's matching exit kills every container
+    at once, and the pod starts over from its init containers: same pod, UID, address and
+    volumes; each container's restart counted, its killed attempt its last state."""
+    prepare = python_container("prepare", "open('/shared/inits', 'a').write('init\\n')")
+    trainer = python_container(
+        "trainer",
+        """
+        import os, sys, time
+        runs = open("/shared/runs", "a+")
+        runs.write("run\\n"); runs.flush(); runs.seek(0)
+        if len(runs.read().split()) == 1:
+            while not os.path.exists("/shared/peer-1"):
+                time.sleep(0.05)
+            sys.exit(42)  # the first run fails as a rank does
+        inits = len(open("/shared/inits").read().split())
+        print(f"second run: inits={inits} at {os.environ['POD_IP']}")
+        open("/shared/done", "w").close()
+        """,
+        restartPolicy="Never",
+        restartPolicyRules=[
+            {"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [42]}}
+        ],
+        env=[{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+    )
+    peer = python_container(
+        "peer",
+        """
+        import os, time
+        n = len(open("/shared/inits").read().split())
+        open(f"/shared/peer-{n}", "w").close()
+        while not os.path.exists("/shared/done"):
+            time.sleep(0.05)
+        """,
+    )
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "in-place"},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 30,
+            "volumes": [{"name": "shared", "emptyDir": {}}],
+            "initContainers": [prepare],
+            "containers": [trainer, peer],
+        },
+    }
+    kube.apply(pod)
+    first = kube.wait_phase("in-place", ("Running", "Succeeded", "Failed"), timeout=90)
+    done = kube.wait_phase("in-place", ("Succeeded", "Failed"), timeout=120)
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    assert done["metadata"]["uid"] == first["metadata"]["uid"]
+    assert done["status"]["podIP"] == first["status"]["podIP"]
+    regular = statuses(done, "containerStatuses")
+    assert regular["trainer"]["restartCount"] == 1
+    assert regular["trainer"]["lastState"]["terminated"]["exitCode"] == 42
+    assert regular["peer"]["restartCount"] == 1
+    assert regular["peer"]["lastState"]["terminated"]["exitCode"] == 137, "killed, no grace"
+    init = statuses(done, "initContainerStatuses")["prepare"]
+    assert init["restartCount"] == 1 and init["state"]["terminated"]["exitCode"] == 0
+    cond = {c["type"]: c for c in done["status"]["conditions"]}["AllContainersRestarting"]
+    assert (cond["status"], cond["reason"]) == ("False", "AllContainersRestartCleanedUp")
+    # The init container ran again before it, and the emptyDir (the run count) outlived it.
+    logs = kube.run("logs", "in-place", "-c", "trainer", timeout=60).stdout
+    assert f"second run: inits=2 at {first['status']['podIP']}" in logs, logs

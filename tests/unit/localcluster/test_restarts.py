@@ -79,3 +79,33 @@ def test_pod_phase_with_init_containers_and_sidecars() -> None:
     assert pod_phase([ok], others_alive=True) == "Running"
     assert pod_phase([ok]) == "Succeeded"
     assert pod_phase([ContainerFate(True)], others_alive=True) == "Running"
+
+
+def rules(*pairs: tuple[str, str, list[int]]) -> dict[str, object]:
+    return {
+        "restartPolicy": "Never",
+        "restartPolicyRules": [
+            {"action": a, "exitCodes": {"operator": op, "values": v}} for a, op, v in pairs
+        ],
+    }
+
+
+def test_the_first_matching_restart_rule_decides() -> None:
+    from gpujob_localcluster.restarts import RESTART, RESTART_ALL, rule_action
+
+    spec = rules((RESTART_ALL, "In", [42, 43]), (RESTART, "NotIn", [0]))
+    assert rule_action(spec, 42) == RESTART_ALL
+    assert rule_action(spec, 1) == RESTART, "the second rule: any failure"
+    assert rule_action(spec, 0) is None
+    assert rule_action({}, 42) is None
+
+
+def test_a_container_restarts_by_its_rule_then_its_own_policy_then_the_pods() -> None:
+    from gpujob_localcluster.restarts import RESTART, RESTART_ALL, container_restart
+
+    spec = rules((RESTART, "In", [7]), (RESTART_ALL, "In", [42]))
+    assert container_restart(spec, "Always", 7) is True
+    assert container_restart(spec, "Always", 42) is False, "the whole pod restarts instead"
+    assert container_restart(spec, "Always", 1) is False, "its own Never, not the pod's Always"
+    assert container_restart({}, "OnFailure", 1) is True
+    assert container_restart({"restartPolicy": "OnFailure"}, "Never", 1) is True
