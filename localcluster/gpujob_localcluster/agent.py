@@ -319,6 +319,9 @@ class NodeAgent:
 
     def _start_container(self, run: PodRun, crun: ContainerRun) -> None:
         """Start one attempt of a container (the first, or a restart) and its probes."""
+        if crun.running:
+            log.warning("pod %s container %s is running; not started twice", run.key, crun.name)
+            return
         crun.attempt += 1
         crun.proc, crun.cleared = None, False
         crun.exit_code, crun.reason, crun.message, crun.finished_at = None, "", "", ""
@@ -401,8 +404,8 @@ class NodeAgent:
         if run is None:
             return
         crun = run.container(cname)
-        if crun is None or crun.attempt != attempt:
-            return
+        if crun is None or crun.attempt != attempt or crun.cleared:
+            return  # an attempt a restart of every container already took in
         if not crun.finished_at:
             crun.exit_code = 128 - code if code < 0 else code
             if not crun.reason:
@@ -426,9 +429,12 @@ class NodeAgent:
             if not run.alive():
                 self._clear_all(run)
             return
+        # A stop the pod made itself (its sidecars wound down, a failed init ends it) is no
+        # exit for the rules: the kubelet evaluates none on a pod it is terminating.
         if (
             not run.deleting
             and not self.stopping.is_set()
+            and not run.winding_down
             and rule_action(crun.spec, crun.exit_code or 0) == RESTART_ALL
         ):
             self._restart_all(run, crun)
@@ -466,7 +472,9 @@ class NodeAgent:
         the same pod, UID, address, volumes and devices."""
         log.info("pod %s: container %s exited %s: restarting every container in place",
                  run.key, trigger.name, trigger.exit_code)  # fmt: skip
-        run.restarting_all = run.in_place = True
+        run.restarting_all = True
+        # The kubelet keeps Initialized True (and the pod Running) only if it was already.
+        run.in_place = run.initialized or run.in_place
         run.restart_all_trigger = trigger.name
         run.winding_down, run.sidecar_deadline = False, None
         for c in run.containers:
@@ -502,12 +510,15 @@ class NodeAgent:
             c.started_at, c.probe_states = "", {}
         run.initialized = run.init_failed = run.winding_down = False
         run.restarting_all = False
-        trigger = run.container(run.restart_all_trigger)
-        wait = trigger.backoff.wait_after(now) if trigger is not None else 0.0
-        if trigger is not None:
-            trigger.backoff.restarted(now + wait)
+        # One back-off for the pod's restarts, whichever container fired them.
+        wait = run.restart_all_backoff.wait_after(now)
+        run.restart_all_backoff.restarted(now + wait)
         if wait > 0 and not run.deleting and not self.stopping.is_set():
             run.restart_all_at = now + wait
+            trigger = run.container(run.restart_all_trigger)
+            if trigger is not None:
+                message = backoff_message(wait, trigger.name, run.name, run.namespace, run.uid)
+                trigger.waiting = ("CrashLoopBackOff", message)
             self.reporter.publish(run)
             return
         self._advance(run)
@@ -531,6 +542,7 @@ class NodeAgent:
             if step.failed:
                 log.info("pod %s: an init container failed; the pod fails", run.key)
                 run.init_failed = run.winding_down = True
+                run.in_place = False
             elif step.done and not run.initialized:
                 run.initialized = True
                 for crun in run.of_kind("regular"):
@@ -611,6 +623,9 @@ class NodeAgent:
                     400,
                     f'previous terminated container "{req.container}" in pod "{req.pod}" not found',
                 )
+            return LogSource(crun.previous_log, lambda: False)
+        if crun.cleared and crun.previous_log.exists():
+            # Restarting in place, not started again yet: its last attempt is what it has.
             return LogSource(crun.previous_log, lambda: False)
         attempt = crun.attempt
         return LogSource(crun.log_path, lambda: crun.attempt == attempt and crun.running)

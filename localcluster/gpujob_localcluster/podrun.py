@@ -135,6 +135,9 @@ class PodRun:
     """Monotonic time the cleared pod starts again (the trigger's crash-loop back-off)."""
     restart_all_trigger: str = ""
     """The container whose exit restarted them all."""
+    restart_all_backoff: BackOff = field(default_factory=BackOff)
+    """The crash-loop back-off of the pod's restarts of every container, whichever
+    container fires them."""
 
     @property
     def key(self) -> str:

@@ -239,6 +239,9 @@ def container_status(crun: ContainerRun) -> dict[str, Any]:
         "started": crun.started,
     }
     if crun.attempt == 0 or crun.cleared:  # it waits for the init containers before it
+        if crun.cleared and crun.waiting is not None:  # the pod's restart backs off
+            reason, message = crun.waiting
+            return {**base, "state": {"waiting": {"reason": reason, "message": message}}}
         return {**base, "state": {"waiting": {"reason": "PodInitializing"}}}
     if crun.running:
         return {**base, "state": {"running": {"startedAt": crun.started_at}}}

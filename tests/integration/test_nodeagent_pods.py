@@ -445,3 +445,21 @@ def test_a_restart_all_containers_rule_restarts_the_whole_pod_in_place(kube: Kub
     # The init container ran again before it, and the emptyDir (the run count) outlived it.
     logs = kube.run("logs", "in-place", "-c", "trainer", timeout=60).stdout
     assert f"second run: inits=2 at {first['status']['podIP']}" in logs, logs
+
+
+def test_a_pod_winding_down_does_not_restart_itself_by_its_sidecars_rule(kube: Kube) -> None:
+    """A sidecar's "RestartAllContainers on any failure" rule must not fire on the SIGTERM
+    the pod's own end sends it: the kubelet evaluates no rule on a pod it terminates."""
+    sidecar = python_container(
+        "watch",
+        "import time\nwhile True: time.sleep(0.1)",
+        restartPolicy="Always",
+        restartPolicyRules=[
+            {"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}
+        ],
+    )
+    kube.apply(pod_with("winds-down", "print('main done')", [sidecar]))
+    done = kube.wait_phase("winds-down", ("Succeeded", "Failed"), timeout=90)
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    assert "AllContainersRestarting" not in conditions(done)
+    assert statuses(done, "containerStatuses")["main"]["restartCount"] == 0
