@@ -60,14 +60,7 @@ class PodReporter:
         conds = [{"type": "PodScheduled", "status": "True"}]
         for ctype in POD_CONDITIONS:
             status = wanted[ctype]
-            old = run.conditions.get(ctype)
-            if old is None or old[0] != status:
-                run.conditions[ctype] = (status, ts)
-            cond: dict[str, Any] = {
-                "type": ctype,
-                "status": status,
-                "lastTransitionTime": run.conditions[ctype][1],
-            }
+            cond = stamped(run, ctype, status, ts)
             if status == "False" and ctype == "Initialized":
                 cond["reason"] = "ContainersNotInitialized"
                 cond["message"] = f"containers with incomplete status: [{' '.join(pending)}]"
@@ -174,18 +167,19 @@ class PodReporter:
 ALL_RESTARTING = "AllContainersRestarting"
 
 
+def stamped(run: PodRun, ctype: str, status: str, ts: str) -> dict[str, Any]:
+    """Condition ``ctype`` at ``status``, its transition time moved only when the status
+    changes (kept in ``run.conditions``)."""
+    old = run.conditions.get(ctype)
+    if old is None or old[0] != status:
+        run.conditions[ctype] = (status, ts)
+    return {"type": ctype, "status": status, "lastTransitionTime": run.conditions[ctype][1]}
+
+
 def all_restarting(run: PodRun, ts: str) -> dict[str, Any]:
     """The AllContainersRestarting condition: True from a ``RestartAllContainers`` exit
     until no container of the pod is left, then False (present from its first time on)."""
-    status = "True" if run.restarting_all else "False"
-    old = run.conditions.get(ALL_RESTARTING)
-    if old is None or old[0] != status:
-        run.conditions[ALL_RESTARTING] = (status, ts)
-    cond: dict[str, Any] = {
-        "type": ALL_RESTARTING,
-        "status": status,
-        "lastTransitionTime": run.conditions[ALL_RESTARTING][1],
-    }
+    cond = stamped(run, ALL_RESTARTING, "True" if run.restarting_all else "False", ts)
     if run.restarting_all:
         cond["reason"] = "RestartAllContainersStarted"
         cond["message"] = f"container {run.restart_all_trigger} exited with restart policy rule"

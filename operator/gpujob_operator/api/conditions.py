@@ -257,6 +257,17 @@ def make(
     return cond
 
 
+def time_or_none(value: object) -> datetime | None:
+    """A timestamp read leniently: None for anything that is no readable time (a status an
+    older or broken writer left must not stop a pass)."""
+    if not isinstance(value, str | datetime):
+        return None
+    try:
+        return parse_time(value)
+    except ValueError:
+        return None
+
+
 def clip(text: str, limit: int) -> str:
     """`text` cut to at most `limit` characters, ending in "..." when cut: untrusted or
     unbounded words then never make a status write fail."""

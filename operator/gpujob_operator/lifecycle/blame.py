@@ -74,14 +74,12 @@ class NodeView:
 
 
 def _clip(text: str) -> str:
-    return text if len(text) <= MESSAGE_MAX else text[: MESSAGE_MAX - 3] + "..."
+    return c.clip(text, MESSAGE_MAX)
 
 
-def _time(value: Any) -> datetime | None:
-    try:
-        return c.parse_time(value) if isinstance(value, str) else None
-    except ValueError:
-        return None
+def failure_text(failure: Mapping[str, Any]) -> str:
+    """``status.failure``'s words: its message and its log tail, where a rank says why."""
+    return f"{failure.get('message') or ''}\n{failure.get('logTail') or ''}"
 
 
 # ---- suspects ------------------------------------------------------------------------------
@@ -114,7 +112,7 @@ def suspects(status: Mapping[str, Any], attempt: int, now: datetime) -> list[dic
                 s["since"] = stamp
             live = None
         elif s.get("since"):
-            began = _time(s.get("since"))
+            began = c.time_or_none(s.get("since"))
             held = max(0.0, (now - began).total_seconds()) if began is not None else 0.0
             s["heldSeconds"] = round(float(s.get("heldSeconds") or 0) + held)
             s.pop("since", None)
@@ -143,7 +141,7 @@ def suspects(status: Mapping[str, Any], attempt: int, now: datetime) -> list[dic
 def _windows_held(s: Mapping[str, Any], window_seconds: float, now: datetime | None) -> float:
     """Windows a suspect held: its closed spells, and the open one up to ``now``."""
     held = float(s.get("heldSeconds") or 0)
-    began = _time(s.get("since"))
+    began = c.time_or_none(s.get("since"))
     if began is not None and now is not None:
         held += max(0.0, (now - began).total_seconds())
     return held / window_seconds if window_seconds > 0 else 0.0
@@ -210,18 +208,17 @@ def blamed(end: Ending) -> list[tuple[str, str, str]]:
         add(disrupted.node_name, NODE_NOT_READY, evicted)
     checks = [(p, p.exit_code, p.message or "") for p in end.preflights]
     if failure is not None and failed is not None:
-        text = f"{failure.get('message') or ''}\n{failure.get('logTail') or ''}"
+        text = failure_text(failure)
         checks.append((failed, failure.get("exitCode"), text))
-    for pod, code, said in checks:
-        line = preflight_line(code, said)
-        if line is not None:
-            add(pod.node_name, PREFLIGHT, line)
-    if failure is not None and failed is not None:
         hit = GPU_FAULT.search(text)
         if hit is not None:
             line = next((ln for ln in text.splitlines() if hit.group(0) in ln), hit.group(0))
             fault = f"pod {failed.name} failed with a GPU fault: {line.strip()}"
             add(failed.node_name, HARDWARE_FAULT, fault)
+    for pod, code, said in checks:
+        named = preflight_line(code, said)
+        if named is not None:
+            add(pod.node_name, PREFLIGHT, named)
     return sorted(((n, r, m) for n, (r, m) in found.items()), key=lambda t: (-SEVERITY[t[1]], t[0]))
 
 
@@ -253,7 +250,7 @@ def active(avoided: Sequence[Mapping[str, Any]], now: datetime) -> list[dict[str
     """The entries not yet expired (one without a readable expiry is kept: never lost)."""
     out = []
     for a in avoided:
-        until = _time(a.get("expires"))
+        until = c.time_or_none(a.get("expires"))
         if until is None or until > now:
             out.append(dict(a))
     return out

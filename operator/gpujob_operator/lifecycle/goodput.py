@@ -392,8 +392,8 @@ def from_status(
     if not isinstance(public, Mapping) or not isinstance(cursor, Mapping):
         return None
     raw = {**public, **cursor}
-    since = _time(raw.get("since"))
-    until = _time(raw.get("accountedUntil"))
+    since = c.time_or_none(raw.get("since"))
+    until = c.time_or_none(raw.get("accountedUntil"))
     if since is None or until is None:
         return None
     cause = raw.get("cause")
@@ -405,7 +405,7 @@ def from_status(
         seconds=_floats(raw.get("seconds"), CAUSES),
         stage=stage if stage in (STAGE_QUEUED, STAGE_STARTING, STAGE_STEPPED) else STAGE_QUEUED,
         attempt=_int(raw.get("attempt")) or 0,
-        attempt_since=_time(raw.get("attemptSince")),
+        attempt_since=c.time_or_none(raw.get("attemptSince")),
         attempt_stepped=raw.get("attemptStepped") is True,
         furthest=_int(raw.get("furthestStep")),
         verdict=str(raw["verdict"]) if raw.get("verdict") else None,
@@ -442,13 +442,6 @@ def worst_rank(seconds: Mapping[str, float]) -> tuple[int, float] | None:
         return None
     rank, s = min(named, key=lambda kv: (-kv[1], kv[0]))
     return rank, round(s, 1)
-
-
-def _time(v: Any) -> datetime | None:
-    try:
-        return c.parse_time(v) if isinstance(v, str | datetime) else None
-    except ValueError:
-        return None
 
 
 def _float(v: Any) -> float | None:

@@ -134,10 +134,7 @@ def needs_nodes(job: Mapping[str, Any], pods: Sequence[ObservedPod], now: dateti
         return False
     if gang_status.get("mechanism") == api.GANG_KUEUE and not gang_status.get("admitted"):
         return False
-    try:
-        due = c.parse_time(gang_status.get("nextAttemptTime"))
-    except (TypeError, ValueError):
-        due = None
+    due = c.time_or_none(gang_status.get("nextAttemptTime"))
     if due is not None and due > now:
         return False
     attempt = max([attempt_of(status), *(p.attempt for p in pods)])

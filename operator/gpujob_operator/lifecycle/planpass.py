@@ -450,14 +450,14 @@ class PlanningPass:
             attempt=self.attempt,
             step=_int(progress.get("step")),
             furthest_step=_int(progress.get("furthestStep")),
-            last_step_time=_when(progress.get("lastStepTime")),
+            last_step_time=c.time_or_none(progress.get("lastStepTime")),
             checkpoint_ratio=_float(progress.get("checkpointRatio")),
             eval_ratio=_float(progress.get("evalRatio")),
             verdict=str(bottleneck["verdict"]) if bottleneck.get("verdict") else None,
             rank=_int(bottleneck.get("rank")),
             samples_per_second=_float(progress.get("samplesPerSecond")),
             tokens_per_second=_float(progress.get("tokensPerSecond")),
-            completion_time=_when(status.get("completionTime")),
+            completion_time=c.time_or_none(status.get("completionTime")),
             monitored=self.spec.monitoring.enabled,
             startup_timeout=float(self.spec.monitoring.startup_timeout_seconds),
         )
@@ -472,10 +472,3 @@ def _float(v: Any) -> float | None:
 def _int(v: Any) -> int | None:
     f = _float(v)
     return int(f) if f is not None else None
-
-
-def _when(v: Any) -> datetime | None:
-    try:
-        return parse_time(v) if isinstance(v, str) else None
-    except ValueError:
-        return None

@@ -130,7 +130,7 @@ def restart_needed(pp: PlanningPass) -> bool:
     # A node failing its pre-flight check is the node's fault, not the job's: retried (on
     # another node) whatever retryableExitCodes says.
     checked = pp.spec.run_policy.preflight.enabled and blame.preflight_line(
-        failure.get("exitCode"), f"{failure.get('message') or ''}\n{failure.get('logTail') or ''}"
+        failure.get("exitCode"), blame.failure_text(failure)
     )
     codes = pp.spec.run_policy.retryable_exit_codes
     if not checked and not is_retryable(failure.get("exitCode"), codes):
