@@ -55,10 +55,7 @@ def converge(pp: PlanningPass) -> None:
         pp.next_attempt = c.format_time(refused.retry_at)
 
     if len(current) == n:
-        pp.next_attempt = None
-        pp.denial = None  # every create went through: no denial is being retried any more
-        pp.refused = None  # nor any refusal (one resumed from the status, after a restart)
-        pp.set(c.CREATED, c.TRUE, c.PODS_CREATED, f"all {n} pods of attempt {pp.attempt} exist")
+        pp.gang_exists()
     elif refused is not None:
         message = retries.refused_message(pp, refused)
         old = c.find(pp.old_conds, c.CREATED) or {}

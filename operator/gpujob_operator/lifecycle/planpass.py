@@ -187,6 +187,16 @@ class PlanningPass:
             self.conds, type_, status, reason, message, self.now, self.generation
         )
 
+    def gang_exists(self) -> None:
+        """Every pod of the attempt exists: Created is True and no create is retried. Said
+        wherever the pass sees the whole gang, also by a pass that ends the job, so a gang
+        that ran and exited between two passes is never left reading PodsCreating."""
+        self.next_attempt = None
+        self.denial = None  # every create went through: no denial is being retried any more
+        self.refused = None  # nor any refusal (one resumed from the status, after a restart)
+        n = self.spec.nodes
+        self.set(c.CREATED, c.TRUE, c.PODS_CREATED, f"all {n} pods of attempt {self.attempt} exist")
+
     def set_if_present(
         self, type_: str, status: c.ConditionStatus, reason: str, message: str
     ) -> None:

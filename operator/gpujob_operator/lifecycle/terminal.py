@@ -21,6 +21,8 @@ from gpujob_operator.lifecycle.planpass import PlanningPass
 
 def finish(pp: PlanningPass, succeeded: bool, reason: str, message: str) -> None:
     """The job ends now: Succeeded or Failed, then cleanup, the quota and the TTL."""
+    if len(pp.current) == pp.spec.nodes:
+        pp.gang_exists()  # the whole gang may have run and ended between two passes
     if succeeded:
         pp.set(c.SUCCEEDED, c.TRUE, reason, message)
         pp.set(c.RUNNING, c.FALSE, c.JOB_SUCCEEDED, message)

@@ -273,6 +273,24 @@ def test_succeeded_when_every_rank_exits_0() -> None:
     assert sim.status["completionTime"] == "2026-03-01T12:01:00Z"
 
 
+def test_a_gang_that_ran_and_ended_between_two_passes_reads_created() -> None:
+    """The pass that created the pods said 0/2 exist; the next one sees them done already."""
+    for ending, phase in (("succeed", "Succeeded"), ("fail", "Failed")):
+        sim = Sim(make_job(nodes=2, runPolicy={"backoffLimit": 0}))
+        sim.reconcile()
+        assert cond(sim.status, c.CREATED)["reason"] == c.PODS_CREATING
+        if ending == "succeed":
+            sim.succeed_all()
+        else:
+            for name in list(sim.pods):
+                sim.fail(name)
+        sim.reconcile()
+        assert sim.status["phase"] == phase
+        created = cond(sim.status, c.CREATED)
+        assert (created["status"], created["reason"]) == ("True", c.PODS_CREATED), created
+        assert "nextAttemptTime" not in sim.status["gang"]
+
+
 @pytest.mark.parametrize(
     ("policy", "deleted"),
     [("None", []), ("Running", []), ("All", ["bert-node-0", "bert-node-1"])],
