@@ -45,6 +45,26 @@ PREFLIGHT_EXIT_CODE: Final = 86
 its last log line starts with :data:`PREFLIGHT_MARK` and names the node and the numbers."""
 PREFLIGHT_MARK: Final = "gpujob preflight"
 
+SUPERVISOR_MODULE: Final = "gpujob_trainer.supervisor"
+"""The in-place restart supervisor (``runPolicy.restartStrategy: InPlace``): the operator
+starts the trainer's command as ``python -m gpujob_trainer.supervisor --podinfo=DIR
+--state=DIR -- COMMAND...``."""
+RESTART_EXIT_CODE: Final = 87
+"""The supervisor's exit code when the operator moved its pod to a later attempt while the
+run was going (the run is stopped): the container's restart rule restarts the pod in place."""
+LABEL_ATTEMPT: Final = "gpujob.dev/attempt"
+"""The pod label naming the gang attempt the pod belongs to (the operator moves it)."""
+ANNOTATION_RELEASED: Final = "gpujob.dev/released-attempt"
+"""The pod annotation the operator sets to the attempt every pod of the gang has restarted
+for: a supervisor restarted in place waits for it before it runs COMMAND again (a barrier,
+so no restarted rank meets a rank of the old attempt)."""
+PODINFO_DIR: Final = "/var/run/gpujob/podinfo"
+"""The downward API volume with the pod's ``labels`` and ``annotations`` files."""
+INPLACE_STATE_DIR: Final = "/var/run/gpujob/inplace"
+"""The emptyDir (kept across in-place restarts) where the supervisor counts its starts."""
+ENV_ATTEMPT: Final = "GPUJOB_ATTEMPT"
+"""The gang attempt the supervisor runs COMMAND for, in COMMAND's environment."""
+
 DEFAULT_METRICS_PORT: Final = 9400
 METRICS_PATH: Final = "/metrics"
 EVIDENCE_PATH: Final = "/debug/evidence"
