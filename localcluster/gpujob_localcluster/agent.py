@@ -201,6 +201,8 @@ class NodeAgent:
         deleting = bool(meta.get("deletionTimestamp"))
         if run is not None:
             run.pod["metadata"] = meta
+            if not deleting and not run.finished:
+                podfiles.refresh_downward(run)  # free unless labels/annotations changed
             if deleting and run.kill_at is None:
                 grace = meta.get(
                     "deletionGracePeriodSeconds", spec.get("terminationGracePeriodSeconds", 30)

@@ -3,10 +3,11 @@
 Before a pod starts, every volume gets a folder: emptyDir an empty one, hostPath the host's,
 configMap/secret/downwardAPI/projected one filled from the API (with the
 ``kube-api-access-*`` service-account token from the TokenRequest API); each container's
-mounts are planned from them. Tokens are rewritten at 80% of their lifetime. The hosts
-file of every pod of a headless-service group maps its peers' DNS names to their
-addresses and is rewritten, in place, whenever the group changes. The ConfigMap/Secret
-lookups here serve both the volumes and the containers' env.
+mounts are planned from them. Tokens are rewritten at 80% of their lifetime, and the
+downwardAPI files of the pod's metadata whenever its labels or annotations change
+(:func:`refresh_downward`). The hosts file of every pod of a headless-service group maps
+its peers' DNS names to their addresses and is rewritten, in place, whenever the group
+changes. The ConfigMap/Secret lookups here serve both the volumes and the containers' env.
 """
 
 from __future__ import annotations
@@ -72,6 +73,48 @@ def prepare_volumes(core: client.CoreV1Api, reporter: PodReporter, run: PodRun) 
         folders[vol["name"]] = folder
     for c in [*(spec.get("initContainers") or []), *spec.get("containers", [])]:
         run.mounts[c["name"]] = volumes.container_mounts(c, folders)
+    run.downward_seen = volumes.pod_metadata(run.pod)
+
+
+def refresh_downward(run: PodRun) -> list[Path]:
+    """Rewrite the downwardAPI files of the pod's metadata after its labels or annotations
+    changed, as the kubelet does; returns the files rewritten.
+
+    Nothing is read or written while the labels and annotations are the ones last seen
+    (``run.downward_seen``). A file is replaced (:func:`write_atomic`) only when its text
+    changed, at the path :func:`prepare_volumes` filled: the volume's folder, which each
+    container sees through a bind mount of the directory, so the new file shows through.
+    A file mounted on its own (``subPath``) is bound by inode and keeps its old content,
+    as with the kubelet, which never updates ``subPath`` mounts either.
+    """
+    seen = volumes.pod_metadata(run.pod)
+    if seen == run.downward_seen:
+        return []
+    written = []
+    try:
+        for vol in run.pod.get("spec", {}).get("volumes") or []:
+            folder = run.folder / "volumes" / vol["name"]
+            for rel, text in volumes.refreshable_files(vol, run.pod).items():
+                path = folder / rel
+                try:
+                    current: str | None = path.read_text()
+                except OSError:
+                    current = None
+                if current != text:
+                    write_atomic(path, text)
+                    written.append(path)
+    except OSError as e:
+        # Keep the old last-seen metadata: the next update of the pod tries again.
+        log.warning("pod %s: rewriting its downwardAPI files failed: %s", run.key, e)
+        return written
+    run.downward_seen = seen
+    if written:
+        log.info(
+            "pod %s: labels or annotations changed; rewrote %s",
+            run.key,
+            ", ".join(str(p.relative_to(run.folder)) for p in written),
+        )
+    return written
 
 
 def write_token(core: client.CoreV1Api, run: PodRun, tok: ProjectedToken) -> None:

@@ -114,6 +114,9 @@ class PodRun:
     started_at: str = ""
     tokens: list[ProjectedToken] = field(default_factory=list)
     mounts: dict[str, list[volumes.Mount]] = field(default_factory=dict)
+    downward_seen: tuple[dict[str, str], dict[str, str]] | None = None
+    """The labels and annotations its downwardAPI files were last written from (see
+    :func:`podfiles.refresh_downward`): a pod update that leaves them alone costs nothing."""
     conditions: dict[str, tuple[str, str]] = field(default_factory=dict)
     """Condition type -> (status, lastTransitionTime)."""
     devices: dict[str, list[str]] = field(default_factory=dict)

@@ -4,7 +4,9 @@ Pure planning: which files a configMap/secret/downwardAPI/projected volume holds
 service-account token is requested elsewhere, see :mod:`tokens`), which folder each
 ``volumeMount`` binds; :mod:`podinit` does the mounts inside the pod's mount namespace. Supported: emptyDir, hostPath, configMap, secret, downwardAPI, projected
 (serviceAccountToken, configMap, secret, downwardAPI). Other kinds (a PVC, say) are not
-mounted; the agent says so in a Warning Event.
+mounted; the agent says so in a Warning Event. The downwardAPI files of the pod's metadata
+(:func:`refreshable_files`) follow its labels and annotations while it runs, as the
+kubelet's do.
 """
 
 from __future__ import annotations
@@ -91,6 +93,53 @@ def downward_field(pod: Mapping[str, Any], path: str) -> str:
         items = pod.get("metadata", {}).get(path.split(".")[1]) or {}
         return "".join(f"{k}={json.dumps(str(v))}\n" for k, v in sorted(items.items()))
     return podenv.field_ref(pod, path)
+
+
+REFRESHED_FIELDS = (
+    "metadata.labels",
+    "metadata.annotations",
+    "metadata.name",
+    "metadata.namespace",
+    "metadata.uid",
+)
+"""The downwardAPI field paths whose files follow the pod while it runs (one label or
+annotation, ``metadata.labels['key']``, too); the others are written once at the start."""
+
+
+def refreshed(field_path: str) -> bool:
+    """Whether a downwardAPI file of ``field_path`` is rewritten when the pod changes."""
+    return field_path in REFRESHED_FIELDS or field_path.startswith(
+        ("metadata.labels[", "metadata.annotations[")
+    )
+
+
+def pod_metadata(pod: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
+    """The pod's labels and annotations: what the refreshed downwardAPI files follow (its
+    name, namespace and uid never change), compared before any file is looked at."""
+    meta = pod.get("metadata", {})
+    return dict(meta.get("labels") or {}), dict(meta.get("annotations") or {})
+
+
+def refreshable_files(volume: Mapping[str, Any], pod: Mapping[str, Any]) -> dict[str, str]:
+    """The files of a volume that follow the pod's metadata while it runs, by relative path:
+    the :data:`REFRESHED_FIELDS` items of a ``downwardAPI`` volume or of the ``downwardAPI``
+    sources of a ``projected`` one, rendered from ``pod`` as :func:`volume_contents` does.
+    Empty for every other volume (and item: ``resourceFieldRef``, ``spec.*``, ``status.*``)."""
+    kind = kind_of(volume)
+    src = volume.get(kind) or {}
+    if kind == "downwardAPI":
+        sources = [src]
+    elif kind == "projected":
+        sources = [s["downwardAPI"] for s in src.get("sources") or [] if "downwardAPI" in s]
+    else:
+        return {}
+    out = {}
+    for source in sources:
+        for item in (source or {}).get("items") or []:
+            path = (item.get("fieldRef") or {}).get("fieldPath", "")
+            if refreshed(path):
+                out[str(item["path"])] = downward_field(pod, path)
+    return out
 
 
 def volume_contents(

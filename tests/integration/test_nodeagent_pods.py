@@ -463,3 +463,38 @@ def test_a_pod_winding_down_does_not_restart_itself_by_its_sidecars_rule(kube: K
     assert done["status"]["phase"] == "Succeeded", done["status"]
     assert "AllContainersRestarting" not in conditions(done)
     assert statuses(done, "containerStatuses")["main"]["restartCount"] == 0
+
+
+def test_a_downward_api_volume_follows_the_pods_annotations(kube: Kube) -> None:
+    """As the kubelet does, the agent rewrites a running pod's downwardAPI files when its
+    annotations change: the container sees the new file through its volume's mount."""
+    script = textwrap.dedent(
+        """
+        import sys, time
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            text = open("/podinfo/annotations").read()
+            if 'gpujob.dev/stage="go"' in text:
+                print("saw the new annotation", flush=True)
+                sys.exit(0)
+            time.sleep(0.1)
+        print("timed out; the file holds:", text, flush=True)
+        sys.exit(1)
+        """
+    )
+    items = [{"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]
+    pod = simple_pod(
+        "follows", script, volumes=[{"name": "podinfo", "downwardAPI": {"items": items}}]
+    )
+    pod["metadata"]["annotations"] = {"gpujob.dev/stage": "wait"}
+    pod["spec"]["containers"][0]["volumeMounts"] = [
+        {"name": "podinfo", "mountPath": "/podinfo", "readOnly": True}
+    ]
+    kube.apply(pod)
+    running = kube.wait_phase("follows", ("Running", "Succeeded", "Failed"), timeout=60)
+    assert running["status"]["phase"] == "Running", running["status"]
+    kube.run("annotate", "pod", "follows", "gpujob.dev/stage=go", "--overwrite", check=True)
+    done = kube.wait_phase("follows", ("Succeeded", "Failed"), timeout=90)
+    out = kube.run("logs", "follows", timeout=60).stdout
+    assert done["status"]["phase"] == "Succeeded", (done["status"], out)
+    assert "saw the new annotation" in out
