@@ -77,7 +77,9 @@ ConfigMaps, no pods/exec; only the verbs kopf and the reconciler use.
 # Its server-side dry runs (dryRun=All, before any pod is created) need the same create.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  # patch: an in-place gang restart moves a pod to the next attempt (its attempt label, its
+  # restart count and the supervisor's release annotation).
+  verbs: ["get", "list", "watch", "create", "delete", "patch"]
 # A stalled job's hang evidence (every rank's stacks), one ConfigMap per attempt: written,
 # never read (no get/list: the operator sees no other ConfigMap's data).
 - apiGroups: [""]

@@ -129,6 +129,14 @@ class Suspect(StatusModel):
     summary: str | None = Field(default=None, max_length=1024, description="Its summary.")
 
 
+class InPlaceRestart(StatusModel):
+    """An in-place gang restart under way: which attempt it brings the pods to, since when
+    (its inPlaceTimeoutSeconds counts from it)."""
+
+    attempt: int = Field(ge=0, description="The attempt the pods restart for.")
+    since: Time = Field(description="When the restart began.")
+
+
 class OperatorState(StatusModel):
     """The operator's bookkeeping (internal, free to change between versions)."""
 
@@ -168,6 +176,17 @@ class OperatorState(StatusModel):
         description="Nodes the current attempt's published verdicts named (HardwareFault, "
         "Straggler), blamed if the attempt ends (spec.runPolicy.avoidBlamedNodes).",
         json_schema_extra={"x-kubernetes-list-type": "atomic"},
+    )
+    in_place: InPlaceRestart | None = Field(
+        default=None,
+        description="The in-place gang restart under way (spec.runPolicy.restartStrategy), "
+        "until every pod runs the new attempt.",
+    )
+    in_place_unsupported: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="Why this job's pods cannot restart in place (e.g. the image lacks the "
+        "supervisor): later attempts are recreated.",
     )
     profile_request: str | None = Field(
         default=None,

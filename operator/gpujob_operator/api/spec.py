@@ -80,6 +80,7 @@ class Training(_Model):
 
 
 CleanPodPolicy = Literal["None", "Running", "All"]
+RestartStrategy = Literal["InPlace", "Recreate"]
 
 
 class Preflight(_Model):
@@ -219,6 +220,27 @@ class RunPolicy(_Model):
         description="How long a blamed node is avoided, from the end of the attempt that "
         "blamed it.",
     )
+    restart_strategy: RestartStrategy | None = Field(
+        default=None,
+        description="How a gang restart restarts the pods. InPlace: every container of every "
+        "pod restarts in place (the trainer container's restartPolicyRules with the action "
+        "RestartAllContainers): the pods keep their UIDs, IPs, volumes, devices and nodes, "
+        "and a supervisor (python -m gpujob_trainer.supervisor, so the image needs "
+        "gpujob_trainer) holds every restarted rank until the whole gang has restarted. A pod "
+        "on a blamed node, gone, evicted, or not restarted within inPlaceTimeoutSeconds is "
+        "recreated instead. Recreate: every pod is deleted and created again. Unset: InPlace "
+        "where enough nodes declare the RestartAllContainersOnContainerExits feature and the "
+        "job has a command, else Recreate. The strategy in effect, and why, is in "
+        "status.gang.restartStrategy.",
+    )
+    in_place_timeout_seconds: int = Field(
+        default=60,
+        ge=5,
+        le=3600,
+        description="How long an in-place restart may take to bring every pod to the new "
+        "attempt (the old run stopped, the pod restarted); a pod that has not by then is "
+        "deleted and created again (Recreate for that pod).",
+    )
 
 
 class Scheduling(_Model):
@@ -322,6 +344,16 @@ _SPEC_RULES: Final = (
         "then starts it (the image's own entrypoint cannot be wrapped)",
         lambda s: not s.run_policy.preflight.enabled or bool(s.command),
         field_path=".runPolicy.preflight.enabled",
+    ),
+    # The supervisor wraps the command: an image's own entrypoint cannot be wrapped.
+    R.Rule(
+        "!has(self.runPolicy) || !has(self.runPolicy.restartStrategy) || "
+        "self.runPolicy.restartStrategy != 'InPlace' || "
+        "(has(self.command) && size(self.command) > 0)",
+        "spec.runPolicy.restartStrategy InPlace needs spec.command: the restart supervisor "
+        "runs it (the image's own entrypoint cannot be wrapped)",
+        lambda s: s.run_policy.restart_strategy != "InPlace" or bool(s.command),
+        field_path=".runPolicy.restartStrategy",
     ),
     # A memory-backed /dev/shm counts against the container's memory limit.
     R.Rule(

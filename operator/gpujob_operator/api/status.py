@@ -266,6 +266,21 @@ class AvoidedNode(StatusModel):
     )
 
 
+class RestartStrategyStatus(StatusModel):
+    """How the current attempt's pods restart (spec.runPolicy.restartStrategy), and why."""
+
+    strategy: Literal["InPlace", "Recreate"] = Field(
+        description="InPlace: the pods restart in place; Recreate: they are deleted and "
+        "created again."
+    )
+    reason: str = Field(
+        max_length=128,
+        description="Why: Requested, NodesDeclareIt, FeatureNotDeclared, NodesUnknown, "
+        "NoCommand, SupervisorMissing.",
+    )
+    message: str | None = Field(default=None, max_length=1024, description="In words.")
+
+
 class QueueForecast(StatusModel):
     """When a waiting job is forecast to start, and, once it started, how far off that was."""
 
@@ -471,6 +486,17 @@ class GangStatus(StatusModel):
         "expire (spec.runPolicy.avoidBlamedNodes); condition NodesAvoided says whether the "
         "current attempt could avoid them.",
         json_schema_extra={"x-kubernetes-list-type": "atomic"},
+    )
+
+    restart_strategy: RestartStrategyStatus | None = Field(
+        default=None,
+        description="How the current attempt's pods restart when the gang restarts "
+        "(spec.runPolicy.restartStrategy), and why that way.",
+    )
+    in_place_restarts: int | None = Field(
+        default=None,
+        description="Gang restarts done in place (of restarts and preemptions): the pods "
+        "kept their UIDs and nodes.",
     )
 
     mechanism: GangMechanism | None = Field(

@@ -241,9 +241,10 @@ def sync_pods_ready(pp: PlanningPass) -> None:
         pp.patches.append((gang.ref_of(wl), patch))
 
 
-def build_pod(pp: PlanningPass, rank: int) -> dict[str, Any]:
-    """Pod ``rank`` of the current attempt, joined to its gang's admission."""
-    pod = pp.place(builders.build_pod(pp.body, rank, pp.attempt, pp.spec))
+def build_pod(pp: PlanningPass, rank: int, in_place: bool = False) -> dict[str, Any]:
+    """Pod ``rank`` of the current attempt, joined to its gang's admission (restarting in
+    place, or not)."""
+    pod = pp.place(builders.build_pod(pp.body, rank, pp.attempt, pp.spec, in_place))
     if pp.mechanism == api.GANG_NATIVE and pp.gang_obs.native_version:
         version = pp.gang_obs.native_version
         if not pp.ensure:

@@ -214,14 +214,18 @@ def torchrun_command(
     return [*flags, "--no-python", *command]
 
 
+def job_python(spec: api.GPUTrainingJobSpec) -> str:
+    """The interpreter that runs gpujob_trainer's own modules in the pod: the user's where
+    the command names one, else ``python3``."""
+    command = list(spec.command or [])
+    return command[0] if command and _PYTHON.fullmatch(os.path.basename(command[0])) else "python3"
+
+
 def preflight_command(spec: api.GPUTrainingJobSpec, port: int) -> list[str]:
     """``python -m gpujob_trainer.preflight`` with the job's limits, up to its ``--``: run by
     the user's own interpreter where the command names one, else ``python3``."""
     p = spec.run_policy.preflight
-    command = list(spec.command or [])
-    python = (
-        command[0] if command and _PYTHON.fullmatch(os.path.basename(command[0])) else "python3"
-    )
+    python = job_python(spec)
     out = [
         python, "-m", "gpujob_trainer.preflight",
         f"--min-relative={p.min_relative_speed:g}",
@@ -236,19 +240,77 @@ def preflight_command(spec: api.GPUTrainingJobSpec, port: int) -> list[str]:
     return [*out, "--"]
 
 
+SUPERVISOR_GRACE_SECONDS: Final = 5
+"""How long a stale run has to exit on SIGTERM before the supervisor kills it."""
+
+
+def supervisor_command(spec: api.GPUTrainingJobSpec) -> list[str]:
+    """``python -m gpujob_trainer.supervisor`` up to its ``--`` (in-place restarts)."""
+    return [
+        job_python(spec), "-m", contract.SUPERVISOR_MODULE,
+        f"--podinfo={contract.PODINFO_DIR}",
+        f"--state={contract.INPLACE_STATE_DIR}",
+        f"--grace={SUPERVISOR_GRACE_SECONDS}",
+        "--",
+    ]  # fmt: skip
+
+
 def container_command(
-    job_name: str, spec: api.GPUTrainingJobSpec, node_rank: int, master_port: int | None = None
+    job_name: str,
+    spec: api.GPUTrainingJobSpec,
+    node_rank: int,
+    master_port: int | None = None,
+    in_place: bool = False,
 ) -> list[str] | None:
     """The container's ``command``: wrapped by torchrun, or the user's as is (None = image's);
-    behind the pre-flight check when ``runPolicy.preflight`` is on (it then becomes it)."""
+    behind the pre-flight check when ``runPolicy.preflight`` is on (it then becomes it), and
+    under the restart supervisor when the pod restarts in place."""
     if spec.training.launcher == "torchrun":
         command: list[str] | None = torchrun_command(job_name, spec, node_rank, master_port)
     else:
         command = list(spec.command) if spec.command else None
     if command and spec.run_policy.preflight.enabled:
         master = spec.training.master_port if master_port is None else master_port
-        return [*preflight_command(spec, master + 1), *command]
+        command = [*preflight_command(spec, master + 1), *command]
+    if command and in_place:
+        command = [*supervisor_command(spec), *command]
     return command
+
+
+INPLACE_VOLUME: Final = "gpujob-inplace"
+PODINFO_VOLUME: Final = "gpujob-podinfo"
+RESTART_RULES: Final = (
+    {
+        "action": "RestartAllContainers",
+        "exitCodes": {"operator": "NotIn", "values": [0, contract.PREFLIGHT_EXIT_CODE]},
+    },
+)
+"""The trainer's restart rule for in-place restarts: any failure but a pre-flight check's
+(a node that failed it is left, not restarted on) restarts every container of the pod."""
+
+
+def in_place_parts(
+    container: dict[str, Any], volumes: list[dict[str, Any]], mounts: list[dict[str, Any]]
+) -> None:
+    """Make the trainer restart its pod in place: its restart rule, the supervisor's state
+    (an emptyDir, kept across restarts) and the pod's labels and annotations (the downward
+    API: the attempt it belongs to, and the release)."""
+    container["restartPolicy"] = "Never"
+    container["restartPolicyRules"] = [dict(r) for r in RESTART_RULES]
+    volumes.append({"name": INPLACE_VOLUME, "emptyDir": {}})
+    volumes.append(
+        {
+            "name": PODINFO_VOLUME,
+            "downwardAPI": {
+                "items": [
+                    {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}},
+                    {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}},
+                ]
+            },
+        }
+    )
+    mounts.append({"name": INPLACE_VOLUME, "mountPath": contract.INPLACE_STATE_DIR})
+    mounts.append({"name": PODINFO_VOLUME, "mountPath": contract.PODINFO_DIR, "readOnly": True})
 
 
 _QUANTITY_MAPS: Final = frozenset({"requests", "limits", "overhead"})
@@ -317,8 +379,9 @@ def build_pod(
     node_rank: int,
     attempt: int,
     spec: api.GPUTrainingJobSpec | None = None,
+    in_place: bool = False,
 ) -> dict[str, Any]:
-    """Pod ``<job>-node-<rank>`` of gang attempt ``attempt``."""
+    """Pod ``<job>-node-<rank>`` of gang attempt ``attempt`` (restarting in place, or not)."""
     spec = _spec(job, spec)
     name, namespace, _ = job_meta(job)
     tpl = spec.template or api.PodTemplate()
@@ -335,7 +398,8 @@ def build_pod(
     )
     ports = job_ports(job, spec)
     container: dict[str, Any] = {"name": CONTAINER_NAME, "image": spec.image}
-    command = container_command(name, spec, node_rank, ports.master)
+    in_place = in_place and bool(spec.command)
+    command = container_command(name, spec, node_rank, ports.master, in_place)
     if command is not None:
         container["command"] = command
     if spec.args:
@@ -357,6 +421,8 @@ def build_pod(
     if profiles is not None:
         volumes.append(profiles[0])
         mounts.append(profiles[1])
+    if in_place:
+        in_place_parts(container, volumes, mounts)
     if mounts:
         container["volumeMounts"] = mounts
     if tpl.container_security_context:

@@ -16,7 +16,7 @@ from typing import Final
 from gpujob_operator import api
 from gpujob_operator.api import children
 from gpujob_operator.api import conditions as c
-from gpujob_operator.lifecycle import admission, retries
+from gpujob_operator.lifecycle import admission, builders, inplace, retries
 from gpujob_operator.lifecycle.observations import ObservedPod
 from gpujob_operator.lifecycle.planpass import PlanningPass
 
@@ -28,7 +28,8 @@ def converge(pp: PlanningPass) -> None:
     """Delete stale pods, create missing ones, and report how far the gang is."""
     n = pp.spec.nodes
     stale = pp.stale
-    pp.delete(stale)
+    pp.delete(inplace.rejoin_stale(pp, stale))
+    inplace.converge(pp)
     current = pp.current
     have = {p.node_rank for p in current}
     missing = [r for r in range(n) if r not in have]
@@ -45,7 +46,9 @@ def converge(pp: PlanningPass) -> None:
     if missing and not blocked and due is not None and due > pp.now:
         pp.requeue.append((due - pp.now).total_seconds())
     elif missing and not blocked:
-        pp.creates = [admission.build_pod(pp, r) for r in missing]
+        first = builders.build_pod(pp.body, missing[0], pp.attempt, pp.spec)
+        in_place = inplace.use_in_place(pp, first)
+        pp.creates = [admission.build_pod(pp, r, in_place) for r in missing]
         pp.start_time = pp.start_time or c.format_time(pp.now)
         names = ", ".join(children.pod_name(pp.name, r) for r in missing)
         pp.event("Normal", c.PODS_CREATING, f"creating {names} (attempt {pp.attempt})")

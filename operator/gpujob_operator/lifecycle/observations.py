@@ -18,6 +18,7 @@ from gpujob_operator.api import children
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import controller_uid
 from gpujob_operator.lifecycle import builders
+from gpujob_trainer import contract
 
 LOG_TAIL_MAX_CHARS: Final = 4096
 MESSAGE_MAX_CHARS: Final = 1024
@@ -57,6 +58,33 @@ class ObservedPod:
     """The reason of a true `DisruptionTarget` condition: the cluster is taking the pod away
     (PreemptionByScheduler, EvictionByEvictionAPI, DeletionByTaintManager, ...)."""
     disruption_message: str | None = None
+    uid: str | None = None
+    in_place: bool = False
+    """The trainer restarts the pod in place (``restartPolicyRules`` RestartAllContainers):
+    the run of its attempt ends with a container restart, not with a Failed pod."""
+    restarts: int = 0
+    """The trainer container's ``restartCount``."""
+    restarts_base: int = 0
+    """Its ``restartCount`` when the pod joined its attempt (annotation
+    :data:`RESTARTS_BASE`): a count above it means the attempt's run ended in place."""
+    released: int | None = None
+    """The attempt the operator released the pod's supervisor for (in-place restarts)."""
+    restarting_all: bool = False
+    """Condition AllContainersRestarting is True: the kubelet is restarting the pod now."""
+    terminal: bool = False
+    """The pod itself is Succeeded or Failed (``phase`` may say Failed of a pod that lives
+    on: its attempt's run ended in place)."""
+
+    @property
+    def ended_in_place(self) -> bool:
+        """The run of the pod's attempt ended and the pod restarts (or restarted) in place."""
+        return self.in_place and self.restarts > self.restarts_base
+
+    @property
+    def at_barrier(self) -> bool:
+        """An in-place pod moved to its attempt whose run has not been released yet: its old
+        run is being stopped, or its supervisor waits for the whole gang to restart."""
+        return self.in_place and self.restarts_base > 0 and self.released != self.attempt
 
     @property
     def unschedulable(self) -> bool:
@@ -76,6 +104,22 @@ def int_or_none(value: Any) -> int | None:
         return int(value)
     except (TypeError, ValueError):
         return None
+
+
+RESTARTS_BASE: Final = "gpujob.dev/restarts-base"
+"""Pod annotation: the trainer's ``restartCount`` when the pod joined its current attempt in
+place (absent: 0, the pod was created for it)."""
+ALL_CONTAINERS_RESTARTING: Final = "AllContainersRestarting"
+"""The pod condition the kubelet holds True while it restarts every container in place."""
+RESTART_ALL: Final = "RestartAllContainers"
+
+
+def restarts_in_place(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod's trainer container restarts the whole pod in place on a failure."""
+    for ctr in (pod.get("spec") or {}).get("containers") or ():
+        if ctr.get("name") == builders.CONTAINER_NAME:
+            return any(r.get("action") == RESTART_ALL for r in ctr.get("restartPolicyRules") or ())
+    return False
 
 
 DISRUPTION_TARGET: Final = "DisruptionTarget"
@@ -104,6 +148,18 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
     main = next((s for s in statuses if s.get("name") == builders.CONTAINER_NAME), None)
     if main is None and statuses:
         main = statuses[0]
+    in_place = restarts_in_place(pod)
+    annotations = meta.get("annotations") or {}
+    restarts = int_or_none((main or {}).get("restartCount")) or 0
+    base = int_or_none(annotations.get(RESTARTS_BASE)) or 0
+    if (
+        in_place
+        and main is not None
+        and restarts > base
+        and (main.get("lastState") or {}).get("terminated")
+    ):
+        # The attempt's run ended in place: its outcome is the last termination.
+        main = {**main, "state": {"terminated": main["lastState"]["terminated"]}}
     # A failed init container explains a Failed pod whose main container never ran.
     candidates = [main] if main else []
     candidates += [
@@ -132,7 +188,10 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
         message = message or status.get("message")
 
     sched_reason = sched_message = disruption = disruption_message = None
+    restarting_all = False
     for cond in status.get("conditions") or []:
+        if cond.get("type") == ALL_CONTAINERS_RESTARTING and cond.get("status") == "True":
+            restarting_all = True
         if cond.get("type") == "PodScheduled" and cond.get("status") != "True":
             sched_reason = cond.get("reason")
             sched_message = cond.get("message")
@@ -140,12 +199,21 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
             disruption = str(cond.get("reason") or DISRUPTION_TARGET)
             disruption_message = cond.get("message")
     phase = str(status.get("phase") or "Pending")
+    terminal = phase in TERMINATED_PHASES
+    released = int_or_none(annotations.get(contract.ANNOTATION_RELEASED))
+    if in_place and not terminal:
+        ended = exit_code not in (None, 0) and container == builders.CONTAINER_NAME
+        if restarts > base or (restarts == base and ended):
+            phase = "Failed"  # the run ended; the pod lives on and restarts in place
+        elif base > 0 and released != attempt:
+            phase = "Pending"  # the old run is stopped, or the supervisor waits to be released
     lingering = False
     trainer_done = (main or {}).get("name") == builders.CONTAINER_NAME and (
         (main or {}).get("state") or {}
     ).get("terminated")
     if (
         trainer_done
+        and not in_place
         and _has_helpers(pod)
         and not meta.get("deletionTimestamp")
         and not disruption
@@ -178,6 +246,13 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
         controller_uid=controller_uid(pod),
         disruption=disruption,
         disruption_message=disruption_message,
+        uid=meta.get("uid"),
+        in_place=in_place,
+        restarts=restarts,
+        restarts_base=base,
+        released=released,
+        restarting_all=restarting_all,
+        terminal=terminal,
     )
 
 

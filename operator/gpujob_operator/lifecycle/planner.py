@@ -50,6 +50,7 @@ from gpujob_operator.lifecycle import (
     blame,
     builders,
     converge,
+    inplace,
     restarts,
     retries,
     terminal,
@@ -89,6 +90,9 @@ class Plan:
     delete_objects: list[gang.ObjectRef] = field(default_factory=list)
     status_patches: list[tuple[gang.ObjectRef, dict[str, Any]]] = field(default_factory=list)
     """Merge patches of other objects' status subresource (the Kueue Workload's)."""
+    patch_pods: list[tuple[str, str | None, dict[str, Any]]] = field(default_factory=list)
+    """(name, uid, merge patch) of pods an in-place restart moves to the next attempt or
+    releases (:mod:`.inplace`); applied after the deletes, only to the pod of that uid."""
 
     @property
     def phase(self) -> str:
@@ -120,17 +124,26 @@ def run(pp: PlanningPass) -> None:
 
 
 def needs_nodes(job: Mapping[str, Any], pods: Sequence[ObservedPod], now: datetime) -> bool:
-    """Whether this pass may create pods that avoid blamed nodes: the shell reads the nodes
-    for it then, and only then (a list of every node is not for every pass). Not while the
-    job is suspended, its restart backs off, an older attempt's pods are still going, or
-    Kueue has not admitted it."""
+    """Whether this pass may create pods that avoid blamed nodes or restart in place: the
+    shell reads the nodes for it then, and only then (a list of every node is not for every
+    pass). Not while the job is suspended, its restart backs off, an older attempt's pods are
+    still going, or Kueue has not admitted it."""
     status = job.get("status") or {}
     gang_status = status.get("gang") or {}
-    if not gang_status.get("avoidedNodes") or c.is_finished(status.get("conditions") or []):
-        return False
     spec = job.get("spec") or {}
     run_policy = spec.get("runPolicy") or {}
-    if run_policy.get("avoidBlamedNodes") is False or run_policy.get("suspend"):
+    avoiding = (
+        bool(gang_status.get("avoidedNodes")) and run_policy.get("avoidBlamedNodes") is not False
+    )
+    # In place where the nodes declare it (inplace.decide): an attempt's first pods ask.
+    in_place = (
+        run_policy.get("restartStrategy") != inplace.RECREATE
+        and bool(spec.get("command"))
+        and not (status.get("operatorState") or {}).get("inPlaceUnsupported")
+    )
+    if not (avoiding or in_place) or c.is_finished(status.get("conditions") or []):
+        return False
+    if run_policy.get("suspend"):
         return False
     if gang_status.get("mechanism") == api.GANG_KUEUE and not gang_status.get("admitted"):
         return False
@@ -234,4 +247,5 @@ def plan(
         ensure_objects=pp.ensure,
         delete_objects=pp.delete_refs,
         status_patches=pp.patches,
+        patch_pods=pp.pod_patches,
     )

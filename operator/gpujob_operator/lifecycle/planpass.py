@@ -73,7 +73,15 @@ _OURS: Final = frozenset({"goodput", "display", "operatorState"})
 """The accounting's own keys (display and the bookkeeping are rendered after it, and compared
 apart): the ledger is written when due, or with anything else."""
 
-_GANG_OWN: Final = ("attempt", "restarts", "nextAttemptTime", "replicas", "avoidedNodes")
+_GANG_OWN: Final = (
+    "attempt",
+    "restarts",
+    "nextAttemptTime",
+    "replicas",
+    "avoidedNodes",
+    "restartStrategy",
+    "inPlaceRestarts",
+)
 """``status.gang``'s keys the planner writes whole on every pass."""
 
 _GANG_CARRIED: Final = ("gpus", "startForecast")
@@ -156,6 +164,14 @@ class PlanningPass:
         self.ensure: list[dict[str, Any]] = []
         self.delete_refs: list[gang.ObjectRef] = []
         self.patches: list[tuple[gang.ObjectRef, dict[str, Any]]] = []
+        self.pod_patches: list[tuple[str, str | None, dict[str, Any]]] = []
+        """Pods an in-place restart moves to the next attempt, or releases (:mod:`.inplace`)."""
+        self.in_place_run: dict[str, Any] | None = self.old_state.get("inPlace")
+        """The in-place restart under way (``operatorState.inPlace``)."""
+        self.in_place_unsupported: str | None = self.old_state.get("inPlaceUnsupported")
+        self.strategy: dict[str, Any] | None = old_gang.get("restartStrategy")
+        """``status.gang.restartStrategy``: how the current attempt's pods restart, and why."""
+        self.in_place_restarts = int(old_gang.get("inPlaceRestarts") or 0)
         self.gang_carried = {k: old_gang[k] for k in _GANG_CARRIED if old_gang.get(k) is not None}
         """``status.gang``'s parts written by others, carried over."""
         self.gang_status: dict[str, Any] = {
@@ -346,6 +362,8 @@ class PlanningPass:
             "replicas": replicas,
             "gpus": gpus,
             "avoidedNodes": self.avoided or None,
+            "restartStrategy": self.strategy,
+            "inPlaceRestarts": self.in_place_restarts or None,
         }
         return {k: v for k, v in out.items() if v is not None}
 
@@ -383,6 +401,8 @@ class PlanningPass:
             attemptsWithoutProgress=self.no_progress[-MAX_NO_PROGRESS_LISTED:] or None,
             furthestStepAtAttemptStart=self.attempt_baseline(),
             suspects=[x for x in self.suspects if x.get("attempt") == self.attempt] or None,
+            inPlace=self.in_place_run if not c.is_finished(self.conds) else None,
+            inPlaceUnsupported=self.in_place_unsupported,
         )
         updates: dict[str, Any] = {
             "observedGeneration": self.generation,

@@ -36,7 +36,7 @@ from gpujob_operator.api import children
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.display import EVIDENCE_MARK, format_hang
 from gpujob_operator.api.status import furthest_step, stall_evidence
-from gpujob_operator.lifecycle import blame, terminal
+from gpujob_operator.lifecycle import blame, inplace, terminal
 from gpujob_operator.lifecycle.gang import gang
 from gpujob_operator.lifecycle.observations import (
     PREEMPTION_BY_SCHEDULER,
@@ -153,20 +153,23 @@ def restart_needed(pp: PlanningPass) -> bool:
         )
         return True
     avoiding = blame_ending(pp, failure=failure, failed=failed, stalled=cause == c.STALL_DETECTED)
+    ended = pp.current
     pp.restarts += 1
     pp.attempt += 1  # the pass's status then sets Stalled False: one incident, one restart
     delay = pp.restart_backoff.delay(pp.restarts)
     pp.next_attempt = c.format_time(pp.now + timedelta(seconds=delay))
+    how = inplace.restart(pp, ended)
+    when = (
+        f" at {pp.next_attempt}, after a {delay:g}s backoff" if pp.next_attempt is not None else ""
+    )
     message = (
         f"{what}; restarting all {pp.spec.nodes} pods as attempt {pp.attempt} "
-        f"(restart {pp.restarts}/{limit}) at {pp.next_attempt}, after a {delay:g}s backoff"
-        f"{avoiding}"
+        f"(restart {pp.restarts}/{limit}){when}{avoiding}{how}"
     )
     pp.set(c.RESTARTING, c.TRUE, c.GANG_RESTART, message)
     pp.set(c.RUNNING, c.FALSE, cause, message)
     pp.set(c.CREATED, c.FALSE, c.GANG_RESTART, message)
     pp.event("Warning", c.GANG_RESTART, message)
-    pp.delete(pp.pods)
     return True
 
 
@@ -228,19 +231,20 @@ def disruption_restart(pp: PlanningPass, pod: ObservedPod) -> None:
     if attempt_progressed(pp):
         pp.no_progress = []
     avoiding = blame_ending(pp, disrupted=pod)
+    ended = pp.current
     pp.attempt += 1
     pp.gang_status["preemptions"] = int(pp.gang_status.get("preemptions") or 0) + 1
     limit = pp.spec.run_policy.backoff_limit
+    how = inplace.restart(pp, ended)
     message = (
         f"{what}; a disruption, not a failure: restarting all {pp.spec.nodes} pods as "
         f"attempt {pp.attempt}, not counted against backoffLimit "
-        f"({pp.restarts}/{limit} restarts used){avoiding}"
+        f"({pp.restarts}/{limit} restarts used){avoiding}{how}"
     )
     pp.set(c.RESTARTING, c.TRUE, reason, message)
     pp.set(c.RUNNING, c.FALSE, reason, message)
     pp.set(c.CREATED, c.FALSE, reason, message)
     pp.event("Warning", reason, message)
-    pp.delete(pp.pods)
 
 
 def attempt_progressed(pp: PlanningPass) -> bool | None:
@@ -319,6 +323,10 @@ def lost_rank(pp: PlanningPass, current: Sequence[ObservedPod]) -> int | None:
     """A pod that vanished (or is being deleted) after the whole gang existed."""
     if pp.attempt != pp.prev_attempt or not c.is_true(pp.conds, c.CREATED):
         return None
+    run = pp.in_place_run
+    if run is not None and run.get("attempt") == pp.attempt:
+        return None  # an in-place restart under way recreates the pods it deletes
+
     by_rank = {p.node_rank: p for p in current}
     for rank in range(pp.spec.nodes):
         pod = by_rank.get(rank)

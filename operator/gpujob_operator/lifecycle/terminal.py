@@ -45,6 +45,9 @@ def cleanup(pp: PlanningPass) -> None:
     policy = pp.spec.run_policy.clean_pod_policy
     pp.delete(pp.stale)
     pp.delete([p for p in pp.pods if p.lingering])
+    # A pod that restarts in place would start a run again (or wait at its barrier, holding
+    # its GPUs): it goes whatever the policy. Its failure is kept in status.failure.
+    pp.delete([p for p in pp.pods if p.in_place and not p.terminal])
     if policy == "All":
         pp.delete(pp.pods)
     elif policy == "Running":

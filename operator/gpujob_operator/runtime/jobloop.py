@@ -245,7 +245,7 @@ class JobLoop:
         self.call = "patch_status"
         if patch:
             await self.write_status(ns, name, patch)
-            if plan.delete_pods or plan.create_pods:
+            if plan.delete_pods or plan.create_pods or plan.patch_pods:
                 fault_point(self.fault_at, AFTER_STATUS_WRITE)
         self.call = "delete_pod"
         for i, pod in enumerate(plan.delete_pods):
@@ -253,6 +253,11 @@ class JobLoop:
                 fault_point(self.fault_at, BETWEEN_POD_DELETES)
             if not await self.kube.delete_pod(ns, pod):
                 self.vanish({uid_of(p) for p in pods if _name(p) == pod}, "delete_404")
+        self.call = "patch_pod"
+        for pod_name, uid, pod_patch in plan.patch_pods:
+            if not await self.kube.patch_pod(ns, pod_name, uid, pod_patch):
+                log.info("pod %s/%s is gone or replaced; not moved in place", ns, pod_name)
+                self.wake.set()
         self.call = "delete_gang_object"
         for ref in plan.delete_objects:
             await self.kube.delete_object(ns, ref)
@@ -275,14 +280,15 @@ class JobLoop:
         METRICS.observe_reconcile(time.monotonic() - started)
         METRICS.update(ns, name, plan.status)
         await self._audit(ns, name, plan, pods)
-        if plan.create_pods or plan.delete_pods or plan.events:
+        if plan.create_pods or plan.delete_pods or plan.events or plan.patch_pods:
             log.info(
-                "reconciled %s/%s: phase=%s created=%s deleted=%s events=%s",
+                "reconciled %s/%s: phase=%s created=%s deleted=%s moved=%s events=%s",
                 ns,
                 name,
                 plan.phase,
                 [] if refused else [p["metadata"]["name"] for p in plan.create_pods],
                 plan.delete_pods,
+                [n for n, _, _ in plan.patch_pods],
                 [e.reason for e in plan.events],
             )
         return plan

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import copy
 import functools
 import json
 import logging
@@ -206,6 +207,22 @@ class Kube:
             if e.status != 404:
                 raise
             return False
+        return True
+
+    async def patch_pod(
+        self, namespace: str, name: str, uid: str | None, patch: dict[str, Any]
+    ) -> bool:
+        """Merge-patch a pod's metadata, only while it is the pod ``uid`` (a precondition:
+        a pod recreated under the name is not touched); False when it is gone or replaced."""
+        body = copy.deepcopy(patch)
+        if uid:
+            body.setdefault("metadata", {})["uid"] = uid
+        try:
+            await asyncio.to_thread(self.core.patch_namespaced_pod, name, namespace, body)
+        except ApiException as e:
+            if e.status in (404, 409, 422):
+                return False
+            raise
         return True
 
     async def pod_uids(self, namespace: str, selector: str) -> set[str]:

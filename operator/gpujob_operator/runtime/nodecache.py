@@ -5,7 +5,8 @@ A job whose next attempt avoids blamed nodes checks that its gang still fits wit
 nodes is megabytes: the list is made only when such a job is about to create pods, shared
 by every job loop (one call in flight; the others wait for it) and kept for
 :data:`TTL_SECONDS`. Only what placement reads is kept of each node (name, labels, taints,
-unschedulable, allocatable). A refused or failed list is remembered for the same time as
+unschedulable, allocatable,
+declared features). A refused or failed list is remembered for the same time as
 the reason, which the job's NodesAvoided condition shows.
 """
 
@@ -39,7 +40,10 @@ def slim(node: Mapping[str, Any]) -> dict[str, Any]:
             "unschedulable": bool(spec.get("unschedulable")),
             "taints": list(spec.get("taints") or []),
         },
-        "status": {"allocatable": dict(status.get("allocatable") or {})},
+        "status": {
+            "allocatable": dict(status.get("allocatable") or {}),
+            "declaredFeatures": list(status.get("declaredFeatures") or []),
+        },
     }
 
 

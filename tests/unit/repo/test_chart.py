@@ -106,7 +106,8 @@ def assert_least_privilege(role: dict[str, Any]) -> None:
         "nodes",
     }
     assert got[("gpujob.dev", "gputrainingjobs/status")] == {"get", "patch"}
-    assert got[("", "pods")] == {"get", "list", "watch", "create", "delete"}
+    # patch: an in-place restart moves a pod to the next attempt (labels, annotations).
+    assert got[("", "pods")] == {"get", "list", "watch", "create", "delete", "patch"}
     assert got[("", "configmaps")] == {"create", "patch"}  # hang evidence: written, never read
     assert "update" not in got[("gpujob.dev", "gputrainingjobs")]
 

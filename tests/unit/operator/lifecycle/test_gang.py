@@ -123,7 +123,16 @@ class GangSim(Sim):
 def admission(status: dict[str, Any]) -> dict[str, Any]:
     """``status.gang``'s admission part: the mechanism and what admission reported (the
     attempt, restarts, pods, GPUs and start forecast left out)."""
-    own = ("attempt", "restarts", "nextAttemptTime", "replicas", "gpus", "startForecast")
+    own = (
+        "attempt",
+        "restarts",
+        "nextAttemptTime",
+        "replicas",
+        "gpus",
+        "startForecast",
+        "restartStrategy",
+        "inPlaceRestarts",
+    )
     return {k: v for k, v in (status.get("gang") or {}).items() if k not in own}
 
 

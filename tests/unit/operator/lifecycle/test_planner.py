@@ -974,6 +974,8 @@ def test_observe_pod_reads_raw_camel_case_json() -> None:
         finished_at=datetime(2026, 3, 1, 11, 59, tzinfo=UTC),
         start_time=datetime(2026, 3, 1, 11, 0, tzinfo=UTC),
         node_name="gpu-7",
+        uid=o.uid,
+        terminal=True,
     )
     assert not o.active
 

@@ -57,7 +57,7 @@ def test_concurrent_jobs_share_one_list_per_ttl_and_keep_only_what_placement_rea
     assert node == {
         "metadata": {"name": "a", "labels": {"zone": "z"}},
         "spec": {"unschedulable": False, "taints": [{"key": "k", "effect": "NoSchedule"}]},
-        "status": {"allocatable": {"nvidia.com/gpu": "8"}},
+        "status": {"allocatable": {"nvidia.com/gpu": "8"}, "declaredFeatures": []},
     }
     clock[0] = nodecache.TTL_SECONDS - 1
     asyncio.run(nc.get())
