@@ -16,7 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from gpujob_operator.runtime.faults import BEFORE_EVIDENCE_RECORD, ENV, EXIT_CODE
+from gpujob_operator.runtime.faults import (
+    BEFORE_EVIDENCE_RECORD,
+    ENV,
+    EXIT_CODE,
+    IN_PLACE_BOUNDARIES,
+)
 from tests.chaos.harness import ChaosOperator, PodRecorder, gated_script, shell_job
 from tests.chaos.ledger import Ledger
 from tests.integration.conftest import job_status, wait_job_phase
@@ -49,7 +54,7 @@ def test_operator_killed_at_a_gang_restart_boundary(
         shell_job(
             name,
             gated_script(release, fail, marker),
-            runPolicy={"backoffLimit": 3},
+            runPolicy={"backoffLimit": 3, "restartStrategy": "Recreate"},
         )
     )
     status = wait_job_phase(kube, name, ("Running",), timeout=120)
@@ -98,6 +103,66 @@ def test_operator_killed_at_a_gang_restart_boundary(
     wait_until(lambda: len(pods.created(name)) >= 4, 10, "the recorder to see 4 pods")
     created = sorted((p.attempt, p.rank) for p in pods.created(name))
     assert created == [(0, 0), (0, 1), (1, 0), (1, 1)], f"pods created: {created}"
+    assert not pods.violations, pods.violations
+    assert not op.tracebacks(), op.tracebacks()[0]
+
+
+@pytest.mark.parametrize("boundary", IN_PLACE_BOUNDARIES)
+def test_operator_killed_in_an_in_place_restart_and_its_successor_finishes_it(
+    boundary: str,
+    kube: Kube,
+    chaos_operator: ChaosOperator,
+    pods: PodRecorder,
+    ledger: Ledger,
+    tmp_path: Path,
+) -> None:
+    """The same, restarting in place: the successor moves the pods its predecessor did not
+    (none, or one), releases the gang, and no pod is created again."""
+    name = "inplace"
+    fail, marker, release = tmp_path / "fail", tmp_path / "failed-once", tmp_path / "release"
+    op = chaos_operator.start()
+    kube.apply(
+        shell_job(
+            name,
+            gated_script(release, fail, marker),
+            runPolicy={"backoffLimit": 3, "restartStrategy": "InPlace"},
+        )
+    )
+    status = wait_job_phase(kube, name, ("Running",), timeout=120)
+    assert status["gang"]["restartStrategy"]["strategy"] == "InPlace", status["gang"]
+    uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in live_pods(kube, name)}
+    op.kill()
+    op.start(**{ENV: boundary})
+    ledger.inject(f"operator killed {boundary} (in-place restart)")
+    fail.write_text("x")
+    code = op.wait_exit(120)
+    assert code == EXIT_CODE, f"the armed operator exited {code}, not at the fault point"
+    status = job_status(kube, name)
+    assert status["gang"]["restarts"] == 1 and status["gang"]["attempt"] == 1, status
+    moved = [
+        p for p in live_pods(kube, name) if p["metadata"]["labels"]["gpujob.dev/attempt"] == "1"
+    ]
+    assert len(moved) == (0 if boundary == "after-status-write" else 1), moved
+
+    op.start()
+    # Released: both pods restarted in place and run attempt 1 (then the ranks may end).
+    wait_until(
+        lambda: (
+            (st := job_status(kube, name)).get("phase") == "Running" and st["gang"]["attempt"] == 1
+        ),
+        120,
+        "attempt 1 running",
+    )
+    release.write_text("go")
+    status = wait_job_phase(kube, name, ("Succeeded", "Failed"), timeout=180)
+    ledger.job_ended(name, "Succeeded", status.get("phase"))
+    assert status["phase"] == "Succeeded", status
+    gang = status["gang"]
+    assert (gang["restarts"], gang["attempt"], gang["inPlaceRestarts"]) == (1, 1, 1), gang
+    final = {p["metadata"]["name"]: p["metadata"]["uid"] for p in live_pods(kube, name)}
+    assert final == uids, "the same pods, never recreated"
+    created = sorted((p.attempt, p.rank) for p in pods.created(name))
+    assert created == [(0, 0), (0, 1)], f"pods created: {created}"
     assert not pods.violations, pods.violations
     assert not op.tracebacks(), op.tracebacks()[0]
 

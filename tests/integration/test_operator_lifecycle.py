@@ -316,7 +316,10 @@ def test_operator_killed_at_a_write_boundary_of_a_gang_restart_counts_it_once(
                 once.write_text("x"); sys.exit(3)
             time.sleep(0.1)
     """
-    kube.apply(job("survivor", script, runPolicy={"backoffLimit": 3}))
+    # These are a Recreate restart's boundaries (the chaos tier kills an in-place one).
+    kube.apply(
+        job("survivor", script, runPolicy={"backoffLimit": 3, "restartStrategy": "Recreate"})
+    )
     wait_job_phase(kube, "survivor", ("Running",), timeout=90)
     operator.stop()
     # An operator that dies the first time it reaches `boundary` (only a gang restart has

@@ -263,3 +263,41 @@ def test_a_usage_error_exits_2(pod: Pod, args: list[str]) -> None:
     )
     assert r.returncode == 2
     assert "command" in r.stderr and "--" in r.stderr
+
+
+def annotate(pod: Pod, values: dict[str, str]) -> None:
+    write_downward(pod.podinfo, "annotations", values)
+
+
+def test_a_restart_the_operator_counts_on_comes_at_once_even_at_the_barrier(pod: Pod) -> None:
+    State(1, 0).save(pod.state / STATE_FILE)
+    pod.labels(1)
+    annotate(pod, {contract.ANNOTATION_RESTARTS_BASE: "2"})  # one start more than this one
+    p = pod.child()
+    assert finish(p) == contract.RESTART_EXIT_CODE
+    assert not pod.marker.exists()
+    assert State.load(pod.state / STATE_FILE).starts == 2, "that start counts"
+    # The restart that follows is the one it counted on: it waits for the release.
+    q = pod.child()
+    pod.said("waiting for the operator")
+    annotate(pod, {contract.ANNOTATION_RESTARTS_BASE: "2", contract.ANNOTATION_RELEASED: "1"})
+    assert pod.ran()["attempt"] == "1"
+    q.kill()
+
+
+def test_a_pod_created_during_an_in_place_restart_waits_for_the_release(pod: Pod) -> None:
+    pod.labels(4)
+    annotate(pod, {contract.ANNOTATION_HOLD: "true"})
+    p = pod.child()
+    pod.said("created during an in-place restart")
+    with pytest.raises(subprocess.TimeoutExpired):
+        p.wait(timeout=0.3)
+    assert not pod.marker.exists()
+    annotate(pod, {contract.ANNOTATION_HOLD: "true", contract.ANNOTATION_RELEASED: "4"})
+    assert pod.ran()["attempt"] == "4"
+
+
+def test_a_command_exiting_with_the_reserved_code_is_reported_as_1(pod: Pod) -> None:
+    p = pod.start(sys.executable, "-c", f"import sys; sys.exit({contract.RESTART_EXIT_CODE})")
+    assert finish(p) == 1
+    assert "reserved" in pod.log.read_text()

@@ -58,6 +58,13 @@ ANNOTATION_RELEASED: Final = "gpujob.dev/released-attempt"
 """The pod annotation the operator sets to the attempt every pod of the gang has restarted
 for: a supervisor restarted in place waits for it before it runs COMMAND again (a barrier,
 so no restarted rank meets a rank of the old attempt)."""
+ANNOTATION_RESTARTS_BASE: Final = "gpujob.dev/restarts-base"
+"""The pod annotation with the trainer's restart count the pod's run for its attempt begins
+at: a supervisor that has started fewer times than that stops (exit
+:data:`RESTART_EXIT_CODE`), so the pod restarts in place into its new attempt."""
+ANNOTATION_HOLD: Final = "gpujob.dev/hold"
+"""On a pod created while an in-place restart is under way: its first run too waits for
+:data:`ANNOTATION_RELEASED`."""
 PODINFO_DIR: Final = "/var/run/gpujob/podinfo"
 """The downward API volume with the pod's ``labels`` and ``annotations`` files."""
 INPLACE_STATE_DIR: Final = "/var/run/gpujob/inplace"

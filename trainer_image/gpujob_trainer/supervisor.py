@@ -18,7 +18,15 @@ attempts. Two things then need the operator's word, and the pod's labels and ann
   and deletes a pod that never converges.
 * **The stop.** When the operator moves a running pod's attempt label forward, this run is
   stale: the supervisor stops COMMAND's process group (SIGTERM, then SIGKILL after
-  ``--grace`` seconds) and exits with the restart code, so the pod restarts in place.
+  ``--grace`` seconds) and exits with the restart code, so the pod restarts in place. The
+  operator also says which restart count the new run begins at
+  (:data:`~gpujob_trainer.contract.ANNOTATION_RESTARTS_BASE`); a supervisor that has started
+  fewer times than that (waiting at the barrier, or never started before) exits with the
+  restart code at once. The code is the supervisor's alone: a COMMAND exiting 87 is
+  reported as 1.
+* **A pod created during an in-place restart** (annotation
+  :data:`~gpujob_trainer.contract.ANNOTATION_HOLD`) waits for the release on its first
+  start too.
 
 Otherwise it is transparent: COMMAND runs in its own process group with
 :data:`~gpujob_trainer.contract.ENV_ATTEMPT` set, SIGTERM and SIGINT reach that group, and the
@@ -94,6 +102,21 @@ def released(attempt: int, annotations: Mapping[str, str], last: int | None) -> 
     """Whether a supervisor restarted after running ``last`` may run ``attempt`` (the label)."""
     later = last is None or attempt > last
     return later and annotations.get(contract.ANNOTATION_RELEASED) == str(attempt)
+
+
+def restart_wanted(annotations: Mapping[str, str], starts: int) -> bool:
+    """Whether the operator expects this pod to restart (once more) before its next run: the
+    restart count its new run begins at is above this start's (the starts before it)."""
+    try:
+        base = int(annotations.get(contract.ANNOTATION_RESTARTS_BASE, "0"))
+    except ValueError:
+        return False
+    return base > starts
+
+
+def held(annotations: Mapping[str, str]) -> bool:
+    """A pod created during an in-place restart: its first run waits for the release too."""
+    return annotations.get(contract.ANNOTATION_HOLD) == "true"
 
 
 def exit_code(returncode: int) -> int:
@@ -188,11 +211,19 @@ def kill_group(pgid: int, signum: int) -> None:
         os.killpg(pgid, signum)
 
 
-def wait_release(podinfo: Path, last: int | None, poll: float) -> int:
-    """Block until the operator releases a later attempt; return it."""
+class RestartWanted(Exception):
+    """The operator moved the pod and expects it to restart in place (exit 87)."""
+
+
+def wait_release(podinfo: Path, last: int | None, starts: int, poll: float) -> int:
+    """Block until the operator releases a later attempt; return it. Raises RestartWanted
+    when the operator wants a restart first."""
     while True:
         attempt = read_attempt(read_downward(podinfo, "labels"))
-        if released(attempt, read_downward(podinfo, "annotations"), last):
+        annotations = read_downward(podinfo, "annotations")
+        if restart_wanted(annotations, starts):
+            raise RestartWanted
+        if released(attempt, annotations, last):
             return attempt
         time.sleep(poll)
 
@@ -201,7 +232,12 @@ def supervise(child: subprocess.Popen[bytes], podinfo: Path, attempt: int, a: Op
     """Wait for COMMAND; stop it if the pod moves past ``attempt``. The exit code."""
     while True:
         try:
-            return exit_code(child.wait(timeout=a.poll))
+            code = exit_code(child.wait(timeout=a.poll))
+            if code == contract.RESTART_EXIT_CODE:
+                # 87 is the supervisor's own word for "restart me": never a rank's failure.
+                say(f"the command exited {code}, which is reserved: exiting 1 instead")
+                return 1
+            return code
         except subprocess.TimeoutExpired:
             pass
         now = read_attempt(read_downward(podinfo, "labels"))
@@ -257,12 +293,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for s in FORWARDED:
             signal.signal(s, _raise)
-        if state.starts > 0:
+        annotations = read_downward(a.podinfo, "annotations")
+        if state.starts > 0 or held(annotations):
             say(
                 f"restarted in place after attempt {state.attempt}: waiting for the operator "
                 "to release the next attempt"
+                if state.starts
+                else "created during an in-place restart: waiting for the operator to "
+                "release the attempt"
             )
-            attempt = wait_release(a.podinfo, state.attempt, a.poll)
+            attempt = wait_release(a.podinfo, state.attempt, state.starts, a.poll)
+        elif restart_wanted(annotations, state.starts):
+            raise RestartWanted
         else:
             attempt = read_attempt(read_downward(a.podinfo, "labels"))
         State(state.starts + 1, attempt).save(state_path)
@@ -271,6 +313,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             signal.signal(s, forward)
     except Signalled as e:
         return 128 + e.signum
+    except RestartWanted:
+        # Counted as a start: the restart that follows is the one the operator waits for.
+        State(state.starts + 1, state.attempt).save(state_path)
+        say(f"the operator restarts this pod in place: exiting {contract.RESTART_EXIT_CODE}")
+        return contract.RESTART_EXIT_CODE
     say(f"released: running attempt {attempt}" if state.starts else f"running attempt {attempt}")
     env = {**os.environ, contract.ENV_ATTEMPT: str(attempt)}
     try:

@@ -214,6 +214,14 @@ def torchrun_command(
     return [*flags, "--no-python", *command]
 
 
+def runs_python(spec: api.GPUTrainingJobSpec) -> bool:
+    """Whether the job's command names a Python interpreter, or runs under torchrun (whose
+    image has one): what runs gpujob_trainer's modules in the pod is then known."""
+    command = list(spec.command or [])
+    named = bool(command) and bool(_PYTHON.fullmatch(os.path.basename(command[0])))
+    return named or (bool(command) and spec.training.launcher == "torchrun")
+
+
 def job_python(spec: api.GPUTrainingJobSpec) -> str:
     """The interpreter that runs gpujob_trainer's own modules in the pod: the user's where
     the command names one, else ``python3``."""
@@ -277,26 +285,43 @@ def container_command(
     return command
 
 
+_OPERATOR_ANNOTATIONS: Final = frozenset(
+    {
+        contract.ANNOTATION_RELEASED,
+        contract.ANNOTATION_RESTARTS_BASE,
+        contract.ANNOTATION_HOLD,
+    }
+)
+"""Pod annotations only the operator sets (in-place restarts): a template's are dropped."""
 INPLACE_VOLUME: Final = "gpujob-inplace"
 PODINFO_VOLUME: Final = "gpujob-podinfo"
-RESTART_RULES: Final = (
-    {
-        "action": "RestartAllContainers",
-        "exitCodes": {"operator": "NotIn", "values": [0, contract.PREFLIGHT_EXIT_CODE]},
-    },
-)
-"""The trainer's restart rule for in-place restarts: any failure but a pre-flight check's
-(a node that failed it is left, not restarted on) restarts every container of the pod."""
+
+
+def restart_rules(spec: api.GPUTrainingJobSpec) -> list[dict[str, Any]]:
+    """The trainer's restart rule for in-place restarts: a failure the job retries restarts
+    every container of the pod (with ``retryableExitCodes`` set, only those codes, and the
+    supervisor's own); never a pre-flight check's (a node that failed it is left, not
+    restarted on) nor a success."""
+    codes = spec.run_policy.retryable_exit_codes
+    if codes is None:
+        match = {"operator": "NotIn", "values": [0, contract.PREFLIGHT_EXIT_CODE]}
+    else:
+        kept = set(codes) - {0, contract.PREFLIGHT_EXIT_CODE}
+        match = {"operator": "In", "values": sorted(kept | {contract.RESTART_EXIT_CODE})}
+    return [{"action": "RestartAllContainers", "exitCodes": match}]
 
 
 def in_place_parts(
-    container: dict[str, Any], volumes: list[dict[str, Any]], mounts: list[dict[str, Any]]
+    spec: api.GPUTrainingJobSpec,
+    container: dict[str, Any],
+    volumes: list[dict[str, Any]],
+    mounts: list[dict[str, Any]],
 ) -> None:
     """Make the trainer restart its pod in place: its restart rule, the supervisor's state
     (an emptyDir, kept across restarts) and the pod's labels and annotations (the downward
     API: the attempt it belongs to, and the release)."""
     container["restartPolicy"] = "Never"
-    container["restartPolicyRules"] = [dict(r) for r in RESTART_RULES]
+    container["restartPolicyRules"] = restart_rules(spec)
     volumes.append({"name": INPLACE_VOLUME, "emptyDir": {}})
     volumes.append(
         {
@@ -422,7 +447,7 @@ def build_pod(
         volumes.append(profiles[0])
         mounts.append(profiles[1])
     if in_place:
-        in_place_parts(container, volumes, mounts)
+        in_place_parts(spec, container, volumes, mounts)
     if mounts:
         container["volumeMounts"] = mounts
     if tpl.container_security_context:
@@ -453,8 +478,11 @@ def build_pod(
         "labels": labels,
         "ownerReferences": [owner_reference(job)],
     }
-    if tpl.annotations:
-        metadata["annotations"] = dict(tpl.annotations)
+    annotations = {
+        k: v for k, v in (tpl.annotations or {}).items() if k not in _OPERATOR_ANNOTATIONS
+    }
+    if annotations:
+        metadata["annotations"] = annotations
     return {
         "apiVersion": "v1",
         "kind": "Pod",

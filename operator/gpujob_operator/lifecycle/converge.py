@@ -49,6 +49,7 @@ def converge(pp: PlanningPass) -> None:
         first = builders.build_pod(pp.body, missing[0], pp.attempt, pp.spec)
         in_place = inplace.use_in_place(pp, first)
         pp.creates = [admission.build_pod(pp, r, in_place) for r in missing]
+        inplace.hold(pp, pp.creates)
         pp.start_time = pp.start_time or c.format_time(pp.now)
         names = ", ".join(children.pod_name(pp.name, r) for r in missing)
         pp.event("Normal", c.PODS_CREATING, f"creating {names} (attempt {pp.attempt})")

@@ -38,7 +38,7 @@ from typing import Any, Final
 from gpujob_operator import api
 from gpujob_operator.api import children
 from gpujob_operator.api import conditions as c
-from gpujob_operator.lifecycle import blame
+from gpujob_operator.lifecycle import blame, builders
 from gpujob_operator.lifecycle.observations import RESTARTS_BASE, ObservedPod
 from gpujob_operator.lifecycle.planpass import PlanningPass
 from gpujob_trainer import contract
@@ -69,12 +69,26 @@ def decide(pp: PlanningPass, pod: Mapping[str, Any]) -> dict[str, Any]:
         return _strategy(RECREATE, "Requested", "spec.runPolicy.restartStrategy is Recreate")
     if pp.in_place_unsupported:
         return _strategy(RECREATE, "SupervisorMissing", pp.in_place_unsupported)
+    if pp.mechanism == api.GANG_NATIVE:
+        return _strategy(
+            RECREATE,
+            "NativeGang",
+            "a Native gang's PodGroup belongs to one attempt: its pods are placed anew",
+        )
     if not pp.spec.command:
         return _strategy(
             RECREATE,
             "NoCommand",
             "the job has no spec.command for the restart supervisor to run (an image's own "
             "entrypoint cannot be wrapped)",
+        )
+    if not asked and not builders.runs_python(pp.spec):
+        return _strategy(
+            RECREATE,
+            "NoPython",
+            f"spec.command[0] ({pp.spec.command[0]}) is not a Python interpreter, so the one "
+            "that would run the restart supervisor is a guess; set restartStrategy InPlace to "
+            "run it with python3",
         )
     view = pp.nodes
     if view is None or view.error is not None:
@@ -138,6 +152,7 @@ def can_stay(pp: PlanningPass, pod: ObservedPod) -> bool:
     return (
         pod.in_place
         and not pod.terminal
+        and not pod.lingering
         and not pod.terminating
         and not pod.disruption
         and pod.node_rank is not None
@@ -163,19 +178,11 @@ def restart(pp: PlanningPass, ended: Sequence[ObservedPod]) -> str:
     """The pods of the attempt that just ended (``pp.attempt`` is already the next one):
     moved in place where they can be, deleted otherwise. Returns a clause for the restart's
     message."""
-    if not supervisor_present(pp):
-        pp.delete(pp.pods)
-        return "; the image lacks the restart supervisor: recreating the pods"
     stay = [p for p in ended if can_stay(pp, p)]
     if not stay:
         pp.delete(pp.pods)
         return ""
     go = [p for p in pp.pods if p not in stay]
-    if go and pp.mechanism == api.GANG_NATIVE:
-        # A Native gang's PodGroup is per attempt: a lone new pod could never be bound.
-        pp.delete(pp.pods)
-        names = ", ".join(p.name for p in go)
-        return f"; recreating the whole gang, not in place: {names} cannot stay and a Native gang is placed whole"
     for p in stay:
         move(pp, p)
     pp.delete(go)
@@ -211,21 +218,41 @@ def why_not(pp: PlanningPass, pod: ObservedPod) -> str:
     return f"{pod.name} ({why})"
 
 
-def supervisor_present(pp: PlanningPass) -> bool:
-    """False once a failure said the image lacks the supervisor (recorded for later
-    attempts, which then recreate)."""
+_START_FAILURES: Final = frozenset({"StartError", "ContainerCannotRun"})
+"""Container reasons of a command that could not start at all (no such interpreter)."""
+
+
+def supervisor_missing(pp: PlanningPass, failed: ObservedPod | None) -> bool:
+    """Whether the in-place pod ``failed`` failed because its image cannot run the supervisor
+    (no ``gpujob_trainer``, no such interpreter); recorded, so that later attempts recreate."""
+    if failed is None or not failed.in_place:
+        return False
     failure = pp.failure or {}
     text = blame.failure_text(failure)
-    if all(w in text for w in SUPERVISOR_MISSING):
-        pp.in_place_unsupported = c.clip(
-            f"the image cannot run {contract.SUPERVISOR_MODULE} ({failure.get('pod')}: "
-            f"{failure.get('message')}); install gpujob_trainer in the image for in-place "
-            "restarts",
-            1024,
-        )
-        pp.strategy = _strategy(RECREATE, "SupervisorMissing", pp.in_place_unsupported)
+    no_module = all(w in text for w in SUPERVISOR_MISSING)
+    no_start = failed.reason in _START_FAILURES or (
+        failed.exit_code in (126, 127) and "gpujob supervisor" not in text
+    )
+    if not (no_module or no_start):
         return False
+    pp.in_place_unsupported = c.clip(
+        f"the image cannot run {contract.SUPERVISOR_MODULE} with "
+        f"{builders.job_python(pp.spec)} ({failure.get('pod')}: {failure.get('message')}); "
+        "install gpujob_trainer in the image for in-place restarts",
+        1024,
+    )
+    pp.strategy = _strategy(RECREATE, "SupervisorMissing", pp.in_place_unsupported)
     return True
+
+
+def hold(pp: PlanningPass, pods: Sequence[dict[str, Any]]) -> None:
+    """Pods created while an in-place restart is under way wait for its release too (their
+    peers may still be stopping their old runs)."""
+    run = pp.in_place_run
+    if run is None or run.get("attempt") != pp.attempt:
+        return
+    for pod in pods:
+        pod["metadata"].setdefault("annotations", {})[contract.ANNOTATION_HOLD] = "true"
 
 
 def rejoin_stale(pp: PlanningPass, stale: Sequence[ObservedPod]) -> list[ObservedPod]:
@@ -252,6 +279,12 @@ def converge(pp: PlanningPass) -> None:
     run = pp.in_place_run
     if run is not None and run.get("attempt") != pp.attempt:
         pp.in_place_run = run = None
+    for p in current:
+        if p.requested and p.restarts > p.restarts_base:
+            # Restarted at its supervisor's word more often than the move counted on (the
+            # operator's view of it lagged): its new run begins at the present count.
+            patch = {"metadata": {"annotations": {RESTARTS_BASE: str(p.restarts)}}}
+            pp.pod_patches.append((p.name, p.uid, patch))
     waiting = [
         p for p in current if p.in_place and p.restarts < p.restarts_base and not p.terminating
     ]
@@ -262,26 +295,23 @@ def converge(pp: PlanningPass) -> None:
         if left > 0:
             pp.requeue.append(left)
         else:
-            gone = current if pp.mechanism == api.GANG_NATIVE else waiting
             names = ", ".join(p.name for p in waiting)
             pp.event(
                 "Warning",
                 c.IN_PLACE_FALLBACK,
                 f"{names} did not restart in place within inPlaceTimeoutSeconds={timeout}; "
-                f"recreating {'the whole Native gang' if gone is current else 'them'} for "
-                f"attempt {pp.attempt}",
+                f"recreating them for attempt {pp.attempt}",
             )
-            pp.delete(gone)
+            pp.delete(waiting)
             return
     held = [p for p in current if p.at_barrier]
+    moving = bool(pp.pod_patches)
+    whole = len(current) == pp.spec.nodes
     if not held:
-        pp.in_place_run = None
+        if whole and not waiting and not moving:
+            pp.in_place_run = None  # every pod runs the attempt: the restart is over
         return
-    if (
-        len(current) < pp.spec.nodes
-        or waiting
-        or any(p.restarting_all or p.terminating for p in current)
-    ):
+    if not whole or waiting or moving or any(p.restarting_all or p.terminating for p in current):
         return
     for p in held:
         patch = {"metadata": {"annotations": {contract.ANNOTATION_RELEASED: str(pp.attempt)}}}

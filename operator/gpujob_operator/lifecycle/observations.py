@@ -74,6 +74,10 @@ class ObservedPod:
     terminal: bool = False
     """The pod itself is Succeeded or Failed (``phase`` may say Failed of a pod that lives
     on: its attempt's run ended in place)."""
+    hold: bool = False
+    """Created during an in-place restart: its first run waits for the release too."""
+    requested: bool = False
+    """It restarted in place because its supervisor was asked to (exit 87): no failure."""
 
     @property
     def ended_in_place(self) -> bool:
@@ -84,7 +88,11 @@ class ObservedPod:
     def at_barrier(self) -> bool:
         """An in-place pod moved to its attempt whose run has not been released yet: its old
         run is being stopped, or its supervisor waits for the whole gang to restart."""
-        return self.in_place and self.restarts_base > 0 and self.released != self.attempt
+        return (
+            self.in_place
+            and (self.restarts_base > 0 or self.hold)
+            and self.released != self.attempt
+        )
 
     @property
     def unschedulable(self) -> bool:
@@ -94,7 +102,10 @@ class ObservedPod:
     @property
     def active(self) -> bool:
         """Not yet terminated (Pending, Running or Unknown), or lingering: still on its
-        node, holding its GPUs, though its trainer has exited."""
+        node, holding its GPUs, though its trainer has exited. An in-place pod is active until
+        the pod itself ends (its attempt's run may have ended while it restarts)."""
+        if self.in_place:
+            return self.lingering or not self.terminal
         return self.lingering or self.phase not in TERMINATED_PHASES
 
 
@@ -106,12 +117,14 @@ def int_or_none(value: Any) -> int | None:
         return None
 
 
-RESTARTS_BASE: Final = "gpujob.dev/restarts-base"
+RESTARTS_BASE: Final = contract.ANNOTATION_RESTARTS_BASE
 """Pod annotation: the trainer's ``restartCount`` when the pod joined its current attempt in
 place (absent: 0, the pod was created for it)."""
 ALL_CONTAINERS_RESTARTING: Final = "AllContainersRestarting"
 """The pod condition the kubelet holds True while it restarts every container in place."""
 RESTART_ALL: Final = "RestartAllContainers"
+_NOT_RESTARTED: Final = frozenset({None, 0, contract.PREFLIGHT_EXIT_CODE})
+"""Trainer exits the in-place restart rule leaves alone: the pod ends (or lingers) instead."""
 
 
 def restarts_in_place(pod: Mapping[str, Any]) -> bool:
@@ -201,11 +214,18 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
     phase = str(status.get("phase") or "Pending")
     terminal = phase in TERMINATED_PHASES
     released = int_or_none(annotations.get(contract.ANNOTATION_RELEASED))
+    hold = annotations.get(contract.ANNOTATION_HOLD) == "true"
+    requested = False
     if in_place and not terminal:
-        ended = exit_code not in (None, 0) and container == builders.CONTAINER_NAME
-        if restarts > base or (restarts == base and ended):
+        restarted = exit_code not in _NOT_RESTARTED and container == builders.CONTAINER_NAME
+        if (restarts > base or (restarts == base and restarted)) and (
+            exit_code == contract.RESTART_EXIT_CODE
+        ):
+            requested = True  # the supervisor's own restart, which the operator asked for
+            phase = "Pending"
+        elif restarts > base or (restarts == base and restarted):
             phase = "Failed"  # the run ended; the pod lives on and restarts in place
-        elif base > 0 and released != attempt:
+        elif (base > 0 or hold) and released != attempt:
             phase = "Pending"  # the old run is stopped, or the supervisor waits to be released
     lingering = False
     trainer_done = (main or {}).get("name") == builders.CONTAINER_NAME and (
@@ -213,7 +233,7 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
     ).get("terminated")
     if (
         trainer_done
-        and not in_place
+        and (not in_place or int_or_none(trainer_done.get("exitCode")) in _NOT_RESTARTED)
         and _has_helpers(pod)
         and not meta.get("deletionTimestamp")
         and not disruption
@@ -253,6 +273,8 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
         released=released,
         restarting_all=restarting_all,
         terminal=terminal,
+        hold=hold,
+        requested=requested,
     )
 
 

@@ -127,6 +127,20 @@ def restart_needed(pp: PlanningPass) -> bool:
         return True
     pp.failure = failure
     what = describe_failure(failure)
+    if inplace.supervisor_missing(pp, failed):
+        # The operator chose InPlace for an image that cannot do it: not the job's failure.
+        pp.attempt += 1
+        message = (
+            f"{what}; the image cannot run the in-place restart supervisor: recreating all "
+            f"{pp.spec.nodes} pods as attempt {pp.attempt} without it, not counted against "
+            "backoffLimit"
+        )
+        pp.set(c.RESTARTING, c.TRUE, c.IN_PLACE_FALLBACK, message)
+        pp.set(c.RUNNING, c.FALSE, c.IN_PLACE_FALLBACK, message)
+        pp.set(c.CREATED, c.FALSE, c.IN_PLACE_FALLBACK, message)
+        pp.event("Warning", c.IN_PLACE_FALLBACK, message)
+        pp.delete(pp.pods)
+        return True
     # A node failing its pre-flight check is the node's fault, not the job's: retried (on
     # another node) whatever retryableExitCodes says.
     checked = pp.spec.run_policy.preflight.enabled and blame.preflight_line(

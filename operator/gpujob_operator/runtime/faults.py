@@ -8,7 +8,8 @@ Unarmed (always, in production) a fault point costs one comparison.
 
 Boundaries of a gang restart, in the order the job loop writes:
 ``after-status-write`` (status written, pods not yet touched), ``between-pod-deletes``,
-``between-pod-creates``. Apart from those, ``before-evidence-record``: a stall's hang evidence
+``between-pod-creates``; of an in-place restart, ``between-pod-patches`` (the pods moved to
+the next attempt one by one). Apart from those, ``before-evidence-record``: a stall's hang evidence
 taken and its ConfigMap written, its record not yet in the status.
 """
 
@@ -23,9 +24,13 @@ EXIT_CODE: Final = 137
 AFTER_STATUS_WRITE: Final = "after-status-write"
 BETWEEN_POD_DELETES: Final = "between-pod-deletes"
 BETWEEN_POD_CREATES: Final = "between-pod-creates"
+BETWEEN_POD_PATCHES: Final = "between-pod-patches"
 BOUNDARIES: Final = (AFTER_STATUS_WRITE, BETWEEN_POD_DELETES, BETWEEN_POD_CREATES)
+"""The boundaries of a Recreate restart."""
+IN_PLACE_BOUNDARIES: Final = (AFTER_STATUS_WRITE, BETWEEN_POD_PATCHES)
+"""The boundaries of an in-place restart."""
 BEFORE_EVIDENCE_RECORD: Final = "before-evidence-record"
-POINTS: Final = (*BOUNDARIES, BEFORE_EVIDENCE_RECORD)
+POINTS: Final = (*BOUNDARIES, BETWEEN_POD_PATCHES, BEFORE_EVIDENCE_RECORD)
 """Every point a test may arm."""
 
 

@@ -52,6 +52,7 @@ from gpujob_operator.runtime.faults import (
     AFTER_STATUS_WRITE,
     BETWEEN_POD_CREATES,
     BETWEEN_POD_DELETES,
+    BETWEEN_POD_PATCHES,
     fault_point,
 )
 from gpujob_operator.runtime.jobhandle import EventPoster
@@ -254,7 +255,9 @@ class JobLoop:
             if not await self.kube.delete_pod(ns, pod):
                 self.vanish({uid_of(p) for p in pods if _name(p) == pod}, "delete_404")
         self.call = "patch_pod"
-        for pod_name, uid, pod_patch in plan.patch_pods:
+        for i, (pod_name, uid, pod_patch) in enumerate(plan.patch_pods):
+            if i:
+                fault_point(self.fault_at, BETWEEN_POD_PATCHES)
             if not await self.kube.patch_pod(ns, pod_name, uid, pod_patch):
                 log.info("pod %s/%s is gone or replaced; not moved in place", ns, pod_name)
                 self.wake.set()

@@ -181,11 +181,15 @@ def test_a_pod_that_does_not_restart_in_time_is_recreated() -> None:
     new = p.create_pods[0]
     assert new["metadata"]["labels"][contract.LABEL_ATTEMPT] == "1"
     assert "restartPolicyRules" in trainer_spec(new), "the attempt's pods restart alike"
+    # Created while the restart is under way: its first run waits for the release too.
+    assert new["metadata"]["annotations"][contract.ANNOTATION_HOLD] == "true"
     sim.bind("n2")
     sim.run_in_place()
     p = sim.reconcile()
-    # The restarted pod waits at its barrier until the whole gang is there: now it is.
-    assert [n for n, _, _ in p.patch_pods] == ["bert-node-1"]
+    # The restarted pod and the new one wait until the whole gang is there: now it is.
+    assert sorted(n for n, _, _ in p.patch_pods) == ["bert-node-0", "bert-node-1"]
+    sim.reconcile()
+    assert sim.status["phase"] == "Running"
 
 
 def test_a_pod_on_a_blamed_node_is_recreated_and_the_others_stay() -> None:
@@ -239,10 +243,58 @@ def test_an_image_without_the_supervisor_falls_back_to_recreate_for_good() -> No
     )
     p = sim.reconcile()
     assert sorted(p.delete_pods) == ["bert-node-0", "bert-node-1"] and not p.patch_pods
-    assert "lacks the restart supervisor" in cond(sim.status, c.RESTARTING)["message"]
+    restarting = cond(sim.status, c.RESTARTING)
+    assert restarting["reason"] == c.IN_PLACE_FALLBACK
+    assert "not counted against backoffLimit" in restarting["message"]
+    assert sim.status["gang"]["restarts"] == 0 and sim.status["gang"]["attempt"] == 1
     assert "gpujob_trainer" in sim.status["operatorState"]["inPlaceUnsupported"]
     sim.gc()
     sim.now += timedelta(minutes=5)
     p = sim.reconcile()
     assert p.create_pods and "restartPolicyRules" not in trainer_spec(p.create_pods[0])
     assert sim.status["gang"]["restartStrategy"]["reason"] == "SupervisorMissing"
+
+
+def test_the_default_needs_a_python_command_and_no_native_gang() -> None:
+    sim = running(command=["/app/train"], training={"launcher": "none"})
+    assert sim.status["gang"]["restartStrategy"]["reason"] == "NoPython"
+    sim = running(command=["/app/train"], runPolicy={"restartStrategy": "InPlace"})
+    assert sim.status["gang"]["restartStrategy"]["strategy"] == "InPlace"
+    assert trainer_spec(sim.pods["bert-node-0"])["command"][0] == "python3"
+
+
+def test_the_restart_rule_follows_retryable_exit_codes() -> None:
+    sim = running(runPolicy={"retryableExitCodes": [3, 137]})
+    rules = trainer_spec(sim.pods["bert-node-0"])["restartPolicyRules"]
+    assert rules[0]["exitCodes"] == {
+        "operator": "In",
+        "values": [3, contract.RESTART_EXIT_CODE, 137],
+    }
+
+
+def test_a_restart_the_supervisor_was_asked_for_is_no_failure() -> None:
+    sim = running()
+    sim.exit_in_place("bert-node-1", 1)
+    sim.reconcile()
+    # Its view lagged: node-1 restarted twice at its supervisor's word.
+    sim.exit_in_place("bert-node-1", contract.RESTART_EXIT_CODE)
+    sim.exit_in_place("bert-node-0", contract.RESTART_EXIT_CODE)
+    p = sim.reconcile()
+    assert sim.status["gang"]["restarts"] == 1 and sim.status["gang"]["attempt"] == 1
+    assert ("bert-node-1", {observations.RESTARTS_BASE: "2"}) in [
+        (n, pt["metadata"]["annotations"]) for n, _, pt in p.patch_pods
+    ]
+    sim.reconcile()
+    sim.reconcile()
+    assert sim.status["phase"] == "Running"
+
+
+def test_an_in_place_trainer_that_exits_0_beside_a_helper_ends_its_rank() -> None:
+    helper = {"name": "sidecar", "image": "busybox"}
+    sim = running(template={"containers": [helper]})
+    for name in sim.pods:
+        ts = sim.trainer(name)
+        ts["state"] = {"terminated": {"exitCode": 0, "reason": "Completed"}}
+    p = sim.reconcile()
+    assert sim.status["phase"] == "Succeeded"
+    assert sorted(p.delete_pods) == ["bert-node-0", "bert-node-1"], "the helpers go"
