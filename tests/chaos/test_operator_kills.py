@@ -38,6 +38,45 @@ def live_pods(kube: Kube, job: str) -> list[dict]:
     return kube.list("pods", f"gpujob.dev/job-name={job}")
 
 
+def killed_in_a_restart(
+    kube: Kube,
+    chaos_operator: ChaosOperator,
+    ledger: Ledger,
+    tmp_path: Path,
+    name: str,
+    strategy: str,
+    boundary: str,
+) -> tuple[ChaosOperator, Path]:
+    """A gated 2-rank job brought to Running by one operator, then handed to one armed with
+    the fault at ``boundary``, which dies in the restart rank 1's failure causes. Returns the
+    operator (stopped) and the file that releases the ranks."""
+    fail, marker, release = tmp_path / "fail", tmp_path / "failed-once", tmp_path / "release"
+    op = chaos_operator.start()
+    kube.apply(
+        shell_job(
+            name,
+            gated_script(release, fail, marker),
+            runPolicy={"backoffLimit": 3, "restartStrategy": strategy},
+        )
+    )
+    status = wait_job_phase(kube, name, ("Running",), timeout=120)
+    assert status["gang"]["attempt"] == 0 and status["gang"]["restarts"] == 0, status
+    assert status["gang"]["restartStrategy"]["strategy"] == strategy, status["gang"]
+    # Hand the job to an operator armed with the fault; it must be idle until rank 1 fails.
+    op.kill()
+    op.start(**{ENV: boundary})
+    ledger.inject(f"operator killed {boundary} ({strategy} gang restart)")
+    fail.write_text("x")
+    try:
+        code = op.wait_exit(120)
+    except Exception as e:
+        raise AssertionError(
+            f"the armed operator never reached {boundary}: {e}; log: {op.proc.log_tail() if op.proc else ''}"
+        ) from e
+    assert code == EXIT_CODE, f"the armed operator exited {code}, not at the fault point"
+    return op, release
+
+
 @pytest.mark.parametrize("boundary", BOUNDARIES)
 def test_operator_killed_at_a_gang_restart_boundary(
     boundary: str,
@@ -48,30 +87,9 @@ def test_operator_killed_at_a_gang_restart_boundary(
     tmp_path: Path,
 ) -> None:
     name = "gang"
-    fail, marker, release = tmp_path / "fail", tmp_path / "failed-once", tmp_path / "release"
-    op = chaos_operator.start()
-    kube.apply(
-        shell_job(
-            name,
-            gated_script(release, fail, marker),
-            runPolicy={"backoffLimit": 3, "restartStrategy": "Recreate"},
-        )
+    op, release = killed_in_a_restart(
+        kube, chaos_operator, ledger, tmp_path, name, "Recreate", boundary
     )
-    status = wait_job_phase(kube, name, ("Running",), timeout=120)
-    assert status["gang"]["attempt"] == 0 and status["gang"]["restarts"] == 0, status
-
-    # Hand the job to an operator armed with the fault; it must be idle until rank 1 fails.
-    op.kill()
-    op.start(**{ENV: boundary})
-    ledger.inject(f"operator killed {boundary} (gang restart)")
-    fail.write_text("x")
-    try:
-        code = op.wait_exit(120)
-    except Exception as e:
-        raise AssertionError(
-            f"the armed operator never reached {boundary}: {e}; log: {op.proc.log_tail() if op.proc else ''}"
-        ) from e
-    assert code == EXIT_CODE, f"the armed operator exited {code}, not at the fault point"
 
     # Where exactly did it die? The API shows the half-done restart.
     status = job_status(kube, name)
@@ -119,24 +137,9 @@ def test_operator_killed_in_an_in_place_restart_and_its_successor_finishes_it(
     """The same, restarting in place: the successor moves the pods its predecessor did not
     (none, or one), releases the gang, and no pod is created again."""
     name = "inplace"
-    fail, marker, release = tmp_path / "fail", tmp_path / "failed-once", tmp_path / "release"
-    op = chaos_operator.start()
-    kube.apply(
-        shell_job(
-            name,
-            gated_script(release, fail, marker),
-            runPolicy={"backoffLimit": 3, "restartStrategy": "InPlace"},
-        )
+    op, release = killed_in_a_restart(
+        kube, chaos_operator, ledger, tmp_path, name, "InPlace", boundary
     )
-    status = wait_job_phase(kube, name, ("Running",), timeout=120)
-    assert status["gang"]["restartStrategy"]["strategy"] == "InPlace", status["gang"]
-    uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in live_pods(kube, name)}
-    op.kill()
-    op.start(**{ENV: boundary})
-    ledger.inject(f"operator killed {boundary} (in-place restart)")
-    fail.write_text("x")
-    code = op.wait_exit(120)
-    assert code == EXIT_CODE, f"the armed operator exited {code}, not at the fault point"
     status = job_status(kube, name)
     assert status["gang"]["restarts"] == 1 and status["gang"]["attempt"] == 1, status
     moved = [
@@ -159,8 +162,7 @@ def test_operator_killed_in_an_in_place_restart_and_its_successor_finishes_it(
     assert status["phase"] == "Succeeded", status
     gang = status["gang"]
     assert (gang["restarts"], gang["attempt"], gang["inPlaceRestarts"]) == (1, 1, 1), gang
-    final = {p["metadata"]["name"]: p["metadata"]["uid"] for p in live_pods(kube, name)}
-    assert final == uids, "the same pods, never recreated"
+    assert {p["metadata"]["labels"]["gpujob.dev/attempt"] for p in live_pods(kube, name)} == {"1"}
     created = sorted((p.attempt, p.rank) for p in pods.created(name))
     assert created == [(0, 0), (0, 1)], f"pods created: {created}"
     assert not pods.violations, pods.violations

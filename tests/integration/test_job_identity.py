@@ -188,8 +188,10 @@ def test_dead_endpoints_of_one_job_never_delay_another_jobs_restart(
         wait_job_phase(kube, "crash", ("Running",), timeout=60)
 
         def failed() -> bool:
+            # Its pod ends, or restarts in place (the exit is then the last state).
             return any(
                 (cs.get("state") or {}).get("terminated")
+                or (cs.get("lastState") or {}).get("terminated")
                 for p in job_pods(kube, "crash")
                 for cs in p.get("status", {}).get("containerStatuses") or []
             )

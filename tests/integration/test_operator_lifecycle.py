@@ -79,6 +79,9 @@ def test_torchrun_gang_rendezvous_across_pods(kube: Kube, operator: OperatorProc
     status = wait_job_phase(kube, "gang", ("Succeeded", "Failed"), timeout=180)
     assert status["phase"] == "Succeeded", status
     cmd = job_pods(kube, "gang")[0]["spec"]["containers"][0]["command"]
+    # Under the in-place restart supervisor (the local nodes support it), up to its "--".
+    assert cmd[1:3] == ["-m", "gpujob_trainer.supervisor"], cmd
+    cmd = cmd[cmd.index("--") + 1 :]
     assert cmd[0] == "torchrun" and "--nnodes=2" in cmd and "--nproc-per-node=2" in cmd
 
 

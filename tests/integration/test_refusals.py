@@ -323,7 +323,8 @@ def test_gang_restarts_back_off_and_status_says_when(
         if os.environ["RANK"] == "1" and not m.exists():
             m.write_text("x"); sys.exit(3)
     """
-    kube.apply(job("blip", script, runPolicy={"backoffLimit": 2}))
+    # Recreate: the operator's restart backoff (an in-place restart has the kubelet's).
+    kube.apply(job("blip", script, runPolicy={"backoffLimit": 2, "restartStrategy": "Recreate"}))
     waiting = wait_until(
         lambda: (
             (s := job_status(kube, "blip")).get("gang", {}).get("restarts") == 1

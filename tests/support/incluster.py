@@ -218,7 +218,10 @@ class ChartOperator:
 def sleeper_job(name: str, seconds: float, nodes: int = 2) -> dict[str, Any]:
     """A job whose ranks sleep (no torch): long enough to disturb the operator mid-job."""
     script = f"import time; time.sleep({seconds})"
-    return python_job(name, script, nodes, runPolicy={"backoffLimit": 3})
+    # Recreate: the census proves a restart by the gang's new pods (their UIDs).
+    return python_job(
+        name, script, nodes, runPolicy={"backoffLimit": 3, "restartStrategy": "Recreate"}
+    )
 
 
 class PodCensus:
