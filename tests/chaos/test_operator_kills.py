@@ -188,7 +188,12 @@ def test_operator_killed_while_taking_hang_evidence_restarts_the_hung_gang_once(
         "--hang-rank", "1", "--hang-after", "20",
         stallTimeoutSeconds=10,
     )  # fmt: skip
-    body["spec"]["runPolicy"] = {"backoffLimit": 1, "restartOnStall": True}
+    # Recreate: every pod created once per attempt proves the restart happened once.
+    body["spec"]["runPolicy"] = {
+        "backoffLimit": 1,
+        "restartOnStall": True,
+        "restartStrategy": "Recreate",
+    }
     body["spec"]["template"] = {"terminationGracePeriodSeconds": 2}
     kube.apply(body)
     try:

@@ -77,7 +77,9 @@ def test_a_relist_that_lost_the_old_gangs_deletes_does_not_stall_the_restart(
                 "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['gpujob.dev/attempt']"}},
             }
         ]
-        body = python_job("relist", SCRIPT, nodes=2, env=env, runPolicy={"backoffLimit": 2})
+        # Recreate: the old gang's deletes are what the relist must not lose.
+        policy = {"backoffLimit": 2, "restartStrategy": "Recreate"}
+        body = python_job("relist", SCRIPT, nodes=2, env=env, runPolicy=policy)
         body["spec"]["template"] = {"terminationGracePeriodSeconds": 1}
         kube.apply(body)
         wait_until(lambda: deletes.seen, 120, "the operator deleting the failed gang's pods")
