@@ -19,11 +19,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from gpujob_operator.api.job import API_VERSION, KIND
+from gpujob_trainer import contract
 
 LABEL_PREFIX: Final = "gpujob.dev/"
 LABEL_JOB_NAME: Final = "gpujob.dev/job-name"
 LABEL_NODE_RANK: Final = "gpujob.dev/node-rank"
-LABEL_ATTEMPT: Final = "gpujob.dev/attempt"
+LABEL_ATTEMPT: Final = contract.LABEL_ATTEMPT  # the supervisor reads it too
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 MANAGED_BY: Final = "gpujob-operator"
 

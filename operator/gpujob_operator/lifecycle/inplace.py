@@ -161,17 +161,24 @@ def can_stay(pp: PlanningPass, pod: ObservedPod) -> bool:
     )
 
 
+def mark(
+    pp: PlanningPass,
+    pod: ObservedPod,
+    annotations: Mapping[str, str],
+    labels: Mapping[str, str] | None = None,
+) -> None:
+    """Patch ``pod``'s metadata (only while it is that pod: its uid)."""
+    meta: dict[str, Any] = {"annotations": dict(annotations)}
+    if labels:
+        meta["labels"] = dict(labels)
+    pp.pod_patches.append((pod.name, pod.uid, {"metadata": meta}))
+
+
 def move(pp: PlanningPass, pod: ObservedPod) -> None:
     """Move ``pod`` to the current attempt: the restart count its new run starts at is the
     present one if the old run already ended, else the next one (the move stops the run)."""
     base = pod.restarts if pod.ended_in_place else pod.restarts + 1
-    patch = {
-        "metadata": {
-            "labels": {contract.LABEL_ATTEMPT: str(pp.attempt)},
-            "annotations": {RESTARTS_BASE: str(base)},
-        }
-    }
-    pp.pod_patches.append((pod.name, pod.uid, patch))
+    mark(pp, pod, {RESTARTS_BASE: str(base)}, {contract.LABEL_ATTEMPT: str(pp.attempt)})
 
 
 def restart(pp: PlanningPass, ended: Sequence[ObservedPod]) -> str:
@@ -283,8 +290,7 @@ def converge(pp: PlanningPass) -> None:
         if p.requested and p.restarts > p.restarts_base:
             # Restarted at its supervisor's word more often than the move counted on (the
             # operator's view of it lagged): its new run begins at the present count.
-            patch = {"metadata": {"annotations": {RESTARTS_BASE: str(p.restarts)}}}
-            pp.pod_patches.append((p.name, p.uid, patch))
+            mark(pp, p, {RESTARTS_BASE: str(p.restarts)})
     waiting = [
         p for p in current if p.in_place and p.restarts < p.restarts_base and not p.terminating
     ]
@@ -314,8 +320,7 @@ def converge(pp: PlanningPass) -> None:
     if not whole or waiting or moving or any(p.restarting_all or p.terminating for p in current):
         return
     for p in held:
-        patch = {"metadata": {"annotations": {contract.ANNOTATION_RELEASED: str(pp.attempt)}}}
-        pp.pod_patches.append((p.name, p.uid, patch))
+        mark(pp, p, {contract.ANNOTATION_RELEASED: str(pp.attempt)})
     if run is not None:
         pp.event(
             "Normal",
