@@ -72,14 +72,21 @@ class Pki:
     def issue(
         self, name: str, cn: str, orgs: tuple[str, ...] = (), sans: tuple[str, ...] = ()
     ) -> Identity:
-        """Issue a certificate for ``cn`` in groups ``orgs`` (client) or with ``sans`` (server)."""
+        """Issue a certificate for ``cn`` in groups ``orgs`` (client) or with ``sans`` (server).
+
+        A certificate already in the folder is reused only when it was issued for the same
+        subject and names: a restarted cluster that picks new node addresses gets a serving
+        certificate for them, not the first start's (which the API server would refuse).
+        """
         key = self.folder / f"{name}.key"
         cert = self.folder / f"{name}.crt"
-        if cert.exists():
+        issued_for = self.folder / f"{name}.for"
+        subject = "".join(f"/O={o}" for o in orgs) + f"/CN={cn}"
+        wanted = "\n".join((subject, *sans)) + "\n"
+        if cert.exists() and issued_for.exists() and issued_for.read_text() == wanted:
             return Identity(cert, key)
         csr = self.folder / f"{name}.csr"
         ext = self.folder / f"{name}.ext"
-        subject = "".join(f"/O={o}" for o in orgs) + f"/CN={cn}"
         _ec_key(key)
         _openssl(
             "req", "-new", "-key", str(key), "-out", str(csr), "-subj", subject, cwd=self.folder
@@ -109,6 +116,7 @@ class Pki:
         )
         csr.unlink()
         ext.unlink()
+        issued_for.write_text(wanted)
         return Identity(cert, key)
 
     def service_account_keys(self) -> tuple[Path, Path]:

@@ -20,6 +20,16 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def kubectl(
+    env: dict[str, str], *args: str, check: bool = False
+) -> subprocess.CompletedProcess[str]:
+    res = subprocess.run(
+        [str(bin_dir() / "kubectl"), *args], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert res.returncode == 0 or not check, res.stderr
+    return res
+
+
 def test_up_prints_a_usable_kubeconfig_and_down_stops_everything(tmp_path: Path) -> None:
     folder = tmp_path / "c"
     try:
@@ -40,3 +50,25 @@ def test_up_prints_a_usable_kubeconfig_and_down_stops_everything(tmp_path: Path)
     assert down.returncode == 0 and "kube-apiserver" in down.stderr
     assert not (folder / STATE_FILE).exists()
     assert "nothing was running" in cli("down", "--dir", str(folder)).stderr
+
+
+def test_a_second_start_in_the_same_folder_serves_pod_logs(tmp_path: Path) -> None:
+    """Each start picks new node addresses; the kubelet's serving certificate must name them,
+    or ``kubectl logs`` fails "x509: certificate is valid for ..., not 127.255.x.y"."""
+    folder = tmp_path / "c"
+    try:
+        for start in (1, 2):
+            up = cli("up", "--dir", str(folder), "--nodes", "1")
+            assert up.returncode == 0, up.stderr
+            env = {**os.environ, "KUBECONFIG": str(folder / "admin.kubeconfig")}
+            pod = f"hello-{start}"
+            kubectl(env, "run", pod, "--image=busybox", "--restart=Never", "--command", "--",
+                    "sh", "-c", f"echo start {start}", check=True)  # fmt: skip
+            kubectl(env, "wait", "--for=jsonpath={.status.phase}=Succeeded", f"pod/{pod}",
+                    "--timeout=60s", check=True)  # fmt: skip
+            logs = kubectl(env, "logs", pod)
+            assert logs.returncode == 0 and logs.stdout.strip() == f"start {start}", logs.stderr
+            if start == 1:
+                assert cli("down", "--dir", str(folder)).returncode == 0
+    finally:
+        cli("down", "--dir", str(folder))
