@@ -146,6 +146,67 @@ def _has_helpers(pod: Mapping[str, Any]) -> bool:
     return len((pod.get("spec") or {}).get("containers") or ()) > 1
 
 
+_KEPT_METADATA: Final = ("name", "namespace", "uid", "deletionTimestamp", "creationTimestamp")
+_KEPT_ANNOTATIONS: Final = (
+    RESTARTS_BASE,
+    contract.ANNOTATION_RELEASED,
+    contract.ANNOTATION_HOLD,
+)
+_KEPT_SPEC: Final = ("nodeName", "hostNetwork")
+
+
+def project_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """What the operator reads of one of its pods, in dicts of its own (never the body's).
+
+    The pod index keeps this instead of the body: a job's pods repeat its template, and at
+    2,048 pods a 400 KB template would be most of a gigabyte. Kept: the names, the uid, the
+    controller reference, the operator's labels and annotations, where the pod runs, each
+    container's name, ports and restart rules, and the status (which the kubelet bounds).
+    :func:`observe_pod`, ``monitor.scrape_targets`` and ``monitor.exited_ranks`` read the same
+    from a projection as from the body (tests hold them to it).
+    """
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    out_meta: dict[str, Any] = {k: meta[k] for k in _KEPT_METADATA if k in meta}
+    out_meta["labels"] = {
+        k: v for k, v in labels.items() if str(k).startswith(children.LABEL_PREFIX)
+    }
+    kept = {k: annotations[k] for k in _KEPT_ANNOTATIONS if k in annotations}
+    if kept:
+        out_meta["annotations"] = kept
+    owners = [
+        {k: ref.get(k) for k in ("apiVersion", "kind", "name", "uid", "controller")}
+        for ref in meta.get("ownerReferences") or ()
+        if isinstance(ref, Mapping) and ref.get("controller")
+    ]
+    if owners:
+        out_meta["ownerReferences"] = owners
+    out_spec: dict[str, Any] = {k: spec[k] for k in _KEPT_SPEC if k in spec}
+    out_spec["containers"] = [
+        {
+            "name": ctr.get("name"),
+            **(
+                {"ports": [
+                    {"name": p.get("name"), "containerPort": p.get("containerPort")}
+                    for p in ctr.get("ports") or () if isinstance(p, Mapping)
+                ]}
+                if ctr.get("ports")
+                else {}
+            ),
+            **(
+                {"restartPolicyRules": list(ctr["restartPolicyRules"])}
+                if ctr.get("restartPolicyRules")
+                else {}
+            ),
+        }
+        for ctr in spec.get("containers") or ()
+        if isinstance(ctr, Mapping)
+    ]  # fmt: skip
+    return {"metadata": out_meta, "spec": out_spec, "status": pod.get("status") or {}}
+
+
 def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
     """Summarize a pod as the API returns it (raw camelCase JSON, e.g. kopf's body)."""
     meta = pod.get("metadata") or {}

@@ -30,7 +30,9 @@ import kopf
 from gpujob_operator import api
 from gpujob_operator.api import children
 from gpujob_operator.lifecycle.gang import gang
+from gpujob_operator.lifecycle.observations import project_pod
 from gpujob_operator.monitoring.scrape.scraper import Scraper
+from gpujob_operator.observability.opmetrics import METRICS
 from gpujob_operator.runtime import peers, standby, webhook
 from gpujob_operator.runtime.forecaster import Forecaster
 from gpujob_operator.runtime.jobloop import JobLoop
@@ -62,6 +64,7 @@ class OperatorState:
     guard: asyncio.Task[None] | None = None
     forecaster: Forecaster | None = None
     forecast_task: asyncio.Task[None] | None = None
+    lag_probe: asyncio.Task[None] | None = None
     _kube: Kube | None = None
     _scraper: Scraper | None = None
     _nodes: NodeCache | None = None
@@ -92,8 +95,9 @@ class OperatorState:
         the scraper's connections."""
         if self.guard is not None:
             self.guard.cancel()
-        if self.forecast_task is not None:
-            self.forecast_task.cancel()
+        for task in (self.forecast_task, self.lag_probe):
+            if task is not None:
+                task.cancel()
         self.stop_all_loops()
         if self._scraper is not None:
             await self._scraper.close()
@@ -227,9 +231,10 @@ def job_pods(
 ) -> dict[Any, Any]:
     """Pods by (namespace, job name label): every pod that claims the name. Which of them are
     the job's is decided by their controller ownerReference (api/children.py), in the planner
-    (which also waits for foreign pods holding its pod names) and the monitor."""
+    (which also waits for foreign pods holding its pod names) and the monitor. Each is kept
+    as its projection (what the operator reads of it), never its body."""
     state(memo).served = True
-    return {(namespace, labels[children.LABEL_JOB_NAME]): dict(body)}
+    return {(namespace, labels[children.LABEL_JOB_NAME]): project_pod(body)}
 
 
 @kopf.on.event("pods", labels={children.LABEL_JOB_NAME: kopf.PRESENT})  # type: ignore[arg-type]
@@ -358,6 +363,25 @@ async def _index_caught_up(
 
 def _post_event(job: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
     kopf.event(dict(job), type=type_, reason=reason, message=message)  # type: ignore[arg-type]
+
+
+LOOP_LAG_INTERVAL: Final = 0.1
+
+
+async def probe_loop_lag(interval: float = LOOP_LAG_INTERVAL) -> None:
+    """For ever: how late the loop wakes a timer, into the loop-lag metric. Every job's
+    handling waits behind whatever holds the loop, so this is the operator's own latency."""
+    loop = asyncio.get_running_loop()
+    while True:
+        before = loop.time()
+        await asyncio.sleep(interval)
+        METRICS.observe_loop_lag(loop.time() - before - interval)
+
+
+@kopf.on.startup()
+async def start_loop_lag_probe(memo: kopf.Memo, **_: Any) -> None:
+    own = _startup_state(memo)
+    own.lag_probe = asyncio.get_running_loop().create_task(probe_loop_lag(), name="loop lag")
 
 
 @kopf.on.startup()

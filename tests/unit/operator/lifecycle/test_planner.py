@@ -20,7 +20,7 @@ from gpujob_operator.api.statusupgrade import MOVES, is_legacy
 from gpujob_operator.lifecycle import backoff, observations, planner, restarts
 from gpujob_operator.lifecycle.apiserver.refusals import Refused
 from gpujob_operator.lifecycle.blame import NodeView
-from gpujob_operator.lifecycle.observations import ObservedPod, observe_pod
+from gpujob_operator.lifecycle.observations import ObservedPod, observe_pod, project_pod
 from gpujob_operator.lifecycle.planner import Plan
 from tests.support.fakekube import apply_merge_patch
 
@@ -64,7 +64,8 @@ class Sim:
 
     # -- the operator's side
     def observed(self) -> list[ObservedPod]:
-        return [observe_pod(p) for p in self.pods.values()]
+        # Through the projection the pod index keeps: the planner must decide the same.
+        return [observe_pod(project_pod(p)) for p in self.pods.values()]
 
     def plan(self, log_tails: dict[str, str] | None = None) -> Plan:
         return planner.plan(
