@@ -184,6 +184,12 @@ FORECAST_DURATION = Family(
     "Time one start-time forecast pass over the whole fleet took (reads and arithmetic).",
     "seconds",
 )
+LOOP_LAG = Family(
+    "gpujob_operator_event_loop_lag_seconds",
+    "How late the event loop woke a 100 ms timer: the longest stretch something held the "
+    "loop (parsing, building, decoding) that every job's handling waited behind.",
+    "seconds",
+)
 HANG_CAPTURES = Family(
     "gpujob_operator_hang_captures_total",
     "Stalls whose hang evidence was taken, by result: complete (every rank answered, "
@@ -240,12 +246,19 @@ HEALTH_FAMILIES: Final = (
     API_ERRORS,
     FORECAST_ERROR,
     FORECAST_DURATION,
+    LOOP_LAG,
     HANG_CAPTURES,
     GHOST_PODS,
     JOBS,
     BUILD_INFO,
 )
-HISTOGRAMS: Final = (RECONCILE_DURATION, SCRAPE_DURATION, FORECAST_ERROR, FORECAST_DURATION)
+HISTOGRAMS: Final = (
+    RECONCILE_DURATION,
+    SCRAPE_DURATION,
+    FORECAST_ERROR,
+    FORECAST_DURATION,
+    LOOP_LAG,
+)
 
 
 def exported_names() -> set[str]:

@@ -71,6 +71,7 @@ from gpujob_operator.observability.opfamilies import (
     JOB_UNOBSERVED_GPU_SECONDS,
     JOB_VERDICT,
     JOBS,
+    LOOP_LAG,
     PHASES,
     RECONCILE_DURATION,
     RECONCILES,
@@ -91,6 +92,7 @@ RECONCILE_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 
 SCRAPE_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 FORECAST_ERROR_BUCKETS: Final = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0)
 FORECAST_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+LOOP_LAG_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 MAX_ERROR_REASONS: Final = 32
 """Distinct error reasons kept; later new ones count as ``other`` (bounded cardinality)."""
 REASON_OTHER: Final = "other"
@@ -215,6 +217,7 @@ class _HealthCollector(Collector):
                     (SCRAPE_DURATION, o._scrape_hist),
                     (FORECAST_ERROR, o._forecast_error_hist),
                     (FORECAST_DURATION, o._forecast_hist),
+                    (LOOP_LAG, o._loop_lag_hist),
                 )
             ]
             jobs = len(o._jobs)
@@ -281,6 +284,9 @@ class JobMetrics:
         self._scrape_hist = _Histogram(SCRAPE_BUCKETS)
         self._forecast_error_hist = _Histogram(FORECAST_ERROR_BUCKETS)
         self._forecast_hist = _Histogram(FORECAST_BUCKETS)
+        self._loop_lag_hist = _Histogram(LOOP_LAG_BUCKETS)
+        self.loop_lag_max = 0.0
+        """The longest event-loop lag seen since start (the bench reads it)."""
         self._server: Any = None
         self.registry.register(_JobCollector(self))
         self.registry.register(_HealthCollector(self))
@@ -337,6 +343,12 @@ class JobMetrics:
         """One forecast pass over the fleet took ``seconds``."""
         with self._lock:
             self._forecast_hist.observe(max(seconds, 0.0))
+
+    def observe_loop_lag(self, seconds: float) -> None:
+        """The event loop woke a timer ``seconds`` late."""
+        with self._lock:
+            self._loop_lag_hist.observe(max(seconds, 0.0))
+            self.loop_lag_max = max(self.loop_lag_max, seconds)
 
     def observe_forecast_error(self, seconds: float) -> None:
         """A job started ``seconds`` after (negative: before) its last forecast."""
