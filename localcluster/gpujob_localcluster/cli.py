@@ -17,8 +17,11 @@ import threading
 import time
 from pathlib import Path
 
-from gpujob_localcluster.cluster import DEFAULT_FOLDER, LocalCluster, NodeConfig
+from gpujob_localcluster.cluster import DEFAULT_FOLDER, HollowConfig, LocalCluster, NodeConfig
 from gpujob_localcluster.controlplane import STATE_FILE, stop_folder
+from gpujob_localcluster.hollow.faults import KINDS, RankFault
+from gpujob_localcluster.hollow.faults import parse as parse_faults
+from gpujob_localcluster.hollow.kubelet import FAULTS_FILE, write_faults
 from gpujob_localcluster.processes import ClusterError, log_tail, pid_alive
 
 
@@ -30,7 +33,15 @@ def serve(args: argparse.Namespace) -> int:
     """Run the cluster in the foreground until SIGTERM/SIGINT; then tear it down."""
     folder = Path(args.dir)
     cluster = LocalCluster(
-        folder, _nodes(args), gang_scheduling=args.gang_scheduling, kueue=args.kueue
+        folder,
+        _nodes(args),
+        gang_scheduling=args.gang_scheduling,
+        kueue=args.kueue,
+        hollow=HollowConfig(
+            count=args.hollow_nodes,
+            gpus=args.hollow_gpus_per_node,
+            endpoint_processes=args.hollow_endpoint_processes,
+        ),
     )
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -79,6 +90,12 @@ def up(args: argparse.Namespace) -> int:
         str(args.gpus_per_node),
         *(["--gang-scheduling"] if args.gang_scheduling else []),
         *(["--kueue"] if args.kueue else []),
+        "--hollow-nodes",
+        str(args.hollow_nodes),
+        "--hollow-gpus-per-node",
+        str(args.hollow_gpus_per_node),
+        "--hollow-endpoint-processes",
+        str(args.hollow_endpoint_processes),
     ]
     with open(sup_log, "ab") as out:
         proc = subprocess.Popen(
@@ -104,7 +121,13 @@ def up(args: argparse.Namespace) -> int:
         time.sleep(0.2)
     print(
         f"# local cluster up in {time.monotonic() - started:.1f}s: {args.nodes} nodes x "
-        f"{args.gpus_per_node} nvidia.com/gpu; logs in {folder / 'logs'}",
+        f"{args.gpus_per_node} nvidia.com/gpu"
+        + (
+            f" + {args.hollow_nodes} hollow nodes x {args.hollow_gpus_per_node}"
+            if args.hollow_nodes
+            else ""
+        )
+        + f"; logs in {folder / 'logs'}",
         file=sys.stderr,
     )
     print(f"export KUBECONFIG={folder / 'admin.kubeconfig'}")
@@ -137,9 +160,37 @@ def main(argv: list[str] | None = None) -> int:
             action="store_true",
             help="also run Kueue's manager (built by hack/build-kueue.sh), webhooks on loopback",
         )
+        s.add_argument(
+            "--hollow-nodes",
+            type=int,
+            default=0,
+            help="also register this many hollow nodes (pods reported Running without a "
+            "container, ranks served by light processes; see gpujob_localcluster.hollow)",
+        )
+        s.add_argument("--hollow-gpus-per-node", type=int, default=8)
+        s.add_argument("--hollow-endpoint-processes", type=int, default=2)
+    fault = sub.add_parser("hollow-fault", help="give a hollow job's rank a fault")
+    fault.add_argument("--dir", default=str(DEFAULT_FOLDER))
+    fault.add_argument("--namespace", "-n", default="default")
+    fault.add_argument("--job", required=True)
+    fault.add_argument("--rank", type=int, required=True)
+    fault.add_argument("--kind", choices=KINDS, required=True)
+    fault.add_argument("--clear", action="store_true", help="drop every fault instead")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    return {"up": up, "down": down, "serve": serve}[args.cmd](args)
+    return {"up": up, "down": down, "serve": serve, "hollow-fault": hollow_fault}[args.cmd](args)
+
+
+def hollow_fault(args: argparse.Namespace) -> int:
+    """Add a fault to the hollow kubelet's fault file (or clear them all)."""
+    state = Path(args.dir) / "hollow"
+    path = state / FAULTS_FILE
+    current = [] if args.clear or not path.exists() else parse_faults(path.read_text())
+    if not args.clear:
+        current.append(RankFault(args.namespace, args.job, args.rank, args.kind))
+    write_faults(state, current)
+    print(f"faults: {[f.key for f in current]}", file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpujob_localcluster.controlplane import ControlPlane
+from gpujob_localcluster.hollow.faults import RankFault
+from gpujob_localcluster.hollow.kubelet import write_faults
 from gpujob_localcluster.nodes import node_addresses
 from gpujob_localcluster.processes import descendants, pid_alive, wait_for
 
@@ -41,6 +43,22 @@ class NodeConfig:
 
 
 @dataclass
+class HollowConfig:
+    """Hollow nodes beside the real ones (:mod:`gpujob_localcluster.hollow`): registered and
+    scheduled to like any node, their pods reported Running without a container."""
+
+    count: int = 0
+    gpus: int = 8
+    prefix: str = "hollow-node"
+    endpoint_processes: int = 2
+    lease_seconds: float = 10.0
+
+    @property
+    def names(self) -> list[str]:
+        return [f"{self.prefix}-{i}" for i in range(self.count)]
+
+
+@dataclass
 class LocalCluster:
     """Control plane + node agent rooted at ``folder``."""
 
@@ -52,6 +70,8 @@ class LocalCluster:
     """Native gang scheduling (Workload/PodGroup API, GangScheduling plugin); see ControlPlane."""
     kueue: bool = False
     """Run Kueue's manager too (built from its Go module; see kueue.py)."""
+    hollow: HollowConfig = field(default_factory=HollowConfig)
+    hollow_proc: subprocess.Popen[bytes] | None = None
     node_ips: list[str] = field(default_factory=list)
     """Each node's loopback address, chosen on the agent's first start and kept across its
     restarts (a restarted kubelet keeps its node's address)."""
@@ -73,6 +93,8 @@ class LocalCluster:
 
                 Kueue(self.cp).start(timeout)
             self._start_agent(timeout)
+            if self.hollow.count:
+                self._start_hollow(timeout)
         except BaseException:
             self.stop()
             raise
@@ -172,6 +194,79 @@ class LocalCluster:
         wait_for(
             lambda: self._nodes_ready(), timeout, f"nodes {names} Ready and schedulable", problem
         )
+
+    @property
+    def hollow_dir(self) -> Path:
+        """The hollow kubelet's folder: its ready file and the fault file it polls."""
+        return self.folder / "hollow"
+
+    def hollow_faults(self, faults: list[RankFault]) -> None:
+        """Give hollow jobs' ranks these faults (replacing the previous ones)."""
+        write_faults(self.hollow_dir, faults)
+
+    def _start_hollow(self, timeout: float) -> None:
+        assert self.cp is not None
+        ready = self.hollow_dir / "ready"
+        ready.parent.mkdir(parents=True, exist_ok=True)
+        ready.unlink(missing_ok=True)
+        log_path = self.cp.log_dir / "hollow-kubelet.log"
+        h = self.hollow
+        out = open(log_path, "ab")  # noqa: SIM115 - owned by the child
+        self.hollow_proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gpujob_localcluster.hollow.kubelet",
+                "--kubeconfig",
+                str(self.kubeconfig),
+                "--nodes",
+                str(h.count),
+                "--node-prefix",
+                h.prefix,
+                "--gpus-per-node",
+                str(h.gpus),
+                "--state-dir",
+                str(self.hollow_dir),
+                "--ready-file",
+                str(ready),
+                "--endpoint-processes",
+                str(h.endpoint_processes),
+                "--lease-seconds",
+                str(h.lease_seconds),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        out.close()
+        self.cp.register_pid("hollow-kubelet", self.hollow_proc.pid)
+        proc = self.hollow_proc
+
+        def problem() -> str | None:
+            code = proc.poll()
+            return None if code is None else f"hollow kubelet exited with {code}; see {log_path}"
+
+        wait_for(ready.exists, timeout, "the hollow kubelet to register its nodes", problem)
+        wait_for(
+            lambda: self._ready_count("gpujob.dev/hollow-node=true") == h.count,
+            timeout,
+            f"{h.count} hollow nodes Ready and schedulable",
+            problem,
+        )
+
+    def _ready_count(self, selector: str) -> int:
+        assert self.cp is not None
+        res = self.cp.kubectl(
+            "get",
+            "nodes",
+            "-l",
+            selector,
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name} {.spec.taints}{'\\n'}{end}",
+        )
+        lines = [ln for ln in res.stdout.splitlines() if ln.strip()]
+        return sum("not-ready" not in ln for ln in lines)
 
     def _nodes_ready(self) -> bool:
         assert self.cp is not None

@@ -62,7 +62,15 @@ class Nodes:
         shape: NodeShape,
         addresses: dict[str, str],
         kubelet_ports: dict[str, int],
+        role_label: str = "gpujob.dev/local-node",
+        features: tuple[str, ...] = DECLARED_FEATURES,
+        taints: tuple[dict[str, str], ...] = (),
     ) -> None:
+        self.role_label = role_label
+        self.taints = taints
+        """What keeps pods off these nodes unless they tolerate it (hollow nodes' own taint)."""
+        """The label that tells this agent's nodes apart (local nodes from hollow ones)."""
+        self.features = features
         self.core = client.CoreV1Api(api)
         self.coord = client.CoordinationV1Api(api)
         self.resource = client.ResourceV1Api(api)
@@ -92,17 +100,17 @@ class Nodes:
                     "kubernetes.io/hostname": name,
                     "kubernetes.io/os": "linux",
                     "kubernetes.io/arch": "amd64",
-                    "gpujob.dev/local-node": "true",
+                    self.role_label: "true",
                     "nvidia.com/gpu.present": "true" if self.shape.gpus else "false",
                 },
             },
-            "spec": {},
+            "spec": {"taints": list(self.taints)} if self.taints else {},
             # What this agent implements that a pod may require of its node (the
             # scheduler's NodeDeclaredFeatures filter): restarts of every container in place.
             "status": {
                 "capacity": capacity,
                 "allocatable": capacity,
-                "declaredFeatures": list(DECLARED_FEATURES),
+                "declaredFeatures": list(self.features),
             },
         }
 
@@ -160,15 +168,19 @@ class Nodes:
     def register(self) -> None:
         """Create every node (or take over an existing one), post its status, renew its Lease."""
         for name in self.names:
-            try:
-                self.core.create_node(cast(Any, self.body(name)))
-                log.info("registered node %s (gpus=%s)", name, self.shape.gpus)
-            except ApiException as e:
-                if e.status != 409:
-                    raise
-            self.core.patch_node_status(name, self.status(name))
+            self.register_node(name)
         self.renew_leases()
         self.publish_devices()
+
+    def register_node(self, name: str) -> None:
+        """Create the node (or take over an existing one) and post its status."""
+        try:
+            self.core.create_node(cast(Any, self.body(name)))
+            log.info("registered node %s (gpus=%s)", name, self.shape.gpus)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+        self.core.patch_node_status(name, self.status(name))
 
     def publish_devices(self) -> None:
         """Publish the DeviceClass and each node's ResourceSlice, as a DRA driver does
@@ -199,21 +211,25 @@ class Nodes:
 
     def renew_leases(self) -> None:
         for name in self.names:
-            body = {
-                "metadata": {"name": name, "namespace": "kube-node-lease"},
-                "spec": {
-                    "holderIdentity": name,
-                    "leaseDurationSeconds": 40,
-                    "renewTime": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-                },
-            }
-            try:
-                self.coord.patch_namespaced_lease(name, "kube-node-lease", body)
-            except ApiException as e:
-                if e.status != 404:
-                    raise
-                with contextlib.suppress(ApiException):
-                    self.coord.create_namespaced_lease("kube-node-lease", cast(Any, body))
+            self.renew_lease(name)
+
+    def renew_lease(self, name: str) -> None:
+        """Renew the node's Lease (the node lifecycle controller's heartbeat), creating it if gone."""
+        body = {
+            "metadata": {"name": name, "namespace": "kube-node-lease"},
+            "spec": {
+                "holderIdentity": name,
+                "leaseDurationSeconds": 40,
+                "renewTime": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            },
+        }
+        try:
+            self.coord.patch_namespaced_lease(name, "kube-node-lease", body)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            with contextlib.suppress(ApiException):
+                self.coord.create_namespaced_lease("kube-node-lease", cast(Any, body))
 
     def heartbeat_loop(self, stopping: threading.Event) -> None:
         """Post every node's status and renew its Lease every heartbeat until ``stopping``."""
