@@ -10,8 +10,9 @@ container config, old pods, a name taken, the backoff, the gang's admission).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Final
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
 
 from gpujob_operator import api
 from gpujob_operator.api import children
@@ -22,6 +23,30 @@ from gpujob_operator.lifecycle.planpass import PlanningPass
 
 _PULL_ERRORS: Final = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName"})
 _CONFIG_ERRORS: Final = frozenset({"CreateContainerConfigError", "CreateContainerError"})
+
+
+CREATE_BATCH_BYTES: Final = 16 * 1024 * 1024
+"""The most pod JSON one pass builds and creates: a 400 KB template makes batches of 40
+pods, so a 2,048-pod gang never sits in the operator's memory at once."""
+CREATE_BATCH_MAX: Final = 128
+"""The most pods one pass creates, however small they are."""
+NEXT_BATCH_SECONDS: Final = 0.5
+"""When the next batch is planned at the latest (the new pods' events usually wake it first)."""
+NAMES_LISTED: Final = 8
+
+
+def create_batch(first: Mapping[str, Any], missing: int) -> int:
+    """How many of ``missing`` pods shaped like ``first`` one pass builds and creates."""
+    size = len(json.dumps(first, separators=(",", ":")))
+    return max(1, min(missing, CREATE_BATCH_MAX, CREATE_BATCH_BYTES // max(size, 1)))
+
+
+def pod_names(job: str, ranks: Sequence[int]) -> str:
+    """The pods of ``ranks``, listed when few, else their first and last and how many."""
+    if len(ranks) <= NAMES_LISTED:
+        return ", ".join(children.pod_name(job, r) for r in ranks)
+    first, last = children.pod_name(job, ranks[0]), children.pod_name(job, ranks[-1])
+    return f"{len(ranks)} pods, {first} .. {last}"
 
 
 def converge(pp: PlanningPass) -> None:
@@ -48,11 +73,16 @@ def converge(pp: PlanningPass) -> None:
     elif missing and not blocked:
         first = builders.build_pod(pp.body, missing[0], pp.attempt, pp.spec)
         in_place = inplace.use_in_place(pp, first)
-        pp.creates = [admission.build_pod(pp, r, in_place) for r in missing]
+        batch = missing[: create_batch(first, len(missing))]
+        pp.creates = [admission.build_pod(pp, r, in_place) for r in batch]
+        pp.more_pods = len(missing) - len(batch)
+        if pp.more_pods:
+            pp.requeue.append(NEXT_BATCH_SECONDS)
         inplace.hold(pp, pp.creates)
         pp.start_time = pp.start_time or c.format_time(pp.now)
-        names = ", ".join(children.pod_name(pp.name, r) for r in missing)
-        pp.event("Normal", c.PODS_CREATING, f"creating {names} (attempt {pp.attempt})")
+        if len(missing) == n or not pp.more_pods:
+            names = pod_names(pp.name, missing)
+            pp.event("Normal", c.PODS_CREATING, f"creating {names} (attempt {pp.attempt})")
         if refused is None:
             pp.next_attempt = None
     if refused is not None:

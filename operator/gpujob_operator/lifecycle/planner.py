@@ -81,6 +81,10 @@ class Plan:
     status: dict[str, Any]
     create_service: dict[str, Any] | None = None
     create_pods: list[dict[str, Any]] = field(default_factory=list)
+    more_pods: int = 0
+    """Pods of the gang still missing beyond ``create_pods``: pods are built and created in
+    batches bounded in bytes (:func:`.converge.create_batch`), and a later pass builds the
+    next. The gang's dry run counts them too."""
     delete_pods: list[str] = field(default_factory=list)
     delete_job: bool = False
     events: list[Event] = field(default_factory=list)
@@ -240,6 +244,7 @@ def plan(
         status=pp.status(),
         create_service=pp.service,
         create_pods=pp.creates,
+        more_pods=pp.more_pods,
         delete_pods=pp.deletes,
         delete_job=pp.delete_job,
         events=pp.events,

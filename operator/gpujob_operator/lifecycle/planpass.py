@@ -144,6 +144,8 @@ class PlanningPass:
         self.events: list[Event] = []
         self.deletes: list[str] = []
         self.creates: list[dict[str, Any]] = []
+        self.more_pods = 0
+        """Missing pods beyond ``creates`` (a batch): a later pass builds them."""
         self.delete_job = False
         self.requeue: list[float] = []
         self.service: dict[str, Any] | None = None

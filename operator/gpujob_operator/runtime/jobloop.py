@@ -78,6 +78,12 @@ AUDIT_SECONDS = 600.0
 """How often the index of an active job is compared with a fresh listing anyway."""
 AUDIT_MIN_GAP_SECONDS = 60.0
 FENCED_RETRY_SECONDS = 2.0
+INDEX_WAIT_SECONDS: Final = 5.0
+"""How long a batch of creates waits for the index to hold it before the next is planned."""
+INDEX_POLL_SECONDS: Final = 0.05
+CREATE_CONCURRENCY: Final = 8
+"""Pod creates (or dry runs) of one job in flight at once: a 2,048-pod gang is created at
+the API server's pace, not one round trip at a time, while no job takes every worker."""
 """How soon a pass held back by the peering fence tries again (the guard looks every 2 s)."""
 RECHECK_SECONDS = 120.0
 """A loop that wrote nothing for this long GETs its job: a missed DELETED must end it."""
@@ -273,6 +279,11 @@ class JobLoop:
         refused = await self._create(ns, name, plan, record, job)
         if refused:
             self.wake.set()  # plan again at once, so that the status shows the refusal
+        elif plan.more_pods and plan.create_pods:
+            # The next batch is planned from the index: let it hold this one first, or the
+            # next pass would build and post these pods again (409s, each a full body).
+            created = {str(p["metadata"]["name"]) for p in plan.create_pods}
+            await self._until_indexed(created, INDEX_WAIT_SECONDS)
         for ev in plan.events:
             if not (refused and ev.reason == c.PODS_CREATING):  # nothing was created
                 self.post_event(job, ev.type, ev.reason, ev.message)
@@ -289,7 +300,7 @@ class JobLoop:
                 ns,
                 name,
                 plan.phase,
-                [] if refused else [p["metadata"]["name"] for p in plan.create_pods],
+                0 if refused else len(plan.create_pods),
                 plan.delete_pods,
                 [n for n, _, _ in plan.patch_pods],
                 [e.reason for e in plan.events],
@@ -400,15 +411,19 @@ class JobLoop:
                 target = f"{obj['kind']} {obj['apiVersion']} {obj['metadata']['name']}"
                 await self.kube.create_object(ns, obj)
             kind = "pod"
-            if await self._probe_gang(ns, pods):
+            if await self._probe_gang(ns, pods, len(pods) + plan.more_pods):
                 return True
             for call, dry_run in (("dry_run_pod", True), ("create_pod", False)):
                 self.call = call
-                for i, pod in enumerate(pods):
-                    if i and not dry_run:
+                # The first pod alone, then the rest CREATE_CONCURRENCY at a time: a crash
+                # between creates leaves the first, and a refusal stops the rest.
+                for i, group in enumerate((pods[:1], pods[1:])):
+                    if i and group and not dry_run:
                         fault_point(self.fault_at, BETWEEN_POD_CREATES)
-                    target = f"pod {pod['metadata']['name']}"
-                    await self.kube.create_pod(ns, pod, dry_run=dry_run)
+                    failed = await self._post_pods(ns, group, dry_run)
+                    if failed is not None:
+                        target = f"pod {failed[0]}"
+                        raise failed[1]
         except asyncio.CancelledError:
             raise
         except Exception as e:
@@ -421,14 +436,46 @@ class JobLoop:
             self.refused = None
         return False
 
-    async def _probe_gang(self, ns: str, pods: list[dict[str, Any]]) -> bool:
+    async def _until_indexed(self, names: set[str], timeout: float) -> bool:
+        """Wait (at most ``timeout`` seconds) until the pod index holds pods of ``names``."""
+        deadline = time.monotonic() + timeout
+        while not names <= {_name(p) for p in self.pods()}:
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(INDEX_POLL_SECONDS)
+        return True
+
+    async def _post_pods(
+        self, ns: str, pods: list[dict[str, Any]], dry_run: bool
+    ) -> tuple[str, Exception] | None:
+        """Create (or dry-run) ``pods``, at most CREATE_CONCURRENCY at once; the first
+        failure stops the rest and is returned with its pod's name."""
+        todo = iter(pods)
+        failed: list[tuple[str, Exception]] = []
+
+        async def worker() -> None:
+            for pod in todo:
+                if failed:
+                    return
+                try:
+                    await self.kube.create_pod(ns, pod, dry_run=dry_run)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:
+                    failed.append((str(pod["metadata"]["name"]), e))
+                    return
+
+        await asyncio.gather(*(worker() for _ in range(min(CREATE_CONCURRENCY, len(pods)))))
+        return failed[0] if failed else None
+
+    async def _probe_gang(self, ns: str, pods: list[dict[str, Any]], total: int = 0) -> bool:
         """Dry-run the gang's summed resources as one pod; True when that was refused.
 
         A permanent refusal of the probe (a LimitRange's per-pod maximum, say) or a webhook's
         denial (of a pod asking for the whole gang) says nothing about the real pods, whose
         own dry runs follow: it is ignored.
         """
-        probe = gangprobe.probe_pod(pods)
+        probe = gangprobe.probe_pod(pods, total)
         if probe is None:
             return False
         self.call = "dry_run_gang"

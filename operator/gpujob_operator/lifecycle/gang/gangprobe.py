@@ -69,15 +69,18 @@ def _sum(pods: Sequence[Mapping[str, Any]], place: Place) -> dict[str, str]:
     return {name: format_quantity(total(v)) for name, v in values.items()}
 
 
-def probe_pod(pods: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+def probe_pod(pods: Sequence[Mapping[str, Any]], total: int = 0) -> dict[str, Any] | None:
     """The first pod with each container's requests and limits (and the pod's own, and its
-    overhead) summed over ``pods``: it holds what the whole gang holds.
+    overhead) summed over ``pods``: it holds what the whole gang holds. ``total`` (more than
+    ``len(pods)``: the pods are a batch of the gang) counts the rest as copies of the last.
 
     None when there is nothing to add up (fewer than two pods, or no resources at all), when
     a quantity cannot be read (the pods' own dry runs will say why), or when the probe would
     not hold what the gang holds as the quota counts it (:mod:`.podholds`): pods of
     different shapes (a sidecar on some only) do not add up container by container.
     """
+    if total > len(pods) and pods:
+        pods = [*pods, *[pods[-1]] * (total - len(pods))]
     if len(pods) < 2:
         return None
     probe = copy.deepcopy(dict(pods[0]))

@@ -36,6 +36,18 @@ def test_probe_asks_for_the_whole_gang() -> None:
     assert pods[0]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "500m"
 
 
+def test_a_batch_of_the_gang_asks_for_the_whole_gang() -> None:
+    pods = gang(5, requests={"cpu": "500m"})
+    batch = gangprobe.probe_pod(pods[:2], total=5)
+    assert batch is not None and batch == gangprobe.probe_pod(pods)
+    assert batch["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "2500m"
+    one = gangprobe.probe_pod(pods[:1], total=5)  # the last batch may hold a single pod
+    assert (
+        one is not None
+        and one["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "10"
+    )
+
+
 def test_no_probe_for_one_pod_or_no_resources() -> None:
     assert gangprobe.probe_pod(gang(1)) is None
     pods = gang(2)

@@ -7,6 +7,7 @@ kubelet (phases, exit codes), so each test reads as the story of one job.
 from __future__ import annotations
 
 import copy
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -1142,3 +1143,44 @@ def test_a_stored_spec_the_model_refuses_fails_the_job_once_with_invalid_spec() 
     # The next pass changes nothing and posts no second Event.
     again = planner.plan({**job, "status": p.status}, [], T0, service_exists=False)
     assert again.status == p.status and not again.events
+
+
+# ---- wide gangs: pods built and created in batches ------------------------------------------
+
+
+def test_a_wide_gang_is_built_in_batches_bounded_in_bytes_until_every_pod_exists() -> None:
+    from gpujob_operator.lifecycle import converge
+
+    # About 400 KB of env per pod: a batch holds 16 MiB of pod JSON, never the whole gang.
+    env = [{"name": f"PAD_{i}", "value": "x" * 4000} for i in range(100)]
+    sim = Sim(make_job(nodes=300, gpusPerNode=8, env=env))
+    sizes, more = [], []
+    for _ in range(20):
+        p = sim.reconcile()
+        if not p.create_pods:
+            break
+        sizes.append(len(p.create_pods))
+        more.append(p.more_pods)
+        assert sum(len(json.dumps(b)) for b in p.create_pods) <= converge.CREATE_BATCH_BYTES
+        if p.more_pods:
+            assert p.requeue_after is not None and p.requeue_after <= converge.NEXT_BATCH_SECONDS
+    assert sum(sizes) == 300 and len(sim.pods) == 300 and max(sizes) < 50
+    assert more[0] == 300 - sizes[0] and more[-1] == 0
+    creating = [e.message for e in sim.events if e.reason == c.PODS_CREATING]
+    assert creating[0] == "creating 300 pods, bert-node-0 .. bert-node-299 (attempt 0)"
+    assert len(creating) == 2  # the first batch names the gang, the last what it adds
+
+
+def test_small_pods_are_created_in_batches_of_at_most_the_cap() -> None:
+    from gpujob_operator.lifecycle import converge
+
+    sim = Sim(make_job(nodes=200, gpusPerNode=8))
+    first = sim.reconcile()
+    assert len(first.create_pods) == converge.CREATE_BATCH_MAX and first.more_pods == 72
+    assert len(sim.reconcile().create_pods) == 72 and len(sim.pods) == 200
+    few = Sim(make_job(nodes=3))
+    p = few.reconcile()
+    assert len(p.create_pods) == 3 and p.more_pods == 0
+    assert [e.message for e in p.events if e.reason == c.PODS_CREATING] == [
+        "creating bert-node-0, bert-node-1, bert-node-2 (attempt 0)"
+    ]

@@ -161,3 +161,48 @@ def test_the_endpoint_guards_exist_before_any_pod_and_the_pods_read_the_token() 
         for p in kube.pods.values()
         for e in p["spec"]["containers"][0]["env"]
     )
+
+
+def test_a_batch_is_created_a_few_at_a_time_and_a_refusal_stops_the_rest() -> None:
+    """The first pod alone, then CREATE_CONCURRENCY in flight at most; a refused pod is the
+    one the refusal names, and the pods not yet sent stay unsent."""
+    from kubernetes.client.rest import ApiException
+
+    from tests.support.fakekube import FakeKube
+    from tests.unit.operator.lifecycle.test_planner import Sim, make_job
+
+    class Counting(FakeKube):
+        def __init__(self, refuse_at: str = "") -> None:
+            super().__init__(answer_after=0.001)
+            self.flight = self.most = 0
+            self.refuse_at = refuse_at
+
+        async def create_pod(
+            self, namespace: str, body: dict[str, Any], dry_run: bool = False
+        ) -> bool:
+            self.flight += 1
+            self.most = max(self.most, self.flight)
+            try:
+                await asyncio.sleep(0.001)
+                if not dry_run and body["metadata"]["name"] == self.refuse_at:
+                    raise ApiException(status=403, reason="Forbidden")
+                return await super().create_pod(namespace, body, dry_run)
+            finally:
+                self.flight -= 1
+
+    plan = Sim(make_job(nodes=40)).plan()
+    kube = Counting()
+    loop = JobLoop(kube=cast(Any, kube), post_event=lambda *a: None)
+    loop.body = Sim(make_job(nodes=40)).job
+    assert not asyncio.run(loop._create("ml", "bert", plan, None, loop.body))
+    assert len(kube.pods) == 40 and kube.most == jobloop.CREATE_CONCURRENCY
+    assert kube.calls.index("create bert-node-0") < min(
+        kube.calls.index(f"create bert-node-{i}") for i in range(1, 40)
+    )
+
+    refusing = Counting(refuse_at="bert-node-5")
+    loop = JobLoop(kube=cast(Any, refusing), post_event=lambda *a: None)
+    loop.body = Sim(make_job(nodes=40)).job
+    assert asyncio.run(loop._create("ml", "bert", plan, None, loop.body))
+    assert loop.refused is not None and "bert-node-5" in loop.refused.target
+    assert len(refusing.pods) < 40 - jobloop.CREATE_CONCURRENCY
