@@ -22,6 +22,7 @@ from typing import Any, Final
 
 from kubernetes.client.rest import ApiException
 
+from gpujob_operator.lifecycle.forecast import queueview
 from gpujob_operator.lifecycle.forecast.queuestatus import QueueUpdate, forecast_blocks, updates
 from gpujob_operator.lifecycle.forecast.queueview import World, split_waiting
 from gpujob_operator.lifecycle.gang import gang
@@ -34,6 +35,8 @@ READ_TIMEOUT: Final = (5.0, 30.0)
 """Connect and read timeouts of one list call: a slow API server delays a pass, never hangs it."""
 MIN_GAP_SECONDS: Final = 2.0
 """Passes woken by new jobs are at least this far apart (a burst of creates is one pass)."""
+PAGE: Final = 500
+"""Objects per page of the forecast's lists (one page decoded at a time)."""
 ACTIVE_POD_FIELDS: Final = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 
 
@@ -120,7 +123,9 @@ class Forecaster:
             try:
                 nodes = await self._core("list_node")
                 pods = await self._core(
-                    "list_pod_for_all_namespaces", field_selector=ACTIVE_POD_FIELDS
+                    "list_pod_for_all_namespaces",
+                    queueview.holder_projection,
+                    field_selector=ACTIVE_POD_FIELDS,
                 )
             except Exception as e:
                 nodes_error = _why("nodes and pods", e)
@@ -135,13 +140,33 @@ class Forecaster:
                 METRICS.observe_api_error("list_for_forecast", error_reason(e))
         return World(nodes, pods, cqs, lqs, wls, nodes_error, kueue_error)
 
-    async def _core(self, call: str, **kw: Any) -> list[Any]:
-        """A core list as plain camelCase dicts (the raw JSON: no model round trip)."""
+    async def _core(
+        self, call: str, project: Callable[[Any], Any] | None = None, **kw: Any
+    ) -> list[Any]:
+        """A core list as plain camelCase dicts (the raw JSON: no model round trip), read
+        page by page, each page decoded and (with ``project``) reduced to what the forecast
+        reads in a worker thread: a cluster of thousands of pods never sits whole in
+        memory, nor is decoded on the event loop."""
+        return await asyncio.to_thread(self._pages, call, project, kw)
+
+    def _pages(
+        self, call: str, project: Callable[[Any], Any] | None, kw: dict[str, Any]
+    ) -> list[Any]:
         fn = getattr(self.kube.core, call)
-        resp = await asyncio.to_thread(
-            fn, _preload_content=False, _request_timeout=READ_TIMEOUT, **kw
-        )
-        return list(json.loads(resp.data).get("items") or [])
+        out: list[Any] = []
+        token: str | None = None
+        while True:
+            more = {"_continue": token} if token else {}
+            resp = fn(
+                _preload_content=False, _request_timeout=READ_TIMEOUT, limit=PAGE, **more, **kw
+            )
+            page = json.loads(resp.data)
+            items = page.get("items") or []
+            out.extend(items if project is None else (project(i) for i in items))
+            token = (page.get("metadata") or {}).get("continue") or None
+            del page, items, resp
+            if not token:
+                return out
 
     async def _kueue(self, plural: str) -> list[Any]:
         got: Any = await asyncio.to_thread(

@@ -100,6 +100,33 @@ def _gpus(value: Any) -> int:
     return _whole_gpus(parse_quantity(value))
 
 
+def holder_projection(pod: Obj) -> dict[str, Any]:
+    """What :func:`node_view` reads of a pod that may hold GPUs: its names and controller,
+    its node and phase, and every resource the scheduler counts (containers, native
+    sidecars, pod-level, overhead). The forecast keeps this per listed pod, never the body."""
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    owners = [
+        {"uid": r.get("uid"), "controller": True}
+        for r in meta.get("ownerReferences") or ()
+        if isinstance(r, Mapping) and r.get("controller")
+    ]
+    out_spec: dict[str, Any] = {
+        k: spec[k] for k in ("nodeName", "resources", "overhead") if k in spec
+    }
+    for key in ("containers", "initContainers"):
+        out_spec[key] = [
+            {k: c[k] for k in ("name", "resources", "restartPolicy") if k in c}
+            for c in spec.get(key) or ()
+            if isinstance(c, Mapping)
+        ]
+    return {
+        "metadata": {k: meta[k] for k in ("name", "namespace") if k in meta}
+        | ({"ownerReferences": owners} if owners else {}),
+        "spec": out_spec,
+        "status": {"phase": (pod.get("status") or {}).get("phase")},
+    }
+
+
 def pod_gpus(pod: Obj) -> int:
     """GPUs a pod holds on its node, as the scheduler counts them
     (:mod:`~gpujob_operator.lifecycle.gang.podholds`: native sidecars included)."""

@@ -4,6 +4,7 @@ metrics that show it."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from gpujob_operator import api
 from gpujob_operator.api.display import render_display
 from gpujob_operator.lifecycle.forecast import queuestatus as qs
+from gpujob_operator.lifecycle.forecast import queueview
 from gpujob_operator.lifecycle.forecast.queueview import World, fits_node, kueue_view, node_view
 from gpujob_operator.observability.jobsample import JobSample
 
@@ -143,6 +145,30 @@ def test_a_native_sidecars_gpus_count_in_what_a_pod_holds() -> None:
     got = qs.forecast_blocks(NOW, [job("w", gpus=2)], world, "None")["ml/w"]
     # 1 GPU of 4 free: the 2-GPU job waits for the notebook (it fit "now, Exact" before)
     assert (got["confidence"], got["reason"]) == ("LowerBound", "no known end: pod ml/notebook")
+
+
+def test_the_forecast_reads_the_same_from_its_pod_projection() -> None:
+    """The forecast keeps holder_projection of each listed pod, never the body."""
+    jobs = [job("a", "Running", eta_at=NOW + 600), job("w", nodes=2), job("x", gpus=2)]
+    notebook = pod("notebook", "n2", gpus=1)
+    notebook["spec"]["initContainers"] = [
+        {"name": "viz", "restartPolicy": "Always", "resources": {"limits": {"nvidia.com/gpu": 1}}},
+    ]
+    notebook["spec"]["overhead"] = {"cpu": "100m"}
+    notebook["spec"]["containers"][0]["env"] = [{"name": "PAD", "value": "x" * 100_000}]
+    pods = [
+        pod("a-node-0", "n1", owner="a"),
+        pod("w-node-0", "n3", owner="w"),
+        notebook,
+        pod("done", "n2", phase="Succeeded"),
+        pod("unbound", "", gpus=4),
+    ]
+    nodes = [node("n1"), node("n2"), node("n3")]
+    small = [queueview.holder_projection(p) for p in pods]
+    assert node_view(NOW, jobs, nodes, small, "None") == node_view(NOW, jobs, nodes, pods, "None")
+    full = qs.forecast_blocks(NOW, jobs, World(nodes=nodes, pods=pods), "None")
+    assert qs.forecast_blocks(NOW, jobs, World(nodes=nodes, pods=small), "None") == full
+    assert len(json.dumps(small[2])) < 600
 
 
 def test_node_view_uses_the_pod_the_operator_would_build_for_placement() -> None:
