@@ -42,6 +42,11 @@ class NodeConfig:
         return [f"{self.prefix}-{i}" for i in range(self.count)]
 
 
+HOLLOW_CLIENT_QPS = 200
+"""The controller-manager's and scheduler's API rate with hollow nodes (thousands of nodes
+and pods: the defaults, 20 and 50 a second, are the bottleneck there)."""
+
+
 @dataclass
 class HollowConfig:
     """Hollow nodes beside the real ones (:mod:`gpujob_localcluster.hollow`): registered and
@@ -86,7 +91,11 @@ class LocalCluster:
         return self.folder / "agent" / "pods"
 
     def start(self, timeout: float = 180) -> LocalCluster:
-        self.cp = ControlPlane(self.folder, gang_scheduling=self.gang_scheduling).start(timeout)
+        self.cp = ControlPlane(
+            self.folder,
+            gang_scheduling=self.gang_scheduling,
+            client_qps=HOLLOW_CLIENT_QPS if self.hollow.count else 0,
+        ).start(timeout)
         try:
             if self.kueue:
                 from gpujob_localcluster.kueue import Kueue
