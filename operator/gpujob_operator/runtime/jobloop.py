@@ -82,8 +82,9 @@ INDEX_WAIT_SECONDS: Final = 5.0
 """How long a batch of creates waits for the index to hold it before the next is planned."""
 INDEX_POLL_SECONDS: Final = 0.05
 CREATE_CONCURRENCY: Final = 8
-"""Pod creates (or dry runs) of one job in flight at once: a 2,048-pod gang is created at
-the API server's pace, not one round trip at a time, while no job takes every worker."""
+"""Pod creates, dry runs or deletes of one job in flight at once: a 2,048-pod gang is made
+and restarted at the API server's pace, not one round trip at a time, while no job takes
+every worker."""
 """How soon a pass held back by the peering fence tries again (the guard looks every 2 s)."""
 RECHECK_SECONDS = 120.0
 """A loop that wrote nothing for this long GETs its job: a missed DELETED must end it."""
@@ -255,11 +256,13 @@ class JobLoop:
             if plan.delete_pods or plan.create_pods or plan.patch_pods:
                 fault_point(self.fault_at, AFTER_STATUS_WRITE)
         self.call = "delete_pod"
-        for i, pod in enumerate(plan.delete_pods):
-            if i:
+        # The first alone (a crash between deletes leaves the rest), then a few at a time.
+        for i, group in enumerate((plan.delete_pods[:1], plan.delete_pods[1:])):
+            if i and group:
                 fault_point(self.fault_at, BETWEEN_POD_DELETES)
-            if not await self.kube.delete_pod(ns, pod):
-                self.vanish({uid_of(p) for p in pods if _name(p) == pod}, "delete_404")
+            for pod, existed in await self._delete_pods(ns, group):
+                if not existed:
+                    self.vanish({uid_of(p) for p in pods if _name(p) == pod}, "delete_404")
         self.call = "patch_pod"
         for i, (pod_name, uid, pod_patch) in enumerate(plan.patch_pods):
             if i:
@@ -435,6 +438,30 @@ class JobLoop:
         if plan.create_pods or plan.ensure_objects:
             self.refused = None
         return False
+
+    async def _delete_pods(self, ns: str, names: list[str]) -> list[tuple[str, bool]]:
+        """Delete ``names``, at most CREATE_CONCURRENCY at once: (name, whether it existed)
+        for each; the first failure is raised once the deletes in flight are done."""
+        todo = iter(names)
+        done: list[tuple[str, bool]] = []
+        failed: list[Exception] = []
+
+        async def worker() -> None:
+            for name in todo:
+                if failed:
+                    return
+                try:
+                    done.append((name, await self.kube.delete_pod(ns, name)))
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:
+                    failed.append(e)
+                    return
+
+        await asyncio.gather(*(worker() for _ in range(min(CREATE_CONCURRENCY, len(names)))))
+        if failed:
+            raise failed[0]
+        return done
 
     async def _until_indexed(self, names: set[str], timeout: float) -> bool:
         """Wait (at most ``timeout`` seconds) until the pod index holds pods of ``names``."""

@@ -206,3 +206,37 @@ def test_a_batch_is_created_a_few_at_a_time_and_a_refusal_stops_the_rest() -> No
     assert asyncio.run(loop._create("ml", "bert", plan, None, loop.body))
     assert loop.refused is not None and "bert-node-5" in loop.refused.target
     assert len(refusing.pods) < 40 - jobloop.CREATE_CONCURRENCY
+
+
+def test_a_gangs_pods_are_deleted_a_few_at_a_time_each_404_reported() -> None:
+    from kubernetes.client.rest import ApiException
+
+    class Deleting:
+        def __init__(self, fail_at: str = "") -> None:
+            self.flight = self.most = 0
+            self.fail_at = fail_at
+            self.deleted: list[str] = []
+
+        async def delete_pod(self, namespace: str, name: str) -> bool:
+            self.flight += 1
+            self.most = max(self.most, self.flight)
+            try:
+                await asyncio.sleep(0.001)
+                if name == self.fail_at:
+                    raise ApiException(status=500, reason="boom")
+                self.deleted.append(name)
+                return name != "p-3"  # p-3 was already gone: a 404
+            finally:
+                self.flight -= 1
+
+    kube = Deleting()
+    loop = JobLoop(kube=cast(Any, kube), post_event=lambda *a: None)
+    names = [f"p-{i}" for i in range(30)]
+    got = dict(asyncio.run(loop._delete_pods("ml", names)))
+    assert set(got) == set(names) and not got["p-3"] and sum(got.values()) == 29
+    assert kube.most == jobloop.CREATE_CONCURRENCY
+    failing = Deleting(fail_at="p-4")
+    loop = JobLoop(kube=cast(Any, failing), post_event=lambda *a: None)
+    with pytest.raises(ApiException):
+        asyncio.run(loop._delete_pods("ml", names))
+    assert len(failing.deleted) < 30 - jobloop.CREATE_CONCURRENCY
