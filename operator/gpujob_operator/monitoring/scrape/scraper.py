@@ -55,6 +55,10 @@ words would reach the job's status, and on the host network it may be any node s
 INLINE_PARSE_BYTES: Final = 256 * 1024
 """Larger payloads are parsed off the event loop."""
 IDLE_SECONDS: Final = 60.0
+FETCH_SECONDS_PER_ROUND: Final = 0.25
+"""What :meth:`Scraper.fetch_all` adds to its deadline per round of its slots beyond the first."""
+FETCH_MAX_SECONDS: Final = 60.0
+"""The longest :meth:`Scraper.fetch_all` call, however many endpoints it asks."""
 """Kept-alive connections unused this long are closed (longer than a scrape interval)."""
 
 
@@ -150,13 +154,22 @@ class Scraper:
         """Scrape one endpoint within `timeout`; never raises (except cancellation)."""
         return await self._scrape(target, time.monotonic() + self.timeout, None)
 
+    def fetch_seconds(self, targets: int) -> float:
+        """How long :meth:`fetch_all` may take for ``targets`` endpoints: the timeout, and
+        FETCH_SECONDS_PER_ROUND more for each round of this call's share of the slots, up to
+        FETCH_MAX_SECONDS (each endpoint still gets at most the timeout)."""
+        rounds = -(-targets // max(1, min(self.per_call, self.concurrency)))
+        return min(FETCH_MAX_SECONDS, self.timeout + FETCH_SECONDS_PER_ROUND * max(0, rounds - 1))
+
     async def fetch_all(
         self, targets: Sequence[ScrapeTarget], max_bytes: int
     ) -> list[tuple[bytes | None, str | None, str]]:
         """Each target's raw body, or None with the error kind and message: the scrape's
         slots, timeout and pool, with its own byte cap (the hang evidence, which is not
-        exposition text)."""
-        deadline = time.monotonic() + self.timeout
+        exposition text). The call's deadline grows with the targets
+        (:meth:`fetch_seconds`): 16,384 ranks through 16 slots are many rounds, and a rank
+        never asked for want of a slot must not read as one that did not answer."""
+        deadline = time.monotonic() + self.fetch_seconds(len(targets))
         share = asyncio.Semaphore(self.per_call) if len(targets) > self.per_call else None
 
         async def one(target: ScrapeTarget, deadline: float) -> ScrapeResult:
@@ -204,7 +217,9 @@ class Scraper:
                     seconds=waited,
                 )
             begun = time.monotonic()
-            result = await (fetch or self._fetch)(target, deadline)
+            # An endpoint gets the timeout from when its slot came, within the call's deadline.
+            own = min(deadline, begun + self.timeout)
+            result = await (fetch or self._fetch)(target, own)
             result.seconds = time.monotonic() - begun
             return result
         finally:

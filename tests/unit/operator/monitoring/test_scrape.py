@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
@@ -400,6 +401,35 @@ def test_the_timeout_covers_the_wait_for_a_slot_and_one_call_cannot_take_them_al
             kinds = sorted(str(r.error) for r in results)
             assert kinds == ["no_slot"] * 6 + ["timeout"] * 2, kinds
             assert all("slot" in r.message for r in results if r.error == ErrorKind.NO_SLOT)
+        finally:
+            srv.close()
+
+    run(main)
+
+
+def test_evidence_from_many_ranks_gets_a_deadline_that_grows_with_them() -> None:
+    """The hang evidence of a wide job takes many rounds of the call's share of the slots;
+    a rank not yet asked when a fixed deadline passed read as one that did not answer."""
+
+    async def slow(writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(0.05)
+        writer.write(ok(b"{}"))
+        await writer.drain()
+
+    async def main() -> None:
+        srv, base = await raw_server({b"/slow": slow, b"/hang": hang})
+        try:
+            async with Scraper(concurrency=4, per_call=2, timeout=0.3) as scraper:
+                # 40 endpoints, 2 at a time, 50 ms each: 1 s, over three timeouts.
+                many = [ScrapeTarget(f"{base}/slow", f"r-{i}") for i in range(40)]
+                assert scraper.fetch_seconds(40) == pytest.approx(0.3 + 0.25 * 19)
+                got = await scraper.fetch_all(many, 1024)
+                assert [b for b, _, _ in got] == [b"{}"] * 40, {k for _, k, _ in got}
+                # A rank that never answers still costs only the timeout, not the deadline.
+                t0 = time.monotonic()
+                (dead,) = await scraper.fetch_all([ScrapeTarget(f"{base}/hang", "d")], 1024)
+                assert dead[1] == "timeout" and time.monotonic() - t0 < 3.0
+            assert Scraper(timeout=5.0, per_call=16).fetch_seconds(16_384) == 60.0
         finally:
             srv.close()
 
