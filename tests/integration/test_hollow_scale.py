@@ -9,14 +9,13 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from gpujob_localcluster.cluster import HollowConfig, LocalCluster, NodeConfig
 from gpujob_localcluster.hollow.faults import RankFault
-from gpujob_localcluster.hollow.kubelet import ENV_STEP_SECONDS, TOLERATION
 from tests.integration.conftest import fresh_namespace, job_status, own_cluster
+from tests.support.jobs import hollow_job
 from tests.support.kube import Kube
 from tests.support.operator import OperatorProcess
 from tests.support.waiting import wait_until
@@ -43,28 +42,6 @@ def hkube(hollow_cluster: LocalCluster) -> Iterator[Kube]:
         yield k
 
 
-def wide_job(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "gpujob.dev/v1alpha1",
-        "kind": "GPUTrainingJob",
-        "metadata": {"name": name},
-        "spec": {
-            "image": "gpujob-trainer:0.1.0",
-            "command": ["python", "-m", "gpujob_trainer.example"],
-            "nodes": PODS,
-            "gpusPerNode": RANKS,
-            "training": {"totalSteps": 1_000_000},
-            "env": [{"name": ENV_STEP_SECONDS, "value": "1"}],
-            "template": {
-                "tolerations": [TOLERATION],
-                "nodeSelector": {"gpujob.dev/hollow-node": "true"},
-            },
-            "monitoring": {"scrapeIntervalSeconds": 5, "stallTimeoutSeconds": 10},
-            "runPolicy": {"backoffLimit": 3},
-        },
-    }
-
-
 def running(kube: Kube, name: str, attempt: int) -> int:
     """Pods of ``attempt`` the API server shows Running with an address."""
     pods = kube.list("pods", f"gpujob.dev/job-name={name},gpujob.dev/attempt={attempt}")
@@ -82,7 +59,7 @@ def test_a_1024_rank_job_is_created_restarted_and_its_stalled_rank_named(
     try:
         name = "wide"
         began = time.monotonic()
-        hkube.apply(wide_job(name))
+        hkube.apply(hollow_job(name, PODS, RANKS))
         wait_until(
             lambda: running(hkube, name, 0) == PODS, 90, f"{PODS} pods Running", interval=1.0
         )

@@ -126,3 +126,24 @@ def _manifest(
         "metadata": metadata,
         "spec": body,
     }
+
+
+def hollow_job(name: str, pods: int, ranks: int, pad_kb: int = 0, **spec: Any) -> dict[str, Any]:
+    """``pods`` x ``ranks`` on hollow nodes (it tolerates their taint and selects them), a
+    step a second, ``pad_kb`` KB of env per pod (a wide template); ``spec`` keys merged."""
+    from gpujob_localcluster.hollow.kubelet import ENV_STEP_SECONDS, ROLE_LABEL, TOLERATION
+
+    env = [{"name": ENV_STEP_SECONDS, "value": "1"}]
+    env += [{"name": f"PAD_{i}", "value": "x" * 4000} for i in range(pad_kb // 4)]
+    body: dict[str, Any] = {
+        "image": "gpujob-trainer:0.1.0",
+        "command": ["python", "-m", "gpujob_trainer.example"],
+        "nodes": pods,
+        "gpusPerNode": ranks,
+        "training": {"totalSteps": 10_000_000},
+        "env": env,
+        "template": {"tolerations": [TOLERATION], "nodeSelector": {ROLE_LABEL: "true"}},
+        "monitoring": {"scrapeIntervalSeconds": 5, "stallTimeoutSeconds": 10},
+        "runPolicy": {"backoffLimit": 3},
+    }
+    return _manifest(name, body, spec, None)

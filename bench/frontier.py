@@ -1,0 +1,382 @@
+"""Frontier scale on hollow nodes: one wide job beside many small ones, the operator measured.
+
+    python bench/frontier.py [--big-pods 2048] [--ranks 8] [--template-kb 400]
+                             [--small-jobs 1000] [--gpus-per-node 8] [--dir DIR]
+
+A fresh local control plane (real etcd, API server, scheduler, controller-manager) with hollow
+nodes (``gpujob_localcluster.hollow``: pods reported Running without a container, every
+rank's /metrics and evidence served by light processes from recorded payloads) and the
+operator as a host process watching two namespaces. The small jobs (1 pod x ``--ranks``
+each) are applied first and left to run; then the wide job (``--big-pods`` x ``--ranks``, a
+pod template of ``--template-kb`` of env). Measured, in order:
+
+- create / running: apply -> every pod of the wide job exists -> every one Running; beside
+  it the API server's own pod-create rate over the same window (its /metrics);
+- scrape: over a steady minute, the operator's scrapes per second against the rate every
+  rank at its interval asks for (round_s: how long one round over every rank takes at that
+  rate), and the operator's CPU (cores) in that minute;
+- prometheus: a real Prometheus scraping the same rank endpoints at the same interval, its
+  CPU (cores) over the same length of time;
+- restart: one rank fails -> every pod of the next attempt Running -> the job's last step
+  newer than that (stepping again);
+- stall: one rank hangs -> Stalled -> the culprit named in status.hangEvidence;
+- the operator's peak RSS (VmHWM) and longest event-loop lag (the loop-lag histogram's
+  bucket) over the whole run.
+
+Figures only; the last line is every figure as key=value. Targets (issue 40, at 2,048 x 8
+beside 1,000 x 8): RSS <= 300 MiB, loop lag <= 0.1 s, created <= 60 s, named <= 60 s after
+Stalled, round <= 5 s at <= 1 core and <= 0.5x Prometheus's CPU, restart <= 90 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kubernetes import config
+from tests.integration.conftest import install_crd
+from tests.support.jobs import hollow_job
+from tests.support.kube import Kube
+from tests.support.operator import OperatorProcess
+from tests.support.waiting import wait_until
+
+from gpujob_localcluster.cluster import HollowConfig, LocalCluster, NodeConfig
+from gpujob_localcluster.hollow.faults import RankFault
+from gpujob_localcluster.ports import free_port
+
+BIG_NS, SMALL_NS = "frontier-big", "frontier-small"
+INTERVAL = 5
+
+
+def job(name: str, pods: int, ranks: int, template_kb: int = 0) -> dict[str, Any]:
+    return hollow_job(
+        name,
+        pods,
+        ranks,
+        template_kb,
+        monitoring={"scrapeIntervalSeconds": INTERVAL, "stallTimeoutSeconds": 15},
+        runPolicy={"backoffLimit": 5, "restartStrategy": "Recreate"},
+    )
+
+
+class Pods:
+    """Pod phases by server-side table (names and STATUS only, never the 400 KB bodies)."""
+
+    def __init__(self, kubeconfig: Path) -> None:
+        self.api = config.new_client_from_config(config_file=str(kubeconfig))
+
+    def get(self, path: str, query: list[tuple[str, str]], accept: str) -> bytes:
+        args = self.api.param_serialize(
+            "GET", path, query_params=query, header_params={"Accept": accept},
+            auth_settings=["BearerToken"],
+        )  # fmt: skip
+        resp = self.api.call_api(*args)
+        resp.read()
+        return bytes(resp.data)
+
+    def phases(self, ns: str, selector: str) -> dict[str, str]:
+        table = json.loads(
+            self.get(
+                f"/api/v1/namespaces/{ns}/pods",
+                [("labelSelector", selector), ("includeObject", "None")],
+                "application/json;as=Table;v=v1;g=meta.k8s.io",
+            )
+        )
+        cols = [c["name"] for c in table["columnDefinitions"]]
+        name, status = cols.index("Name"), cols.index("Status")
+        return {r["cells"][name]: r["cells"][status] for r in table.get("rows") or ()}
+
+    def ips(self, ns: str) -> list[str]:
+        table = json.loads(
+            self.get(
+                f"/api/v1/namespaces/{ns}/pods",
+                [("includeObject", "None")],
+                "application/json;as=Table;v=v1;g=meta.k8s.io",
+            )
+        )
+        col = [c["name"] for c in table["columnDefinitions"]].index("IP")
+        return [r["cells"][col] for r in table.get("rows") or () if r["cells"][col] != "<none>"]
+
+    def counter(self, metric: str, labels: dict[str, str]) -> float:
+        """Sum of an API server counter's series that carry ``labels``."""
+        text = self.get("/metrics", [], "text/plain").decode()
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(metric + "{") and all(
+                f'{k}="{v}"' in line for k, v in labels.items()
+            ):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+def op_metrics(op: OperatorProcess) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{op.metrics_port}/metrics", timeout=30) as r:
+        return str(r.read().decode())
+
+
+def op_value(text: str, name: str, labels: str = "") -> float:
+    for line in text.splitlines():
+        if line.startswith(name + (labels or "")) and (labels or line[len(name)] in " {"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def loop_lag_bucket(text: str) -> str:
+    """The upper bound of the highest loop-lag bucket that holds an observation."""
+    name = "gpujob_operator_event_loop_lag_seconds_bucket"
+    rows = re.findall(rf'{name}{{le="([^"]+)"}} (\S+)', text)
+    prev, top = 0.0, "0"
+    for le, count in rows:
+        if float(count) > prev:
+            top = le
+        prev = float(count)
+    return top
+
+
+def status(kube: Kube, name: str) -> dict[str, Any]:
+    return dict((kube.get("gputrainingjob", name) or {}).get("status") or {})
+
+
+def rss_mib(pid: int, field: str) -> float:
+    """A process's VmRSS or VmHWM (its peak) in MiB."""
+    text = Path(f"/proc/{pid}/status").read_text()
+    return round(int(text.split(f"{field}:")[1].split()[0]) / 1024, 1)
+
+
+def proc_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rank_endpoints(pods: Pods, ns: str, ranks: int) -> list[str]:
+    """Every rank's address, from the pods' table (never their bodies)."""
+    return [f"{ip}:{9400 + r}" for ip in pods.ips(ns) for r in range(ranks)]
+
+
+def prometheus_cpu(targets: list[str], seconds: float) -> dict[str, float] | str:
+    binary = shutil.which("prometheus") or "/usr/bin/prometheus"
+    if not Path(binary).exists():
+        return "prometheus not installed"
+    tmp = Path(tempfile.mkdtemp(prefix="frontier-prom-"))
+    (tmp / "targets.json").write_text(json.dumps([{"targets": targets}]))
+    (tmp / "prometheus.yml").write_text(
+        f"global: {{scrape_interval: {INTERVAL}s, scrape_timeout: {INTERVAL}s}}\n"
+        "scrape_configs:\n- job_name: ranks\n  file_sd_configs:\n"
+        f"  - files: ['{tmp / 'targets.json'}']\n"
+    )
+    web = free_port()
+    log = open(tmp / "prometheus.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [binary, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
+         f"--web.listen-address=127.0.0.1:{web}", "--log.level=warn"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        time.sleep(2 * INTERVAL)  # its first scrapes are spread over an interval: let them pass
+        c0, t0 = proc_cpu(proc.pid), time.monotonic()
+        time.sleep(seconds)  # the measurement period itself
+        c1, t1 = proc_cpu(proc.pid), time.monotonic()
+        q = f"http://127.0.0.1:{web}/api/v1/query?query=count(up%3D%3D1)"
+        with urllib.request.urlopen(q, timeout=30) as r:
+            up = json.loads(r.read())["data"]["result"]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+        log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"cores": (c1 - c0) / (t1 - t0), "up": float(up[0]["value"][1]) if up else 0.0}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--big-pods", type=int, default=2048)
+    p.add_argument("--ranks", type=int, default=8)
+    p.add_argument("--template-kb", type=int, default=400)
+    p.add_argument("--small-jobs", type=int, default=1000)
+    p.add_argument("--gpus-per-node", type=int, default=8, help="per hollow node")
+    p.add_argument("--endpoint-processes", type=int, default=4)
+    p.add_argument("--steady-seconds", type=float, default=60)
+    p.add_argument("--dir", default="")
+    p.add_argument(
+        "--operator-env", action="append", default=[], metavar="NAME=VALUE",
+        help="extra environment of the operator process (repeatable)",
+    )  # fmt: skip
+    a = p.parse_args()
+    per_node = max(1, a.gpus_per_node // a.ranks)
+    nodes = -(-(a.big_pods + a.small_jobs) // per_node) + 2
+    folder = Path(a.dir or tempfile.mkdtemp(prefix="gpujob-frontier-"))
+    fig: dict[str, Any] = {"big_pods": a.big_pods, "ranks": a.ranks, "small_jobs": a.small_jobs,
+                           "template_kb": a.template_kb, "hollow_nodes": nodes}  # fmt: skip
+    t = time.monotonic()
+    lc = LocalCluster(
+        folder,
+        NodeConfig(count=1),
+        hollow=HollowConfig(
+            count=nodes,
+            gpus=a.gpus_per_node,
+            endpoint_processes=a.endpoint_processes,
+            lease_seconds=15.0,
+        ),
+    )
+    lc.start(timeout=900)
+    print(f"# cluster with {nodes} hollow nodes up in {time.monotonic() - t:.0f}s ({folder})")
+    op: OperatorProcess | None = None
+    try:
+        install_crd(lc)
+        big, small = Kube(lc, BIG_NS, lc.kubeconfig), Kube(lc, SMALL_NS, lc.kubeconfig)
+        for k in (big, small):
+            k.run("create", "namespace", k.namespace, ns=False, check=True)
+        pods = Pods(lc.kubeconfig)
+        extra = dict(kv.split("=", 1) for kv in a.operator_env)
+        op = OperatorProcess(
+            lc.kubeconfig, [BIG_NS, SMALL_NS], folder / "operator.log", extra_env=extra
+        )
+        op.start(timeout=120)
+        # The small jobs first, applied in chunks, and left to run.
+        t = time.monotonic()
+        for start in range(0, a.small_jobs, 100):
+            docs = [
+                job(f"s{i:04d}", 1, a.ranks) for i in range(start, min(a.small_jobs, start + 100))
+            ]
+            small.run(
+                "apply", "-f", "-", input="\n---\n".join(json.dumps(d) for d in docs), check=True
+            )
+        wait_until(
+            lambda: sum(v == "Running" for v in pods.phases(SMALL_NS, "gpujob.dev/job-name").values()) >= a.small_jobs,
+            1800, "every small job's pod Running", interval=2.0,
+        )  # fmt: skip
+        fig["small_running_s"] = round(time.monotonic() - t, 1)
+        print(f"# {a.small_jobs} small jobs Running in {fig['small_running_s']}s")
+        # The wide job.
+        creates0 = pods.counter(
+            "apiserver_request_total", {"verb": "POST", "resource": "pods", "code": "201"}
+        )
+        t0 = time.monotonic()
+        # create, not apply: apply would keep the whole 400 KB spec in an annotation (256 KB max)
+        wide = json.dumps(job("wide", a.big_pods, a.ranks, a.template_kb))
+        big.run("create", "-f", "-", input=wide, check=True)
+        sel = "gpujob.dev/job-name=wide"
+        wait_until(
+            lambda: len(pods.phases(BIG_NS, sel)) >= a.big_pods,
+            1800,
+            "all wide pods created",
+            interval=1.0,
+        )
+        fig["create_s"] = round(time.monotonic() - t0, 1)
+        creates1 = pods.counter(
+            "apiserver_request_total", {"verb": "POST", "resource": "pods", "code": "201"}
+        )
+        fig["apiserver_pod_creates_per_s"] = round(
+            (creates1 - creates0) / max(fig["create_s"], 0.1), 1
+        )
+        wait_until(
+            lambda: sum(v == "Running" for v in pods.phases(BIG_NS, sel).values()) >= a.big_pods,
+            1800, "all wide pods Running", interval=1.0,
+        )  # fmt: skip
+        fig["running_s"] = round(time.monotonic() - t0, 1)
+        assert op.proc is not None
+        fig["operator_rss_after_create_mib"] = rss_mib(op.proc.pid, "VmRSS")
+        fig["operator_peak_rss_after_create_mib"] = rss_mib(op.proc.pid, "VmHWM")
+        print(f"# wide job: created {fig['create_s']}s, Running {fig['running_s']}s")
+        # Steady state: the operator's scrape rate and CPU over a minute.
+        wait_until(
+            lambda: (status(big, "wide").get("progress") or {}).get("step"),
+            300,
+            "wide job progress",
+            interval=2.0,
+        )
+        assert op.proc is not None
+        m0, c0, t1 = op_metrics(op), proc_cpu(op.proc.pid), time.monotonic()
+        time.sleep(a.steady_seconds)  # the measurement period itself
+        m1, c1, t2 = op_metrics(op), proc_cpu(op.proc.pid), time.monotonic()
+        total_ranks = (a.big_pods + a.small_jobs) * a.ranks
+        scrapes = sum(
+            op_value(m1, "gpujob_operator_scrapes_total", f'{{result="{r}"}}')
+            - op_value(m0, "gpujob_operator_scrapes_total", f'{{result="{r}"}}')
+            for r in ("ok", "error")
+        )
+        rate = scrapes / (t2 - t1)
+        fig["scrapes_per_s"] = round(rate, 1)
+        fig["scrapes_per_s_asked"] = round(total_ranks / INTERVAL, 1)
+        fig["scrape_round_s"] = round(total_ranks / rate, 1) if rate else "inf"
+        fig["operator_cores"] = round((c1 - c0) / (t2 - t1), 2)
+        print(
+            f"# steady: {fig['scrapes_per_s']} scrapes/s of {fig['scrapes_per_s_asked']} asked, operator {fig['operator_cores']} cores"
+        )
+        targets = rank_endpoints(pods, BIG_NS, a.ranks) + rank_endpoints(pods, SMALL_NS, a.ranks)
+        prom = prometheus_cpu(targets, a.steady_seconds)
+        if isinstance(prom, dict):
+            fig["prometheus_cores"] = round(prom["cores"], 2)
+            fig["prometheus_targets_up"] = int(prom["up"])
+            fig["operator_vs_prometheus_cpu"] = round(
+                fig["operator_cores"] / max(prom["cores"], 1e-6), 2
+            )
+        else:
+            fig["prometheus_cores"] = prom
+        # Restart: a rank of the wide job fails.
+        culprit = a.big_pods * a.ranks - 3
+        t3 = time.monotonic()
+        lc.hollow_faults([RankFault(BIG_NS, "wide", culprit, "fail")])
+        sel1 = "gpujob.dev/job-name=wide,gpujob.dev/attempt=1"
+        wait_until(
+            lambda: sum(v == "Running" for v in pods.phases(BIG_NS, sel1).values()) >= a.big_pods,
+            1800, "attempt 1 Running", interval=1.0,
+        )  # fmt: skip
+        fig["restart_running_s"] = round(time.monotonic() - t3, 1)
+        since = time.time()
+        wait_until(
+            lambda: (s := (status(big, "wide").get("progress") or {}).get("lastStepTime")) and time.mktime(time.strptime(s, "%Y-%m-%dT%H:%M:%SZ")) - time.timezone >= since,
+            600, "stepping again", interval=1.0,
+        )  # fmt: skip
+        fig["restart_stepping_s"] = round(time.monotonic() - t3, 1)
+        print(
+            f"# restart: Running {fig['restart_running_s']}s, stepping {fig['restart_stepping_s']}s"
+        )
+        # Stall: a rank of attempt 1 hangs in its loader.
+        stalled_rank = a.big_pods * a.ranks // 2 + 5
+        t4 = time.monotonic()
+        lc.hollow_faults([RankFault(BIG_NS, "wide", stalled_rank, "stall", "1")])
+
+        def stalled() -> bool:
+            conds = status(big, "wide").get("conditions") or []
+            return any(c["type"] == "Stalled" and c["status"] == "True" for c in conds)
+
+        wait_until(stalled, 600, "Stalled", interval=1.0)
+        t5 = time.monotonic()
+        ev = wait_until(
+            lambda: status(big, "wide").get("hangEvidence"), 900, "hang evidence", interval=1.0
+        )
+        fig["stalled_s"] = round(t5 - t4, 1)
+        fig["named_after_stalled_s"] = round(time.monotonic() - t5, 1)
+        fig["culprit_named"] = ev.get("culprits") == [stalled_rank]
+        print(
+            f"# stall: Stalled {fig['stalled_s']}s, named {fig['named_after_stalled_s']}s later: {ev.get('summary', '')[:160]}"
+        )
+        end = op_metrics(op)
+        fig["loop_lag_max_le_s"] = loop_lag_bucket(end)
+        fig["operator_peak_rss_mib"] = rss_mib(op.proc.pid, "VmHWM")
+    finally:
+        if op is not None:
+            op.stop()
+        lc.stop()
+    print(" ".join(f"{k}={v}" for k, v in fig.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
