@@ -78,6 +78,7 @@ AUDIT_SECONDS = 600.0
 """How often the index of an active job is compared with a fresh listing anyway."""
 AUDIT_MIN_GAP_SECONDS = 60.0
 FENCED_RETRY_SECONDS = 2.0
+"""How soon a pass held back by the peering fence tries again (the guard looks every 2 s)."""
 INDEX_WAIT_SECONDS: Final = 5.0
 """How long a batch of creates waits for the index to hold it before the next is planned."""
 INDEX_POLL_SECONDS: Final = 0.05
@@ -85,7 +86,6 @@ CREATE_CONCURRENCY: Final = 8
 """Pod creates, dry runs or deletes of one job in flight at once: a 2,048-pod gang is made
 and restarted at the API server's pace, not one round trip at a time, while no job takes
 every worker."""
-"""How soon a pass held back by the peering fence tries again (the guard looks every 2 s)."""
 RECHECK_SECONDS = 120.0
 """A loop that wrote nothing for this long GETs its job: a missed DELETED must end it."""
 
@@ -115,6 +115,9 @@ class JobLoop:
     reconciles: int = 0
     refused: refusals.Refused | None = None
     """The latest refused create of this job's gang or Service (None after a success)."""
+    batch_refused: refusals.Refused | None = None
+    """The last refusal while a gang wider than one batch is being created: a later batch's
+    refusal continues its tries (cleared once the whole gang was created)."""
     tried: bool = False
     """Whether this loop has tried a create: until then the planner resumes the backoff in
     ``operatorState.createBackoff`` (an operator restart), after it ``refused`` is the whole
@@ -247,7 +250,7 @@ class JobLoop:
         )
         self.reconciles += 1
         if plan.phase in (c.PHASE_SUCCEEDED, c.PHASE_FAILED, c.PHASE_SUSPENDED):
-            self.refused = None  # nothing is created any more; a resume starts afresh
+            self.refused = self.batch_refused = None  # nothing is created any more
         old_status = {k: v for k, v in (job.get("status") or {}).items() if k != "kopf"}
         patch = minimal_patch(old_status, plan.status)
         self.call = "patch_status"
@@ -436,6 +439,10 @@ class JobLoop:
             self._refuse(target, refusal)
             return True
         if plan.create_pods or plan.ensure_objects:
+            # A batch of a wider gang went through: planning goes on, but a later batch's
+            # refusal continues the backoff of the one before (a gang refused half way
+            # must not retry at the shortest delay for ever).
+            self.batch_refused = (self.refused or self.batch_refused) if plan.more_pods else None
             self.refused = None
         return False
 
@@ -517,14 +524,14 @@ class JobLoop:
             if refusal.permanent or refusal.bounded:
                 log.debug("gang probe of %s refused (%s), ignored", self.key, refusal.message)
                 return False
-            self._refuse(f"the gang's {len(pods)} pods", refusal)
+            self._refuse(f"the gang's {max(total, len(pods))} pods", refusal)
             return True
         return False
 
     def _refuse(self, target: str, refusal: refusals.Refusal) -> None:
         """Remember a refused create for the planner, with the retry time of its backoff."""
         now = datetime.now(UTC)
-        prev = self.refused
+        prev = self.refused or self.batch_refused
         tries = (prev.tries if prev is not None else 0) + 1
         delay = self.retry.delay(tries, random.random(), refusal.retry_after)
         self.refused = refusals.next_refused(prev, target, refusal, now, delay)

@@ -55,11 +55,11 @@ words would reach the job's status, and on the host network it may be any node s
 INLINE_PARSE_BYTES: Final = 256 * 1024
 """Larger payloads are parsed off the event loop."""
 IDLE_SECONDS: Final = 60.0
+"""Kept-alive connections unused this long are closed (longer than a scrape interval)."""
 FETCH_SECONDS_PER_ROUND: Final = 0.25
 """What :meth:`Scraper.fetch_all` adds to its deadline per round of its slots beyond the first."""
 FETCH_MAX_SECONDS: Final = 60.0
 """The longest :meth:`Scraper.fetch_all` call, however many endpoints it asks."""
-"""Kept-alive connections unused this long are closed (longer than a scrape interval)."""
 
 
 def _default_idle_limit(concurrency: int) -> int:

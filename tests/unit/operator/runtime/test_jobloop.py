@@ -240,3 +240,34 @@ def test_a_gangs_pods_are_deleted_a_few_at_a_time_each_404_reported() -> None:
     with pytest.raises(ApiException):
         asyncio.run(loop._delete_pods("ml", names))
     assert len(failing.deleted) < 30 - jobloop.CREATE_CONCURRENCY
+
+
+def test_a_gang_refused_half_way_keeps_backing_off_across_its_batches() -> None:
+    """Batch 1 of a wide gang is created, a later one refused, the gang released and tried
+    again: each refusal continues the tries of the one before, never the shortest delay."""
+    from kubernetes.client.rest import ApiException
+
+    from tests.support.fakekube import FakeKube
+    from tests.unit.operator.lifecycle.test_planner import Sim, make_job
+
+    sim = Sim(make_job(nodes=200))
+    plan = sim.plan()
+    assert plan.more_pods > 0
+    quota = ApiException(status=403, reason="Forbidden")
+    quota.body = '{"reason":"Forbidden","message":"exceeded quota: q, requested: pods=1"}'
+    kube = FakeKube()
+    loop = JobLoop(kube=cast(Any, kube), post_event=lambda *a: None)
+    loop.body = sim.job
+    tries = []
+    for refuse in (True, False, True, False, True):
+        kube.refuse = {"create_pod": quota} if refuse else {}
+        kube.pods.clear()
+        assert asyncio.run(loop._create("ml", "bert", plan, None, sim.job)) is refuse
+        if refuse:
+            assert loop.refused is not None
+            tries.append(loop.refused.tries)
+    assert tries == [1, 2, 3]
+    whole = Sim(make_job(nodes=2)).plan()  # a gang created whole starts afresh
+    kube.refuse = {}
+    assert not asyncio.run(loop._create("ml", "bert", whole, None, sim.job))
+    assert loop.refused is None and loop.batch_refused is None
