@@ -194,20 +194,29 @@ def build() -> dict[str, Any]:
                     "Operator process CPU usage (cores).",
                     [t(f"rate(process_cpu_seconds_total{{{OP}}}[{RATE}])", "{{instance}}")],
                     unit="short",
-                    w=8,
+                    w=6,
                 ),
                 Panel(
                     "Memory",
                     "Resident memory of the operator process.",
                     [t(f"process_resident_memory_bytes{{{OP}}}", "{{instance}}")],
                     unit="bytes",
-                    w=8,
+                    w=6,
+                ),
+                Panel(
+                    "Event-loop lag",
+                    "How late the operator's event loop wakes a 100 ms timer (p50, p99): "
+                    "every job's handling waits behind whatever holds the loop. Seconds "
+                    "here mean the operator is overloaded (see the README's Scale).",
+                    quantiles(opfamilies.LOOP_LAG.name),
+                    unit="s",
+                    w=6,
                 ),
                 Panel(
                     "Open file descriptors",
                     "Sockets and files the operator holds open.",
                     [t(f"process_open_fds{{{OP}}}", "{{instance}}")],
-                    w=8,
+                    w=6,
                 ),
             ],
         ),
