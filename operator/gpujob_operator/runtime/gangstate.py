@@ -3,7 +3,8 @@
 Native gangs: the served ``scheduling.k8s.io`` version (API discovery, cached for the
 process) and, while the gang is not running, its PodGroup (the scheduler's reason). Kueue:
 the job's Workload, the ResourceFlavors its admission names and, before Kueue made a
-Workload, the job's WorkloadPriorityClass. A 403 or 404 becomes the observation's error
+Workload, the job's WorkloadPriorityClass (those two cluster-scoped kinds are cached for
+every job for 30 s). A 403 or 404 becomes the observation's error
 (the planner shows it, and keeps any pods the gang has) instead of failing the pass; a
 Workload that is not there (``get_object`` answers None) is gone, which the planner counts
 like an eviction while the gang has pods.
@@ -11,6 +12,7 @@ like an eviction while the gang has pods.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -73,7 +75,7 @@ async def _observe(
         flavors: dict[str, Mapping[str, Any]] = {}
         for flavor in sorted(set(gang.kueue_state(workload).flavors.values())):
             fref = gang.ObjectRef(gang.KUEUE_GROUP, gang.KUEUE_VERSION, "resourceflavors", flavor)
-            found = await kube.get_cluster_object(fref)
+            found = await cluster_object(kube, fref)
             if found is not None:
                 flavors[flavor] = found
         priority = None
@@ -82,12 +84,36 @@ async def _observe(
             pref = gang.ObjectRef(
                 gang.KUEUE_GROUP, gang.KUEUE_VERSION, "workloadpriorityclasses", pclass
             )
-            wpc = await kube.get_cluster_object(pref)
+            wpc = await cluster_object(kube, pref)
             priority = int(wpc["value"]) if wpc and "value" in wpc else None
         return observations.GangObservation(
             default_gang, kueue_workload=workload, flavors=flavors, kueue_priority=priority
         )
     return observations.GangObservation(default_gang)
+
+
+CLUSTER_OBJECT_SECONDS = 30.0
+"""How long a ResourceFlavor or WorkloadPriorityClass read for one job serves every job."""
+CLUSTER_OBJECTS_KEPT = 256
+_CLUSTER_OBJECTS: dict[tuple[str, str], tuple[Mapping[str, Any], float]] = {}
+
+
+async def cluster_object(kube: Kube, ref: gang.ObjectRef) -> Mapping[str, Any] | None:
+    """A Kueue cluster-scoped object (ResourceFlavor, WorkloadPriorityClass), read at most
+    once per :data:`CLUSTER_OBJECT_SECONDS` for all jobs: a thousand Kueue jobs' passes
+    used to GET the same flavors each time. One not found is asked again next time."""
+    key, now = (ref.plural, ref.name), time.monotonic()
+    hit = _CLUSTER_OBJECTS.get(key)
+    if hit is not None and now - hit[1] < CLUSTER_OBJECT_SECONDS:
+        return copy.deepcopy(dict(hit[0]))  # a copy each: no job can change another's
+    found = await kube.get_cluster_object(ref)
+    if found is None:
+        _CLUSTER_OBJECTS.pop(key, None)
+        return None
+    if len(_CLUSTER_OBJECTS) >= CLUSTER_OBJECTS_KEPT:
+        _CLUSTER_OBJECTS.clear()
+    _CLUSTER_OBJECTS[key] = (copy.deepcopy(dict(found)), now)
+    return found
 
 
 _SERVED: dict[str, tuple[str | None, float]] = {}
