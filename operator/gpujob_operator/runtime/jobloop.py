@@ -30,10 +30,10 @@ import copy
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from gpujob_operator import api
 from gpujob_operator.api import children, hostports
@@ -100,6 +100,35 @@ def _rv(obj: Mapping[str, Any] | None) -> int:
 
 GONE_MAX: Final = 1024
 """Disrupted pods a loop remembers at most (a gang has one per node; this only bounds it)."""
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+async def each_bounded(
+    items: Sequence[T], call: Callable[[T], Awaitable[R]], limit: int = CREATE_CONCURRENCY
+) -> tuple[list[tuple[T, R]], tuple[T, Exception] | None]:
+    """``call`` on each item, at most ``limit`` in flight: (item, result) of each done, and
+    the first failure with its item; a failure stops the items not yet started."""
+    todo = iter(items)
+    done: list[tuple[T, R]] = []
+    failed: list[tuple[T, Exception]] = []
+
+    async def worker() -> None:
+        for item in todo:
+            if failed:
+                return
+            try:
+                done.append((item, await call(item)))
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                failed.append((item, e))
+                return
+
+    await asyncio.gather(*(worker() for _ in range(min(limit, len(items)))))
+    return done, (failed[0] if failed else None)
 
 
 @dataclass
@@ -449,25 +478,9 @@ class JobLoop:
     async def _delete_pods(self, ns: str, names: list[str]) -> list[tuple[str, bool]]:
         """Delete ``names``, at most CREATE_CONCURRENCY at once: (name, whether it existed)
         for each; the first failure is raised once the deletes in flight are done."""
-        todo = iter(names)
-        done: list[tuple[str, bool]] = []
-        failed: list[Exception] = []
-
-        async def worker() -> None:
-            for name in todo:
-                if failed:
-                    return
-                try:
-                    done.append((name, await self.kube.delete_pod(ns, name)))
-                except asyncio.CancelledError:
-                    raise
-                except Exception as e:
-                    failed.append(e)
-                    return
-
-        await asyncio.gather(*(worker() for _ in range(min(CREATE_CONCURRENCY, len(names)))))
-        if failed:
-            raise failed[0]
+        done, failed = await each_bounded(names, lambda n: self.kube.delete_pod(ns, n))
+        if failed is not None:
+            raise failed[1]
         return done
 
     async def _until_indexed(self, names: set[str], timeout: float) -> bool:
@@ -484,23 +497,10 @@ class JobLoop:
     ) -> tuple[str, Exception] | None:
         """Create (or dry-run) ``pods``, at most CREATE_CONCURRENCY at once; the first
         failure stops the rest and is returned with its pod's name."""
-        todo = iter(pods)
-        failed: list[tuple[str, Exception]] = []
-
-        async def worker() -> None:
-            for pod in todo:
-                if failed:
-                    return
-                try:
-                    await self.kube.create_pod(ns, pod, dry_run=dry_run)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as e:
-                    failed.append((str(pod["metadata"]["name"]), e))
-                    return
-
-        await asyncio.gather(*(worker() for _ in range(min(CREATE_CONCURRENCY, len(pods)))))
-        return failed[0] if failed else None
+        _, failed = await each_bounded(
+            pods, lambda pod: self.kube.create_pod(ns, pod, dry_run=dry_run)
+        )
+        return None if failed is None else (str(failed[0]["metadata"]["name"]), failed[1])
 
     async def _probe_gang(self, ns: str, pods: list[dict[str, Any]], total: int = 0) -> bool:
         """Dry-run the gang's summed resources as one pod; True when that was refused.
