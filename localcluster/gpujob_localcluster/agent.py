@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from gpujob_localcluster import (
@@ -46,6 +46,7 @@ from gpujob_localcluster.kubeletapi import BadRequest, KubeletServer, LogRequest
 from gpujob_localcluster.nodes import Nodes, NodeShape, node_addresses
 from gpujob_localcluster.podrun import ContainerRun, PodRun, now_iso
 from gpujob_localcluster.podstatus import PodReporter
+from gpujob_localcluster.podwatch import watch_pods
 from gpujob_localcluster.processes import become_subreaper, descendants
 from gpujob_localcluster.restarts import (
     RESTART_ALL,
@@ -116,34 +117,7 @@ class NodeAgent:
     # -- pods ----------------------------------------------------------------------
     def watch_loop(self) -> None:
         """Feed pod events into the queue, relisting after every broken watch."""
-        while not self.stopping.is_set():
-            try:
-                resp: Any = self.core.list_pod_for_all_namespaces(_preload_content=False)
-                listing = json.loads(resp.data)
-                seen = set()
-                for item in listing["items"]:
-                    seen.add(item["metadata"]["uid"])
-                    self.events.put(("pod", item))
-                self.events.put(("resync", seen))
-                w = watch.Watch()
-                for ev in w.stream(
-                    self.core.list_pod_for_all_namespaces,
-                    resource_version=listing["metadata"]["resourceVersion"],
-                    timeout_seconds=300,
-                    allow_watch_bookmarks=True,
-                ):
-                    if self.stopping.is_set():
-                        w.stop()
-                        break
-                    kind, obj = ev["type"], ev["raw_object"]
-                    if kind == "DELETED":
-                        self.events.put(("deleted", obj))
-                    elif kind in ("ADDED", "MODIFIED"):
-                        self.events.put(("pod", obj))
-            except Exception as e:
-                if not self.stopping.is_set():
-                    log.warning("pod watch broke (%s); relisting", e)
-                    self.stopping.wait(1.0)
+        watch_pods(self.core, self.events, self.stopping)
 
     def run(self) -> None:
         """The agent's main loop; returns when ``stop()`` is called."""

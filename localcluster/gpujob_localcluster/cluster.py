@@ -13,6 +13,7 @@ import random
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -139,7 +140,6 @@ class LocalCluster:
         ready = self.folder / "agent" / "ready"
         ready.parent.mkdir(parents=True, exist_ok=True)
         ready.unlink(missing_ok=True)
-        log_path = self.cp.log_dir / "node-agent.log"
         if not self.node_ips:
             self.node_ips = node_addresses(self.nodes.count, random.randint(0, 254))
         # The kubelet API's serving certificate, checked by the API server against the local CA
@@ -154,11 +154,9 @@ class LocalCluster:
                 *(f"DNS:{n}" for n in self.nodes.names),
             ),
         )
-        out = open(log_path, "ab")  # noqa: SIM115 - owned by the child
-        self.agent = subprocess.Popen(
+        self.agent, problem = self._spawn(
+            "node-agent",
             [
-                sys.executable,
-                "-m",
                 "gpujob_localcluster.nodeagent",
                 "--kubeconfig",
                 str(self.kubeconfig),
@@ -184,24 +182,15 @@ class LocalCluster:
                 str(self.cp.pki.ca_cert),
                 *(arg for ip in self.node_ips for arg in ("--node-ip", ip)),
             ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
         )
-        out.close()
-        self.cp.register_pid("node-agent", self.agent.pid)
-        agent = self.agent
-
-        def problem() -> str | None:
-            code = agent.poll()
-            return None if code is None else f"node agent exited with {code}; see {log_path}"
-
         wait_for(ready.exists, timeout, "the node agent to register its nodes", problem)
         # The node lifecycle controller must see the nodes Ready before the scheduler uses them.
         names = ",".join(self.nodes.names)
         wait_for(
-            lambda: self._nodes_ready(), timeout, f"nodes {names} Ready and schedulable", problem
+            lambda: self._ready("gpujob.dev/local-node=true", self.nodes.count),
+            timeout,
+            f"nodes {names} Ready and schedulable",
+            problem,
         )
 
     @property
@@ -218,13 +207,10 @@ class LocalCluster:
         ready = self.hollow_dir / "ready"
         ready.parent.mkdir(parents=True, exist_ok=True)
         ready.unlink(missing_ok=True)
-        log_path = self.cp.log_dir / "hollow-kubelet.log"
         h = self.hollow
-        out = open(log_path, "ab")  # noqa: SIM115 - owned by the child
-        self.hollow_proc = subprocess.Popen(
+        self.hollow_proc, problem = self._spawn(
+            "hollow-kubelet",
             [
-                sys.executable,
-                "-m",
                 "gpujob_localcluster.hollow.kubelet",
                 "--kubeconfig",
                 str(self.kubeconfig),
@@ -243,28 +229,40 @@ class LocalCluster:
                 "--lease-seconds",
                 str(h.lease_seconds),
             ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
         )
-        out.close()
-        self.cp.register_pid("hollow-kubelet", self.hollow_proc.pid)
-        proc = self.hollow_proc
-
-        def problem() -> str | None:
-            code = proc.poll()
-            return None if code is None else f"hollow kubelet exited with {code}; see {log_path}"
-
         wait_for(ready.exists, timeout, "the hollow kubelet to register its nodes", problem)
         wait_for(
-            lambda: self._ready_count("gpujob.dev/hollow-node=true") == h.count,
+            lambda: self._ready("gpujob.dev/hollow-node=true", h.count),
             timeout,
             f"{h.count} hollow nodes Ready and schedulable",
             problem,
         )
 
-    def _ready_count(self, selector: str) -> int:
+    def _spawn(
+        self, name: str, module_args: list[str]
+    ) -> tuple[subprocess.Popen[bytes], Callable[[], str | None]]:
+        """Start ``python -m <module_args>`` in a session of its own, logging to the cluster's
+        logs/<name>.log and recorded for teardown; with what to say should it die."""
+        assert self.cp is not None
+        log_path = self.cp.log_dir / f"{name}.log"
+        with open(log_path, "ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", *module_args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self.cp.register_pid(name, proc.pid)
+
+        def problem() -> str | None:
+            code = proc.poll()
+            return None if code is None else f"{name} exited with {code}; see {log_path}"
+
+        return proc, problem
+
+    def _ready(self, selector: str, count: int) -> bool:
+        """Exactly ``count`` nodes carry ``selector`` and none is tainted not-ready."""
         assert self.cp is not None
         res = self.cp.kubectl(
             "get",
@@ -275,20 +273,7 @@ class LocalCluster:
             "jsonpath={range .items[*]}{.metadata.name} {.spec.taints}{'\\n'}{end}",
         )
         lines = [ln for ln in res.stdout.splitlines() if ln.strip()]
-        return sum("not-ready" not in ln for ln in lines)
-
-    def _nodes_ready(self) -> bool:
-        assert self.cp is not None
-        res = self.cp.kubectl(
-            "get",
-            "nodes",
-            "-l",
-            "gpujob.dev/local-node=true",
-            "-o",
-            "jsonpath={range .items[*]}{.metadata.name} {.spec.taints}{'\\n'}{end}",
-        )
-        lines = [ln for ln in res.stdout.splitlines() if ln.strip()]
-        return len(lines) == self.nodes.count and all("not-ready" not in ln for ln in lines)
+        return len(lines) == count and all("not-ready" not in ln for ln in lines)
 
     def kubectl(self, *args: str, **kw: object) -> subprocess.CompletedProcess[str]:
         assert self.cp is not None

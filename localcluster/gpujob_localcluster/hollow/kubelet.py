@@ -24,7 +24,6 @@ import argparse
 import contextlib
 import datetime as dt
 import itertools
-import json
 import logging
 import queue
 import random
@@ -37,13 +36,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client, config, watch
+from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from gpujob_localcluster.hollow import faults as faultfile
 from gpujob_localcluster.hollow.endpoints import Add, EndpointPool, Fault, Remove
 from gpujob_localcluster.nodes import Nodes, NodeShape
 from gpujob_localcluster.podrun import now_iso
+from gpujob_localcluster.podwatch import watch_pods
 from gpujob_trainer import contract
 
 log = logging.getLogger("gpujob.hollow")
@@ -304,36 +304,10 @@ class HollowKubelet:
     # -- pods --------------------------------------------------------------------------
     def watch_loop(self) -> None:
         """Feed pod events into the queue, relisting after every broken watch."""
-        while not self.stopping.is_set():
-            try:
-                resp: Any = self.core.list_pod_for_all_namespaces(_preload_content=False)
-                listing = json.loads(resp.data)
-                seen = set()
-                for item in listing["items"]:
-                    if item.get("spec", {}).get("nodeName") in self.node_set:
-                        seen.add(item["metadata"]["uid"])
-                        self.events.put(("pod", item))
-                self.events.put(("resync", seen))
-                version = listing["metadata"]["resourceVersion"]
-                del listing, resp
-                w = watch.Watch()
-                for ev in w.stream(
-                    self.core.list_pod_for_all_namespaces,
-                    resource_version=version,
-                    timeout_seconds=300,
-                    allow_watch_bookmarks=True,
-                ):
-                    if self.stopping.is_set():
-                        w.stop()
-                        break
-                    obj = ev["raw_object"]
-                    if obj.get("spec", {}).get("nodeName") not in self.node_set:
-                        continue
-                    self.events.put(("deleted" if ev["type"] == "DELETED" else "pod", obj))
-            except Exception as e:  # relist after any broken watch
-                if not self.stopping.is_set():
-                    log.warning("pod watch broke (%s); relisting", e)
-                    self.stopping.wait(1)
+        watch_pods(self.core, self.events, self.stopping, self._ours)
+
+    def _ours(self, pod: dict[str, Any]) -> bool:
+        return pod.get("spec", {}).get("nodeName") in self.node_set
 
     def run(self) -> None:
         threading.Thread(target=self.watch_loop, name="watch", daemon=True).start()
