@@ -47,6 +47,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.scrape_scale import proc_cpu
 from kubernetes import config
 from tests.integration.conftest import install_crd
 from tests.support.jobs import hollow_job
@@ -155,11 +156,6 @@ def rss_mib(pid: int, field: str) -> float:
     """A process's VmRSS or VmHWM (its peak) in MiB."""
     text = Path(f"/proc/{pid}/status").read_text()
     return round(int(text.split(f"{field}:")[1].split()[0]) / 1024, 1)
-
-
-def proc_cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rank_endpoints(pods: Pods, ns: str, ranks: int) -> list[str]:
