@@ -318,18 +318,23 @@ def search_batch(
 
 
 def calibrate(base: nn.Module, device: torch.device, target: float) -> int:
-    """A batch size whose bare step takes about `target` seconds (CPU time on CPU)."""
-    clock = time.process_time if device.type == "cpu" else time.perf_counter
+    """A batch size whose bare step takes about `target` seconds of wall time, the clock the
+    ratio is taken on (process CPU time counts DDP's and gloo's other threads too: a "10 ms"
+    step by that clock ran 6-12 ms). Each size is timed three times, the median kept, so
+    one preempted measurement does not halve or double the step the ratio is taken at."""
     sync = _sync(device)
 
     def measure(batch: int) -> float:
         loop = Loop(base, batch, device)
         loop.run(3)
-        sync()
-        t0 = clock()
-        loop.run(10)
-        sync()
-        return (clock() - t0) / 10
+        times = []
+        for _ in range(3):
+            sync()
+            t0 = time.perf_counter()
+            loop.run(10)
+            sync()
+            times.append((time.perf_counter() - t0) / 10)
+        return statistics.median(times)
 
     return search_batch(measure, target)[0]
 

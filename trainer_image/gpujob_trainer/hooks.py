@@ -124,8 +124,12 @@ class InstrumentedLoader(Generic[T]):
         count, tokens_fn = self._samples_fn, self._tokens_fn
         default_count = count is batch_size
         enter, leave = ENTERS[contract.PHASE_DATA_WAIT], EXITS[contract.PHASE_DATA_WAIT]
-        h2d_in, h2d_out = ENTERS[contract.PHASE_H2D], EXITS[contract.PHASE_H2D]
+        h2d_out = EXITS[contract.PHASE_H2D]
         device, non_blocking = self._device, self._non_blocking
+        # The fetch ends where the copy to the device starts: one event for both (a now(),
+        # and on CUDA an event record, fewer every step).
+        to_h2d: Op = (SWITCH, contract.PHASE_DATA_WAIT, contract.PHASE_H2D)
+        fetched = leave if device is None else to_h2d
         while True:
             if tracker._held:  # an evaluation's batches: its time is eval, no training samples
                 try:
@@ -138,25 +142,28 @@ class InstrumentedLoader(Generic[T]):
             events.extend((now(), enter, None if record is None else record()))
             try:
                 batch = next(it)
-            except StopIteration:
-                return
-            finally:
+            except BaseException as exc:  # the epoch's end, or the loader's error
                 record = tracker._record
                 events.extend((now(), leave, None if record is None else record()))
-            if default_count and isinstance(batch, _SEQUENCES) and batch:
-                # batch_size() inline for the usual (inputs, labels): two calls fewer a step
-                shape = getattr(batch[0], "shape", None)
-                tracker._samples += int(shape[0]) if shape else count(batch)
-            else:
-                tracker._samples += count(batch)
-            if tokens_fn is not None:
-                tracker._tokens = (tracker._tokens or 0) + int(tokens_fn(batch))
-            if device is not None:  # the copy to the GPU is the h2d phase
-                record = tracker._record
-                events.extend((now(), h2d_in, None if record is None else record()))
-                try:
+                if isinstance(exc, StopIteration):
+                    return
+                raise
+            record = tracker._record
+            events.extend((now(), fetched, None if record is None else record()))
+            # With a device, what follows is the copy (h2d), closed whatever happens.
+            try:
+                if default_count and isinstance(batch, _SEQUENCES) and batch:
+                    # batch_size() inline for the usual (inputs, labels): two calls fewer
+                    shape = getattr(batch[0], "shape", None)
+                    tracker._samples += int(shape[0]) if shape else count(batch)
+                else:
+                    tracker._samples += count(batch)
+                if tokens_fn is not None:
+                    tracker._tokens = (tracker._tokens or 0) + int(tokens_fn(batch))
+                if device is not None:  # the copy to the GPU is the h2d phase
                     batch = to_device(batch, device, non_blocking)
-                finally:
+            finally:
+                if device is not None:
                     record = tracker._record
                     events.extend((now(), h2d_out, None if record is None else record()))
             yield batch

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections import namedtuple
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -284,3 +285,37 @@ def test_dataparallel_refuses_a_count_that_would_miss_its_replicas(
     assert t.flops.per_pass is None and t.snapshot().model_flops is None
     assert "nn.DataParallel: give flops_per_sample" in caplog.text
     t.close()
+
+
+def test_the_fetch_hands_over_to_the_copy_in_one_event(tracker: Tracker) -> None:
+    """With a device, the fetch's end is the copy's start: three events a batch, not four
+    (each is a clock read, and on CUDA an event record, every step)."""
+    batches = iter(tracker.wrap_loader([(torch.zeros(4, 2), torch.zeros(4))], device="cpu"))
+    before = len(tracker._events)
+    next(batches)
+    assert len(tracker._events) - before == 3 * 3  # enter, fetch -> copy, copy's end
+    assert tracker._stack == [contract.PHASE_OTHER]
+
+
+class _Broken:
+    def __iter__(self) -> _Broken:
+        return self
+
+    def __next__(self) -> Any:
+        raise OSError("the dataset's disk went away")
+
+
+def test_a_loader_or_a_copy_that_raises_leaves_no_phase_open(tracker: Tracker) -> None:
+    with pytest.raises(OSError, match="went away"):
+        next(iter(tracker.wrap_loader(_Broken(), device="cpu")))
+    assert tracker._stack == [contract.PHASE_OTHER]
+
+    def refuse(batch: Any) -> int:
+        raise ValueError("no samples here")
+
+    with pytest.raises(ValueError, match="no samples"):
+        next(iter(tracker.wrap_loader([torch.zeros(2)], device="cpu", samples=refuse)))
+    assert tracker._stack == [contract.PHASE_OTHER]
+    # the epoch's end closes the fetch too
+    assert list(tracker.wrap_loader([], device="cpu")) == []
+    assert tracker._stack == [contract.PHASE_OTHER]
