@@ -122,6 +122,10 @@ TTL_EXPIRED: Final = "TTLExpired"
 ALL_RANKS_SCRAPED: Final = "AllRanksScraped"
 SCRAPE_FAILED: Final = "ScrapeFailed"
 NO_RANKS_TO_SCRAPE: Final = "NoRanksToScrape"
+SCRAPE_INTERVAL_STRETCHED: Final = "ScrapeIntervalStretched"
+"""MetricsAvailable=True (and a Warning Event when it starts): every rank was read, but the
+job's rounds cost more operator CPU than its share of the scrape budget, so it is scraped
+less often than scrapeIntervalSeconds asks (monitoring/scrape/budget.py)."""
 HOST_PORTS_NOT_ALLOWED: Final = "HostPortsNotAllowed"
 """MetricsAvailable=False (and a Warning Event): a host-network job's metrics ports lie
 outside the node ports the operator may scrape (api/hostports.py)."""

@@ -29,6 +29,7 @@ from gpujob_operator.api.events import Event
 from gpujob_operator.api.hostports import RANGE as HOST_RANGE
 from gpujob_operator.api.hostports import metrics_port_rank, scrape_port
 from gpujob_operator.monitoring.scrape import guard
+from gpujob_operator.monitoring.scrape.budget import Stretch
 from gpujob_operator.monitoring.scrape.frame import frame
 from gpujob_operator.monitoring.scrape.result import (
     ENDPOINT_TEXT_MAX,
@@ -163,6 +164,8 @@ class JobMonitor:
         """Kinds of rejected input already reported by an Event (once per kind and attempt)."""
         self.verdict = hysteresis.VerdictState()
         self._metrics_ok: bool | None = None
+        self._stretched_since: float | None = None
+        """When the job's scrape interval was first stretched (None: it is not)."""
         self._first_seen: float | None = None
         self._finished = False
         self._last_step: float | None = None
@@ -216,12 +219,19 @@ class JobMonitor:
         return scrape_targets(spec, pods, uid, host_ports)
 
     def observe(
-        self, results: Sequence[ScrapeResult], now: float, *, exited: int = 0
+        self,
+        results: Sequence[ScrapeResult],
+        now: float,
+        *,
+        exited: int = 0,
+        stretch: Stretch | None = None,
     ) -> MonitorUpdate:
         """Fold one round of scrapes into the window and evaluate it.
 
         `exited`: pods of the job that already succeeded (`exited_ranks`); with them, a round
-        that reached no rank is the job finishing, not metrics going missing.
+        that reached no rank is the job finishing, not metrics going missing. `stretch`: the
+        job is scraped less often than it asks (its share of the scrape CPU); said in
+        MetricsAvailable.
         """
         dropped_series = dropped_values = 0
         notes: dict[str, list[str]] = {}
@@ -272,6 +282,10 @@ class JobMonitor:
         failures = [r for r in results if not r.ok]
         events: list[Event] = []
         metrics = self._metrics_condition(results, failures, now, events, exited)
+        if results and stretch is not None:
+            metrics = self._stretched(metrics, stretch, now, events)
+        elif results:
+            self._stretched_since = None
         rejected = _rejected_text(dropped_series, dropped_values, notes)
         missing = _missing_text(result.missing_ranks, len(self.window.ranks), self.settings)
         targets = result.target_note
@@ -316,6 +330,19 @@ class JobMonitor:
     def _make(self, type_: str, ok: bool, reason: str, message: str, now: float) -> dict[str, Any]:
         when = datetime.fromtimestamp(now, UTC)
         return c.make(type_, c.TRUE if ok else c.FALSE, reason, message, when, self.generation)
+
+    def _stretched(
+        self, metrics: dict[str, Any], stretch: Stretch, now: float, events: list[Event]
+    ) -> dict[str, Any]:
+        """MetricsAvailable with the stretch said; a Warning when a stretch begins."""
+        words = stretch.words()
+        if self._stretched_since is None:
+            self._stretched_since = now
+            events.append(Event("Warning", c.SCRAPE_INTERVAL_STRETCHED, words))
+        if metrics["reason"] == c.ALL_RANKS_SCRAPED:
+            message = f"{metrics['message']}; {words}"
+            return self._make(c.METRICS_AVAILABLE, True, c.SCRAPE_INTERVAL_STRETCHED, message, now)
+        return {**metrics, "message": f"{metrics['message']}; {words}"}
 
     def _metrics_condition(
         self,

@@ -73,7 +73,9 @@ class OperatorState:
         """One scraper for every job: one HTTP session and one global bound on concurrency."""
         if self._scraper is None:
             self._scraper = Scraper(
-                concurrency=self.settings.scrape_concurrency, timeout=self.settings.scrape_timeout
+                concurrency=self.settings.scrape_concurrency,
+                timeout=self.settings.scrape_timeout,
+                cpu_cores=self.settings.scrape_cpu_cores,
             )
         return self._scraper
 

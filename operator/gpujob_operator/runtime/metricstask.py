@@ -76,6 +76,7 @@ class MetricsTask:
         if status.get("phase") != c.PHASE_RUNNING or not (spec.get("monitoring") or {}).get(
             "enabled", True
         ):
+            loop.scraper.budget.forget(job_uid(job))  # its share of the scrape CPU goes back
             if self.profiles.in_flight or wanted(job):
                 await self.profile(job, None)  # a request now is refused (or a capture ends)
             return None
@@ -104,6 +105,14 @@ class MetricsTask:
             return interval
         targets = monitor.scrape_targets(spec, pods, job_uid(job), loop.host_ports)
         results = await loop.scraper.scrape_all(targets)
+        # Charged to the job's share of the operator's scrape CPU: over it, the next round
+        # waits longer (this job's scraping slows, no other's), and MetricsAvailable says so.
+        cpu = sum(r.cpu for r in results)
+        paced, stretch = loop.scraper.budget.pace(
+            job_uid(job), interval, cpu, len(results), time.time()
+        )
+        if stretch is not None:  # said once in a Warning Event, and in MetricsAvailable
+            self.next_scrape = max(self.next_scrape, now + paced)
         for r in results:
             METRICS.observe_scrape(r.seconds, r.ok, None if r.error is None else str(r.error))
             refused = r.error in (ErrorKind.TOO_LARGE, ErrorKind.TOO_MANY_CHUNKS)
@@ -121,7 +130,7 @@ class MetricsTask:
             monitor.hang = stall_evidence(status)
             # The pods as they are now: ranks may have exited during the scrape.
             exited = exited_ranks(loop.pods() or pods, job_uid(job))
-            update = monitor.observe(results, time.time(), exited=exited)
+            update = monitor.observe(results, time.time(), exited=exited, stretch=stretch)
             capped = update.dropped_series - sum(r.dropped_series for r in results)
             if capped > 0:  # refused by the job's own series cap (not counted per result)
                 METRICS.observe_dropped(capped, 0, 0)
@@ -246,6 +255,14 @@ class MetricsTask:
 
     async def run(self) -> None:
         """Until the loop ends: observe when due, back off on failure, sleep until woken."""
+        loop = self.loop
+        try:
+            await self._run()
+        finally:
+            if loop.scraper is not None and self.monitored is not None:
+                loop.scraper.budget.forget(job_uid(loop.body))
+
+    async def _run(self) -> None:
         loop = self.loop
         while not loop.ended:
             try:

@@ -17,6 +17,7 @@ before kopf starts. Nothing else in the operator reads the environment.
 | ``POD_ID`` | host/pid | this replica's peering identity (the chart sets the pod's name) |
 | ``GPUJOB_SCRAPE_CONCURRENCY`` | 64 | scrapes in flight, over every job |
 | ``GPUJOB_SCRAPE_TIMEOUT`` | 5 | seconds one scrape may take |
+| ``GPUJOB_SCRAPE_CPU_CORES`` | 1 | operator CPU (cores) every job's scrapes share; a job over its fair share is scraped less often, and told so |
 | ``GPUJOB_API_TIMEOUT`` | 30 | seconds one API call may take (connect, then read) |
 | ``GPUJOB_WATCH_SERVER_TIMEOUT`` | 300 | kopf's server-side watch timeout |
 | ``GPUJOB_WORKER_LIMIT`` | 200 | kopf's concurrent workers |
@@ -79,6 +80,8 @@ class Settings:
     pod_id: str | None = None
     scrape_concurrency: int = 64
     scrape_timeout: float = 5.0
+    scrape_cpu_cores: float = 1.0
+    """The scrape CPU every job shares (``monitoring/scrape/budget.py``)."""
     api_timeout: float = 30.0
     watch_server_timeout: int = 300
     worker_limit: int = 200
@@ -236,6 +239,14 @@ def from_env(env: Mapping[str, str]) -> Settings:
         ),
         scrape_timeout=_read(
             env, "GPUJOB_SCRAPE_TIMEOUT", d.scrape_timeout, float, seconds, _positive_seconds
+        ),
+        scrape_cpu_cores=_read(
+            env,
+            "GPUJOB_SCRAPE_CPU_CORES",
+            d.scrape_cpu_cores,
+            float,
+            "a number of cores > 0",
+            _positive_seconds,
         ),
         api_timeout=_read(
             env, "GPUJOB_API_TIMEOUT", d.api_timeout, float, seconds, _positive_seconds

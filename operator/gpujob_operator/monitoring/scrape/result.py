@@ -76,6 +76,9 @@ class ScrapeResult:
     """(kind, words) of what was dropped (`guard.Admitted.notes`)."""
     raw: bytes | None = None
     """The body as received, for a raw fetch (`Scraper.fetch_all`) only."""
+    cpu: float = 0.0
+    """Operator CPU seconds spent reading the body (parse and guard): what the job's share
+    of the scrape budget is charged (`budget.ScrapeBudget`)."""
 
     @property
     def ok(self) -> bool:

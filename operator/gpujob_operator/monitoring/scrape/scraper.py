@@ -21,7 +21,7 @@ from types import TracebackType
 from typing import Final
 
 from gpujob_operator.api.conditions import clip
-from gpujob_operator.monitoring.scrape import expfmt, guard
+from gpujob_operator.monitoring.scrape import budget, expfmt, guard
 from gpujob_operator.monitoring.scrape.expfmt import common_prefix
 from gpujob_operator.monitoring.scrape.frame import NEEDED, Frame, frame, frame_payload
 from gpujob_operator.monitoring.scrape.httpclient import (
@@ -85,8 +85,11 @@ class Scraper:
         wanted: frozenset[str] | None = NEEDED,
         clock: Callable[[], float] = time.time,
         idle_limit: int | None = None,
+        cpu_cores: float = budget.DEFAULT_CORES,
     ) -> None:
         self.concurrency = concurrency
+        self.budget = budget.ScrapeBudget(cpu_cores)
+        """The scrape CPU every job shares (`budget.py`): the metrics tasks pace by it."""
         self.timeout = timeout
         self.max_bytes = max_bytes
         self.max_lines = max_lines
@@ -352,9 +355,9 @@ class Scraper:
                 # Parsed on one thread of its own: the event loop (other jobs, watches, the
                 # health probe) keeps running; the caps above bound the work.
                 loop = asyncio.get_running_loop()
-                samples, fr = await loop.run_in_executor(_parser(), self._parse, body, t)
+                samples, fr, cpu = await loop.run_in_executor(_parser(), self._parse, body, t)
             else:
-                samples, fr = self._parse(body, t)
+                samples, fr, cpu = self._parse(body, t)
         except expfmt.ParseError:
             # Nothing of the body: on the host network it may be any service of the node.
             message = f"{NOT_PROMETHEUS} ({len(body)} bytes)"
@@ -362,9 +365,11 @@ class Scraper:
         missing = _missing_rank(target, fr)
         if missing:
             return ScrapeResult(
-                target, t, error=ErrorKind.MISSING_RANK, message=missing, size=len(body)
+                target, t, error=ErrorKind.MISSING_RANK, message=missing, size=len(body), cpu=cpu
             )
+        c0 = time.thread_time()
         adm = guard.admit(fr, target.rank, t)
+        cpu += time.thread_time() - c0
         if target.rank is not None and target.rank not in adm.frame.ranks:
             found = ",".join(str(r) for r in sorted(fr.ranks)[:5]) or "none"
             return ScrapeResult(
@@ -384,13 +389,17 @@ class Scraper:
             dropped_series=adm.dropped_series,
             dropped_values=adm.dropped_values,
             notes=adm.notes,
+            cpu=cpu,
         )
 
-    def _parse(self, body: bytes, t: float) -> tuple[list[expfmt.Sample], Frame]:
+    def _parse(self, body: bytes, t: float) -> tuple[list[expfmt.Sample], Frame, float]:
+        """The payload's samples (only with a `wanted` set of our own), its frame, and the
+        CPU seconds this thread spent on them."""
+        c0 = time.thread_time()
         if self.wanted is NEEDED:
-            return [], frame_payload(body, t)
+            return [], frame_payload(body, t), time.thread_time() - c0
         samples = expfmt.parse(body, self.wanted)
-        return samples, frame(samples, t)
+        return samples, frame(samples, t), time.thread_time() - c0
 
 
 _PARSER: ThreadPoolExecutor | None = None

@@ -106,6 +106,8 @@ def test_every_kind_of_endpoint_in_one_round() -> None:
         assert good.frame.ranks[1][R_STEPS] == 101 and good.frame.buckets[1][-1] == 101
         assert repr(good.frame) == repr(frame(parse(PAYLOAD, NEEDED), good.t))  # NaN-safe
         assert good.target.pod == "pod-0" and good.t > 0
+        # the CPU the operator spent reading it: what the job's share of the budget is charged
+        assert good.cpu > 0 and all(r.cpu == 0 for r in results[1:6])
         assert "503" in results[3].message and "expected local_rank 0" in results[7].message
         assert all(r.message for r in results[1:])
 
