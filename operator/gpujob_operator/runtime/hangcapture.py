@@ -46,13 +46,29 @@ def due(status: Mapping[str, Any]) -> str | None:
 
 
 def compare_and_render(
-    asked: Sequence[ScrapeTarget],
-    fetched: Sequence[hang.Fetched],
-    gpus: Mapping[int, str] | None = None,
-) -> tuple[list[hang.RankAnswer], hang.HangReport, dict[str, str]]:
+    answers: Sequence[hang.RankAnswer],
+) -> tuple[hang.HangReport, dict[str, str]]:
     """Compare and render in one call (on a worker thread: bounded, but not the loop's)."""
-    answers, report = hang.compare(asked, fetched, gpus)
-    return answers, report, hangtext.configmap_data(report, answers)
+    report = hang.reduce(answers)
+    return report, hangtext.configmap_data(report, answers)
+
+
+async def ask(
+    scraper: Scraper, asked: Sequence[ScrapeTarget], gpus: Mapping[int, str] | None = None
+) -> list[hang.RankAnswer]:
+    """Every rank's answer, each digested as it arrives (its text rendered, its dump cut to
+    what the comparison reads, its body dropped): memory grows by a few KiB a rank, not by
+    its whole evidence (up to 64 KiB of JSON, several times that parsed)."""
+    n = len(asked)
+
+    def digest(i: int, target: ScrapeTarget, body: bytes) -> hang.RankAnswer:
+        return hangtext.digested(hang.answer_of(i, target, (body, None, ""), gpus), n)
+
+    fetched = await scraper.fetch_all(asked, hangdump.MAX_BYTES, digest=digest)
+    return [
+        kept if kept is not None else hang.answer_of(i, t, (None, kind, message), gpus)
+        for i, (t, (kept, kind, message)) in enumerate(zip(asked, fetched, strict=True))
+    ]
 
 
 async def capture(
@@ -69,8 +85,8 @@ async def capture(
     metrics, to name it by; ``token``: the job's endpoint token, "" where it has none)."""
     started = time.time()
     asked = hang.evidence_targets(targets, token)
-    fetched = await scraper.fetch_all(asked, hangdump.MAX_BYTES)
-    answers, report, data = await asyncio.to_thread(compare_and_render, asked, fetched, gpus)
+    answers = await ask(scraper, asked, gpus)
+    report, data = await asyncio.to_thread(compare_and_render, answers)
     first = next((a for a in answers if report.culprits and a.rank == report.culprits[0]), None)
     attempt = attempt_of(job.get("status") or {})
     name, namespace = str(job["metadata"]["name"]), str(job["metadata"]["namespace"])

@@ -68,6 +68,9 @@ class RankAnswer:
     error: str = ""
     answered: bool = False
     """The rank's process responded (with a dump, or with something unusable)."""
+    text: str = ""
+    """Its ``rank-N.txt`` for the ConfigMap, rendered when it arrived (then its dump is cut
+    to what the comparison reads: ``hangtext.digested``); "" : rendered from the dump."""
 
 
 @dataclass
@@ -167,21 +170,25 @@ class _Ranks:
         )
 
     def where(self) -> dict[int, str]:
-        out = {a.rank: f"did not answer ({a.error or 'no evidence'})" for a in self.silent}
-        for a in self.unusable:
-            out[a.rank] = f"answered without usable evidence ({a.error})"
-        for a in self.usable:
-            assert a.dump is not None
-            p = self.pending[a.rank]
-            text = (
-                f"waits in {p.label} at {self.bare[a.rank]}"
-                if p
-                else f"is in {self.places[a.rank]}"
-            )
-            if not a.dump.recorder:
-                text += f" (no collective trace: {a.dump.why or 'none'})"
-            out[a.rank] = text
-        return dict(sorted(out.items()))
+        return {
+            a.rank: where_of(a)
+            for a in sorted(self.silent + self.unusable + self.usable, key=lambda a: a.rank)
+        }
+
+
+def where_of(a: RankAnswer) -> str:
+    """Where one rank is, in a line (its own answer alone decides it)."""
+    if a.dump is None:
+        if a.answered:
+            return f"answered without usable evidence ({a.error})"
+        return f"did not answer ({a.error or 'no evidence'})"
+    p = a.dump.pending
+    text = (
+        f"waits in {p.label} at {place(a.dump.main, False)}" if p else f"is in {place(a.dump.main)}"
+    )
+    if not a.dump.recorder:
+        text += f" (no collective trace: {a.dump.why or 'none'})"
+    return text
 
 
 def _by_collective(r: _Ranks, parts: list[str], culprits: list[RankAnswer]) -> str:
@@ -324,23 +331,31 @@ def answers_of(
     """Pair each target with its body or error, parsing each body. A target of unknown rank
     (``gpujob diagnose`` on bare URLs) takes the rank its document says, else its position.
     ``gpus``: each rank's CUDA device UUID, where its metrics named one."""
-    out = []
-    for i, (t, (body, kind, message)) in enumerate(zip(targets, fetched, strict=True)):
-        dump, error = None, f"{kind}: {message}" if kind else ""
-        if body is not None:
-            try:
-                dump = parse(body)
-            except EvidenceError as exc:
-                error = f"unusable evidence: {exc}"
-            else:
-                if t.rank is not None and dump.rank is not None and dump.rank != t.rank:
-                    error = f"unusable evidence: it says rank {dump.rank}, not {t.rank}"
-                    dump = None
-        rank = t.rank if t.rank is not None else dump.rank if dump and dump.rank is not None else i
-        answered = body is not None or kind in ANSWERED_KINDS
-        gpu = (gpus or {}).get(int(rank), "")
-        out.append(RankAnswer(int(rank), t.pod, t.node, gpu, dump, error, answered))
-    return out
+    return [
+        answer_of(i, t, one, gpus) for i, (t, one) in enumerate(zip(targets, fetched, strict=True))
+    ]
+
+
+def answer_of(
+    i: int, t: ScrapeTarget, fetched: Fetched, gpus: Mapping[int, str] | None = None
+) -> RankAnswer:
+    """One target's answer from its body (parsed) or error; `i`: its position, the rank of
+    last resort (see :func:`answers_of`)."""
+    body, kind, message = fetched
+    dump, error = None, f"{kind}: {message}" if kind else ""
+    if body is not None:
+        try:
+            dump = parse(body)
+        except EvidenceError as exc:
+            error = f"unusable evidence: {exc}"
+        else:
+            if t.rank is not None and dump.rank is not None and dump.rank != t.rank:
+                error = f"unusable evidence: it says rank {dump.rank}, not {t.rank}"
+                dump = None
+    rank = t.rank if t.rank is not None else dump.rank if dump and dump.rank is not None else i
+    answered = body is not None or kind in ANSWERED_KINDS
+    gpu = (gpus or {}).get(int(rank), "")
+    return RankAnswer(int(rank), t.pod, t.node, gpu, dump, error, answered)
 
 
 def compare(

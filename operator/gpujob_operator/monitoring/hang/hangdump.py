@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 MAX_BYTES: Final = 64 * 1024
@@ -185,3 +185,31 @@ def parse(body: bytes) -> RankDump:
         why=_text(col.get("why", "")),
         collectives=tuple(entries),
     )
+
+
+def _innermost(frames: tuple[StackFrame, ...], keep: Any) -> StackFrame | None:
+    return next((f for f in reversed(frames) if keep(f)), None)
+
+
+def digest(dump: RankDump, markers: tuple[str, ...]) -> RankDump:
+    """What the comparison reads of a dump, and nothing more: the main thread cut to the
+    frames that say where it is (its innermost frame, its innermost training-code frame, and
+    its innermost frame in one of `markers`, the library folders that tell an activity) and
+    the one collective it waits in. A capture keeps this per rank as the answers arrive
+    (with the rank's text for the ConfigMap rendered first), not every thread's stack: at
+    thousands of ranks the full dumps were hundreds of MiB."""
+    main = dump.main
+    threads: tuple[Thread, ...] = ()
+    if main is not None:
+        kept = {
+            id(f)
+            for f in (
+                main.frames[-1] if main.frames else None,
+                _innermost(main.frames, lambda f: not f.library),
+                _innermost(main.frames, lambda f: any(m in f.file for m in markers)),
+            )
+            if f is not None
+        }
+        threads = (Thread(main.name, main.main, tuple(f for f in main.frames if id(f) in kept)),)
+    pending = dump.pending
+    return replace(dump, threads=threads, collectives=(pending,) if pending is not None else ())

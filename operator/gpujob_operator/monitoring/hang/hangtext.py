@@ -7,10 +7,19 @@ the comparison named are written first: a cut never drops the rank that matters.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Final
 
-from gpujob_operator.monitoring.hang.hang import HangReport, RankAnswer, ranks_text, who
+from gpujob_operator.monitoring.hang.hang import (
+    ACTIVITIES,
+    HangReport,
+    RankAnswer,
+    ranks_text,
+    where_of,
+    who,
+)
+from gpujob_operator.monitoring.hang.hangdump import digest
 
 MAX_BYTES: Final = 512 * 1024
 """Bytes of text one ConfigMap gets, all ranks together."""
@@ -48,20 +57,37 @@ def rank_text(answer: RankAnswer, where: str, max_bytes: int) -> str:
     return _cut("\n".join(lines) + "\n", max_bytes)
 
 
+def rank_bytes(ranks: int, max_bytes: int = MAX_BYTES) -> int:
+    """The bytes one rank's text may take when `ranks` share the ConfigMap."""
+    return max(MIN_RANK_BYTES, (max_bytes - SUMMARY_BYTES) // max(1, ranks))
+
+
+def digested(answer: RankAnswer, ranks: int) -> RankAnswer:
+    """The answer as a capture keeps it while the others arrive: its ConfigMap text
+    rendered now (within its share of the ConfigMap among `ranks`), its dump cut to what
+    the comparison reads (``hangdump.digest``)."""
+    if answer.dump is None:
+        return answer
+    text = rank_text(answer, where_of(answer), rank_bytes(ranks))
+    markers = tuple(marker for marker, _ in ACTIVITIES)
+    return dataclasses.replace(answer, dump=digest(answer.dump, markers), text=text)
+
+
 def configmap_data(
     report: HangReport, answers: Sequence[RankAnswer], max_bytes: int = MAX_BYTES
 ) -> dict[str, str]:
     """``summary.txt`` and one ``rank-N.txt`` each, within ``max_bytes`` in all; the named
-    ranks first, then the others in rank order, until the space runs out."""
+    ranks first, then the others in rank order, until the space runs out (a rank's text as
+    rendered on arrival, where it was)."""
     named = set(report.culprits) | set(report.silent)
     ordered = sorted(answers, key=lambda a: (a.rank not in named, a.rank))
-    per_rank = max(MIN_RANK_BYTES, (max_bytes - SUMMARY_BYTES) // max(1, len(answers)))
+    per_rank = rank_bytes(len(answers), max_bytes)
     summary = _cut(report.summary + "\n", SUMMARY_BYTES)
     used = len(summary.encode())
     data: dict[str, str] = {}
     left_out = []
     for a in ordered:
-        text = rank_text(a, report.where.get(a.rank, ""), per_rank)
+        text = a.text or rank_text(a, report.where.get(a.rank, ""), per_rank)
         size = len(text.encode())
         if used + size > max_bytes:
             left_out.append(a.rank)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Final
+from typing import Any, Final
 
 from gpujob_operator.monitoring.scrape import expfmt
 from gpujob_operator.monitoring.scrape.frame import Frame
@@ -76,6 +76,8 @@ class ScrapeResult:
     """(kind, words) of what was dropped (`guard.Admitted.notes`)."""
     raw: bytes | None = None
     """The body as received, for a raw fetch (`Scraper.fetch_all`) only."""
+    kept: Any = None
+    """What a digesting fetch kept of the body instead of it (`Scraper.fetch_all`)."""
     cpu: float = 0.0
     """Operator CPU seconds spent reading the body (parse and guard): what the job's share
     of the scrape budget is charged (`budget.ScrapeBudget`)."""

@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
-from typing import Final
+from typing import Any, Final
 
 from gpujob_operator.api.conditions import clip
 from gpujob_operator.monitoring.scrape import budget, expfmt, guard
@@ -165,25 +165,40 @@ class Scraper:
         return min(FETCH_MAX_SECONDS, self.timeout + FETCH_SECONDS_PER_ROUND * max(0, rounds - 1))
 
     async def fetch_all(
-        self, targets: Sequence[ScrapeTarget], max_bytes: int
-    ) -> list[tuple[bytes | None, str | None, str]]:
+        self,
+        targets: Sequence[ScrapeTarget],
+        max_bytes: int,
+        digest: Callable[[int, ScrapeTarget, bytes], Any] | None = None,
+    ) -> list[tuple[Any, str | None, str]]:
         """Each target's raw body, or None with the error kind and message: the scrape's
         slots, timeout and pool, with its own byte cap (the hang evidence, which is not
         exposition text). The call's deadline grows with the targets
         (:meth:`fetch_seconds`): 16,384 ranks through 16 slots are many rounds, and a rank
-        never asked for want of a slot must not read as one that did not answer."""
+        never asked for want of a slot must not read as one that did not answer.
+
+        `digest(position, target, body)`: what to keep of each body instead of the body,
+        run on a worker thread as it arrives while the endpoint's slot is still held, so at
+        most this call's share of the slots holds a body at once (thousands of ranks'
+        evidence is never all in memory)."""
         deadline = time.monotonic() + self.fetch_seconds(len(targets))
         share = asyncio.Semaphore(self.per_call) if len(targets) > self.per_call else None
+        position = {id(t): i for i, t in enumerate(targets)}
 
         async def one(target: ScrapeTarget, deadline: float) -> ScrapeResult:
             try:
                 body = await self._body(target, deadline, max_bytes)
             except (TimeoutError, Failure) as exc:
                 return self._failed(target, exc)
+            if digest is not None:
+                kept = await asyncio.to_thread(digest, position[id(target)], target, body)
+                return ScrapeResult(target, self._clock(), kept=kept, size=len(body))
             return ScrapeResult(target, self._clock(), raw=body, size=len(body))
 
         results = await asyncio.gather(*(self._scrape(t, deadline, share, one) for t in targets))
-        return [(r.raw, None if r.ok else str(r.error), r.message) for r in results]
+        return [
+            (r.raw if digest is None else r.kept, None if r.ok else str(r.error), r.message)
+            for r in results
+        ]
 
     async def _scrape(
         self,

@@ -3,6 +3,7 @@ under torchrun with gloo, two ranks, rank 1 hung four ways; rank 0 waits in all_
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -264,3 +265,49 @@ def test_the_answer_reaches_the_stalled_verdict_and_its_message() -> None:
     b = with_hang({"verdict": "Stalled", "evidence": {"step": 3}}, ev)
     assert b["evidence"] == {"step": 3, "hang": "rank 1 is elsewhere", "hangConfigMap": "j-hang-0"}
     assert (b["rank"], b["pod"], b["node"], b["gpuUUID"]) == (1, "j-node-1", "n1", "GPU-1")
+
+
+@pytest.mark.parametrize(
+    "others", ["collective-rank1", "loader-rank1", "sleep-rank1", "sleep-rank0"]
+)
+def test_a_digested_answer_compares_and_reads_as_the_whole_dump(others: str) -> None:
+    """A capture keeps each rank's text and a cut dump as the answers arrive: the comparison,
+    every rank's line and the ConfigMap are the same as from the whole dumps."""
+    whole = [answer(0, "sleep-rank0"), answer(1, others), answer(2, None, "timeout: no answer")]
+    kept = [hangtext.digested(a, len(whole)) for a in whole]
+    for a in kept:
+        if a.dump is not None:
+            assert len(a.dump.threads) == 1 and len(a.dump.threads[0].frames) <= 3
+            assert len(a.dump.collectives) <= 1
+    full, cut = hang.reduce(whole), hang.reduce(kept)
+    assert (cut.summary, cut.culprits, cut.silent, cut.where) == (
+        full.summary,
+        full.culprits,
+        full.silent,
+        full.where,
+    )
+    assert hangtext.configmap_data(cut, kept) == hangtext.configmap_data(full, whole)
+
+
+def test_a_capture_keeps_a_digest_per_rank_not_its_evidence() -> None:
+    """What `hangcapture.ask` holds once every rank answered: the digests, whatever the
+    dumps' size; the bodies were dropped as they came."""
+    body = (DATA / "loader-rank1.json").read_bytes()
+    asked = [target(r, f"p-{r}") for r in range(64)]
+
+    class Scraper:
+        async def fetch_all(self, targets: Any, max_bytes: int, digest: Any = None) -> Any:
+            assert digest is not None  # the capture always digests on arrival
+            return [
+                (digest(i, t, body.replace(b'"rank": 1', f'"rank": {t.rank}'.encode())), None, "")
+                if t.rank != 7
+                else (None, "timeout", "no answer within 5s")
+                for i, t in enumerate(targets)
+            ]
+
+    answers = asyncio.run(hangcapture.ask(Scraper(), asked))  # type: ignore[arg-type]
+    assert [a.rank for a in answers] == list(range(64))
+    assert answers[7].dump is None and not answers[7].answered
+    assert all(
+        a.text and a.dump and len(a.dump.threads) == 1 for i, a in enumerate(answers) if i != 7
+    )

@@ -96,7 +96,7 @@ class NoAnswers:
     """A scraper whose ranks all fail to answer /debug/evidence."""
 
     async def fetch_all(
-        self, targets: Sequence[ScrapeTarget], max_bytes: int
+        self, targets: Sequence[ScrapeTarget], max_bytes: int, digest: Any = None
     ) -> list[tuple[bytes | None, str | None, str]]:
         return [(None, "refused", "connection refused") for _ in targets]
 
