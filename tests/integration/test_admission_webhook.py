@@ -113,6 +113,24 @@ def test_a_good_job_passes_a_bad_spec_update_is_refused_and_unchecked_pods_warn(
     assert 'serviceaccount "not-yet" not found' in res.stderr, res.stderr
 
 
+def test_a_job_whose_pods_would_not_fit_the_operator_is_refused_at_apply(
+    kube: Kube, webhook_operator: OperatorProcess
+) -> None:
+    """400 KB of env values a pod x 200 nodes: 79 MiB of pods, over the operator's 64 MiB."""
+    body = python_job("wide", "print('ok')", nodes=200, gpus=0)
+    env = [{"name": f"V{i}", "value": "x" * 4000} for i in range(100)]
+    body["spec"]["template"] = {
+        "containers": [{"name": "sidecar", "image": "busybox:1", "env": env}]
+    }
+    res = kube.run("create", "--dry-run=server", "-f", "-", input=json.dumps(body))
+    assert res.returncode != 0 and DENIED in res.stderr, res.stderr
+    assert "PodsTooLarge: spec.template makes pods of" in res.stderr, res.stderr
+    assert "x spec.nodes 200 = " in res.stderr and "GPUJOB_MAX_JOB_POD_BYTES" in res.stderr
+    body["spec"]["nodes"] = 100  # 40 MiB: admitted
+    res = kube.run("create", "--dry-run=server", "-f", "-", input=json.dumps(body))
+    assert res.returncode == 0, res.stderr
+
+
 def test_with_the_webhook_down_the_job_is_admitted_and_fails_at_run_time(
     kube: Kube, webhook_operator: OperatorProcess, tmp_path: Path
 ) -> None:

@@ -149,6 +149,9 @@ INVALID_POD_TEMPLATE: Final = "InvalidPodTemplate"
 INVALID_SPEC: Final = "InvalidSpec"
 """A stored job no longer passes the model (created before a rule existed, or under an older
 CRD): the operator cannot plan it and says so instead of retrying."""
+PODS_TOO_LARGE: Final = "PodsTooLarge"
+"""Failed (and a Warning Event): the job's pods add up to more bytes than the operator may
+hold (``api/podbytes.py``, GPUJOB_MAX_JOB_POD_BYTES); no pod was created."""
 INVALID_OBJECT: Final = "InvalidObject"
 LIMIT_RANGE_VIOLATION: Final = "LimitRangeViolation"
 ADMISSION_WEBHOOK_DENIED: Final = "AdmissionWebhookDenied"

@@ -42,6 +42,7 @@ from pydantic import ValidationError
 
 from gpujob_operator import api
 from gpujob_operator.api import conditions as c
+from gpujob_operator.api import podbytes
 from gpujob_operator.api.events import Event
 from gpujob_operator.api.status import attempt_of
 from gpujob_operator.lifecycle import (
@@ -168,15 +169,21 @@ def invalid_spec(body: Mapping[str, Any], now: datetime, problems: str) -> Plan:
     or under an older CRD. Nothing can be built from it, so no pod is touched (the user
     fixes or deletes the job); the Event is posted once, when the condition first appears.
     """
-    status = copy.deepcopy(dict(body.get("status") or {}))
-    old = list(status.get("conditions") or [])
-    gen = int_or_none((body.get("metadata") or {}).get("generation"))
     message = (
         f"the stored spec does not pass validation (it was created before a rule existed, or "
         f"under an older CRD): {problems}; fix the spec (kubectl apply shows the same "
         f"refusal) or delete the job"
     )
-    conds = c.set_condition(old, c.FAILED, c.TRUE, c.INVALID_SPEC, message, now, gen)
+    return refused_spec(body, now, c.INVALID_SPEC, message)
+
+
+def refused_spec(body: Mapping[str, Any], now: datetime, reason: str, message: str) -> Plan:
+    """Failed with `reason`, nothing else: a spec nothing may be built from (the Event once,
+    when the condition first appears)."""
+    status = copy.deepcopy(dict(body.get("status") or {}))
+    old = list(status.get("conditions") or [])
+    gen = int_or_none((body.get("metadata") or {}).get("generation"))
+    conds = c.set_condition(old, c.FAILED, c.TRUE, reason, message, now, gen)
     conds = retired(
         conds, c.JOB_FAILED, "the job failed; the verdict was about its last attempt", now, gen
     )
@@ -186,8 +193,8 @@ def invalid_spec(body: Mapping[str, Any], now: datetime, problems: str) -> Plan:
     if gen is not None:
         status["observedGeneration"] = gen
     status.setdefault("completionTime", c.format_time(now))
-    first = (c.find(old, c.FAILED) or {}).get("reason") != c.INVALID_SPEC
-    events = [Event("Warning", c.INVALID_SPEC, message)] if first else []
+    first = (c.find(old, c.FAILED) or {}).get("reason") != reason
+    events = [Event("Warning", reason, message)] if first else []
     return Plan(status=status, events=events)
 
 
@@ -205,6 +212,7 @@ def plan(
     gone: Sequence[ObservedPod] = (),
     resume_backoff: bool = True,
     nodes: blame.NodeView | None = None,
+    max_pod_bytes: int = 0,
 ) -> Plan:
     """Decide what to do for ``job`` given its pods (all attempts) at ``now``.
 
@@ -223,7 +231,9 @@ def plan(
     shell that has not tried a create since it started); False once the shell has tried.
     ``nodes``: the cluster's nodes (or why they could not be read) when the job avoids blamed
     nodes and its attempt lacks pods (:func:`needs_nodes`); the fit of the gang without them
-    is checked against these (:mod:`.blame`).
+    is checked against these (:mod:`.blame`). ``max_pod_bytes``: the most bytes of pods a job
+    may ask for (``api/podbytes.py``; 0: no bound); a job over it that has no pod yet fails
+    with PodsTooLarge before any is created.
     """
     body: Mapping[str, Any]
     if isinstance(job, api.GPUTrainingJob):
@@ -234,6 +244,14 @@ def plan(
         api.parse_spec(body["spec"])
     except ValidationError as e:
         return invalid_spec(body, now, api.spec_problems(e))
+    status = body.get("status") or {}
+    failed = (c.find(status.get("conditions"), c.FAILED) or {}).get("reason")
+    ended = status.get("phase") in (c.PHASE_SUCCEEDED, c.PHASE_FAILED)
+    # A job that ran, or ended otherwise, is never failed by a bound lowered since.
+    if not pods and (not ended or failed == c.PODS_TOO_LARGE):
+        too_large = podbytes.refusal(body["spec"], max_pod_bytes)
+        if too_large is not None:
+            return refused_spec(body, now, c.PODS_TOO_LARGE, too_large)
     pp = PlanningPass(
         body, pods, now, service_exists, log_tails or {}, refused, restart_backoff,
         gang_grace_seconds, gang_obs, gone, resume_backoff, nodes,

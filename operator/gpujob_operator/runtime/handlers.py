@@ -297,6 +297,7 @@ async def job_event(
             retry=own.settings.retry,
             restart_backoff=own.settings.restart_backoff,
             gang_grace_seconds=own.settings.gang_grace_seconds,
+            max_pod_bytes=own.settings.max_job_pod_bytes,
             fault_at=own.settings.fault_exit_at,
             network_policy=own.settings.job_network_policy,
             token_key=own.settings.endpoint_token_key,

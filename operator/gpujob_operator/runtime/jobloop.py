@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, TypeVar
 
 from gpujob_operator import api
-from gpujob_operator.api import children, hostports
+from gpujob_operator.api import children, hostports, podbytes
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import job_uid, uid_of
 from gpujob_operator.api.patches import json_safe, minimal_patch
@@ -158,6 +158,8 @@ class JobLoop:
     retry: backoff.Policy = backoff.RETRY
     restart_backoff: backoff.Policy = backoff.RESTART
     gang_grace_seconds: float = planner.GANG_GRACE_SECONDS
+    max_pod_bytes: int = podbytes.DEFAULT_MAX_JOB_POD_BYTES
+    """The most bytes of pods one job may ask for (``api/podbytes.py``)."""
     fault_at: str | None = None
     """The write boundary at which this process dies (tests: GPUJOB_FAULT_EXIT_AT)."""
     network_policy: endpoints.PolicySettings | None = None
@@ -276,6 +278,7 @@ class JobLoop:
             gone=list(self.gone.values()),
             resume_backoff=not self.tried,
             nodes=view,
+            max_pod_bytes=self.max_pod_bytes,
         )
         self.reconciles += 1
         if plan.phase in (c.PHASE_SUCCEEDED, c.PHASE_FAILED, c.PHASE_SUSPENDED):

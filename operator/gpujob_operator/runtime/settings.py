@@ -17,6 +17,7 @@ before kopf starts. Nothing else in the operator reads the environment.
 | ``POD_ID`` | host/pid | this replica's peering identity (the chart sets the pod's name) |
 | ``GPUJOB_SCRAPE_CONCURRENCY`` | 64 | scrapes in flight, over every job |
 | ``GPUJOB_SCRAPE_TIMEOUT`` | 5 | seconds one scrape may take |
+| ``GPUJOB_MAX_JOB_POD_BYTES`` | 67108864 | bytes of pods one job may ask for (template x nodes, ``api/podbytes.py``; 0: no bound); over it, refused at apply and never created |
 | ``GPUJOB_SCRAPE_CPU_CORES`` | 1 | operator CPU (cores) every job's scrapes share; a job over its fair share is scraped less often, and told so |
 | ``GPUJOB_API_TIMEOUT`` | 30 | seconds one API call may take (connect, then read) |
 | ``GPUJOB_WATCH_SERVER_TIMEOUT`` | 300 | kopf's server-side watch timeout |
@@ -48,7 +49,7 @@ from dataclasses import dataclass
 from typing import Final, TypeVar
 
 from gpujob_operator import api
-from gpujob_operator.api import hostports
+from gpujob_operator.api import hostports, podbytes
 from gpujob_operator.lifecycle import backoff
 from gpujob_operator.lifecycle.endpoints import PolicySettings
 from gpujob_operator.lifecycle.planner import GANG_GRACE_SECONDS
@@ -80,6 +81,8 @@ class Settings:
     pod_id: str | None = None
     scrape_concurrency: int = 64
     scrape_timeout: float = 5.0
+    max_job_pod_bytes: int = podbytes.DEFAULT_MAX_JOB_POD_BYTES
+    """The most bytes of pods one job may ask for (``api/podbytes.py``; 0: no bound)."""
     scrape_cpu_cores: float = 1.0
     """The scrape CPU every job shares (``monitoring/scrape/budget.py``)."""
     api_timeout: float = 30.0
@@ -239,6 +242,14 @@ def from_env(env: Mapping[str, str]) -> Settings:
         ),
         scrape_timeout=_read(
             env, "GPUJOB_SCRAPE_TIMEOUT", d.scrape_timeout, float, seconds, _positive_seconds
+        ),
+        max_job_pod_bytes=_read(
+            env,
+            "GPUJOB_MAX_JOB_POD_BYTES",
+            d.max_job_pod_bytes,
+            int,
+            "a number of bytes >= 0 (0: no bound)",
+            lambda v: v >= 0,
         ),
         scrape_cpu_cores=_read(
             env,

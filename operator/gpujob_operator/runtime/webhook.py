@@ -38,6 +38,7 @@ from pydantic import ValidationError
 
 from gpujob_operator import api
 from gpujob_operator.api import conditions as c
+from gpujob_operator.api import podbytes
 from gpujob_operator.lifecycle.apiserver import admissionreview, podreview, refusals
 from gpujob_operator.runtime.kube import Kube
 from gpujob_operator.runtime.settings import Settings
@@ -97,9 +98,16 @@ class Reviewer:
     """Reviews admission requests; at most :data:`MAX_CONCURRENT_DRY_RUNS` dry runs at once,
     :data:`PER_SOURCE_DRY_RUNS` of them for one client address."""
 
-    def __init__(self, kube: Callable[[], Kube], timeout: float = podreview.DRY_RUN_TIMEOUT):
+    def __init__(
+        self,
+        kube: Callable[[], Kube],
+        timeout: float = podreview.DRY_RUN_TIMEOUT,
+        max_pod_bytes: int = podbytes.DEFAULT_MAX_JOB_POD_BYTES,
+    ):
         self.kube = kube
         self.timeout = timeout
+        self.max_pod_bytes = max_pod_bytes
+        """The most bytes of pods one job may ask for (``api/podbytes.py``; 0: no bound)."""
         self.slots = asyncio.Semaphore(MAX_CONCURRENT_DRY_RUNS)
         self.sources = SourceSlots(PER_SOURCE_DRY_RUNS)
         self.executor = concurrent.futures.ThreadPoolExecutor(
@@ -118,6 +126,11 @@ class Reviewer:
         update (``old``), pods the change leaves as they were are not judged again: a
         namespace's policy tightened since would otherwise block a suspend or a TTL edit."""
         loop = asyncio.get_running_loop()
+        too_large = await loop.run_in_executor(
+            self.parser, _too_large, job, old, self.max_pod_bytes
+        )
+        if too_large is not None:
+            return podreview.Verdict(False, f"{c.PODS_TOO_LARGE}: {too_large}")
         pods, unchanged = await loop.run_in_executor(self.parser, _pods_and_unchanged, job, old)
         if pods is None or unchanged:
             return podreview.ALLOW  # the CRD's own checks answer for the spec's fields
@@ -162,6 +175,21 @@ class Reviewer:
             self.sources.release(source)
 
 
+def _too_large(job: Mapping[str, Any], old: Mapping[str, Any] | None, bound: int) -> str | None:
+    """Why the job's pods are too many bytes for the operator; an update that leaves the
+    template and the width as they were is not judged again (a bound lowered since must
+    not block a suspend or a TTL edit)."""
+    spec = job.get("spec")
+    if not isinstance(spec, Mapping):
+        return None
+    before = (old or {}).get("spec")
+    if isinstance(before, Mapping) and all(
+        spec.get(k) == before.get(k) for k in ("template", "nodes")
+    ):
+        return None
+    return podbytes.refusal(spec, bound)
+
+
 def _pods_and_unchanged(
     job: Mapping[str, Any], old: Mapping[str, Any] | None
 ) -> tuple[list[dict[str, Any]] | None, bool]:
@@ -190,7 +218,7 @@ def install(settings: Settings, namespaces: list[str], kube: Callable[[], Kube])
     one memory for every object uid an UPDATE review names, for ever, real or not.
     """
     own = settings
-    reviewer = Reviewer(kube)
+    reviewer = Reviewer(kube, max_pod_bytes=settings.max_job_pod_bytes)
 
     @kopf.on.startup()
     def serve_webhook(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -260,7 +288,7 @@ def server(
         # refused before a byte of a review is read.
         options["verify_mode"] = ssl.CERT_REQUIRED
         options["verify_cafile"] = settings.webhook_client_ca
-    reviewer = reviewer or Reviewer(kube)
+    reviewer = reviewer or Reviewer(kube, max_pod_bytes=settings.max_job_pod_bytes)
     if not settings.webhook_register:
         return GuardedServer(reviewer, namespaces, **options)
     return _RegisteringServer(settings.webhook_register, reviewer, namespaces, kube, **options)

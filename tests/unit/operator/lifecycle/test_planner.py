@@ -1145,6 +1145,27 @@ def test_a_stored_spec_the_model_refuses_fails_the_job_once_with_invalid_spec() 
     assert again.status == p.status and not again.events
 
 
+def test_a_job_whose_pods_would_not_fit_the_operator_fails_before_any_pod() -> None:
+    """Past the webhook (down, failurePolicy Ignore): the operator refuses it itself, once."""
+    env = [{"name": f"V{i}", "value": "x" * 4000} for i in range(100)]
+    job = make_job(
+        nodes=512, template={"containers": [{"name": "sidecar", "image": "busybox:1", "env": env}]}
+    )
+    bound = 64 * 2**20
+    p = planner.plan(job, [], T0, service_exists=False, max_pod_bytes=bound)
+    failed = cond(p.status, c.FAILED)
+    assert (failed["status"], failed["reason"]) == ("True", c.PODS_TOO_LARGE)
+    assert "x spec.nodes 512 = 199 MiB" in failed["message"], failed
+    assert p.phase == c.PHASE_FAILED and not p.create_pods and p.create_service is None
+    assert [e.type for e in p.events] == ["Warning"]
+    again = planner.plan(
+        {**job, "status": p.status}, [], T0, service_exists=False, max_pod_bytes=bound
+    )
+    assert again.status == p.status and not again.events
+    # no bound, or a job already under way: planned as ever
+    assert planner.plan(job, [], T0, service_exists=False, max_pod_bytes=0).create_pods
+
+
 # ---- wide gangs: pods built and created in batches ------------------------------------------
 
 

@@ -80,3 +80,27 @@ def test_reviews_past_the_concurrency_bound_are_admitted_with_a_warning() -> Non
     assert all(v.allowed for v in verdicts)
     assert len(kube.dry_runs) == 4, "4 slots, 2 per address: the other dry runs never started"
     assert any("too many reviews in flight" in " ".join(v.warnings) for v in verdicts)
+
+
+def wide(nodes: int, env_kb: int) -> dict[str, Any]:
+    """A job of `nodes` pods whose template carries `env_kb` KB of env values."""
+    env = [{"name": f"V{i}", "value": "x" * 4000} for i in range(env_kb // 4)]
+    template = {"containers": [{"name": "sidecar", "image": "busybox:1", "env": env}]}
+    return {**JOB, "spec": {**JOB["spec"], "nodes": nodes, "template": template}}
+
+
+def test_a_job_whose_pods_would_not_fit_the_operator_is_denied_with_the_numbers() -> None:
+    kube = FakeKube()
+    job = wide(512, 400)
+    verdict = asyncio.run(Reviewer(lambda: kube, 5.0, max_pod_bytes=64 * 2**20).review(job))  # type: ignore[arg-type]
+    assert not verdict.allowed and kube.dry_runs == []  # no pod built, none dry-run
+    assert verdict.message.startswith("PodsTooLarge: spec.template makes pods of 397 KiB")
+    assert "x spec.nodes 512 = 199 MiB" in verdict.message and "bound of 64 MiB" in verdict.message
+    assert "GPUJOB_MAX_JOB_POD_BYTES" in verdict.message
+    # the same template on fewer nodes fits, and no bound admits anything
+    assert asyncio.run(Reviewer(lambda: kube, 5.0).review(wide(128, 400))).allowed  # type: ignore[arg-type]
+    unbounded = Reviewer(lambda: kube, 5.0, max_pod_bytes=0)  # type: ignore[arg-type]
+    assert asyncio.run(unbounded.review(job)).allowed
+    # an update that leaves the template and the width alone is not judged again
+    edited = {**job, "spec": {**job["spec"], "runPolicy": {"suspend": True}}}
+    assert asyncio.run(Reviewer(lambda: kube, 5.0).review(edited, job)).allowed  # type: ignore[arg-type]
