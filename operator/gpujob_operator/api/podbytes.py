@@ -45,5 +45,6 @@ def refusal(raw_spec: Mapping[str, Any], bound: int) -> str | None:
         f"{total / 2**20:.0f} MiB of pods, over the operator's bound of "
         f"{bound / 2**20:.0f} MiB (GPUJOB_MAX_JOB_POD_BYTES): it watches every pod of a job "
         "while the gang starts. Move large values out of the template (a ConfigMap or a "
-        "volume), or raise the bound together with the operator's memory limit"
+        "volume) and create the job again, or raise the bound together with the operator's "
+        "memory limit"
     )

@@ -245,10 +245,11 @@ def plan(
     except ValidationError as e:
         return invalid_spec(body, now, api.spec_problems(e))
     status = body.get("status") or {}
-    failed = (c.find(status.get("conditions"), c.FAILED) or {}).get("reason")
     ended = status.get("phase") in (c.PHASE_SUCCEEDED, c.PHASE_FAILED)
-    # A job that ran, or ended otherwise, is never failed by a bound lowered since.
-    if not pods and (not ended or failed == c.PODS_TOO_LARGE):
+    # Only a job that never created a pod: one that ran (suspended, between two attempts)
+    # is never failed by a bound lowered since; once failed, the ended job's passes (its
+    # TTL, its Workload) are the planner's as for any other.
+    if not pods and not ended and status.get("startTime") is None:
         too_large = podbytes.refusal(body["spec"], max_pod_bytes)
         if too_large is not None:
             return refused_spec(body, now, c.PODS_TOO_LARGE, too_large)

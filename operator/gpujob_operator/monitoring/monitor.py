@@ -166,6 +166,9 @@ class JobMonitor:
         self._metrics_ok: bool | None = None
         self._stretched_since: float | None = None
         """When the job's scrape interval was first stretched (None: it is not)."""
+        self._stretch_said: tuple[float, str] | None = None
+        """(interval, words) the condition last said of the stretch."""
+        self._stretch_warned = False
         self._first_seen: float | None = None
         self._finished = False
         self._last_step: float | None = None
@@ -334,11 +337,17 @@ class JobMonitor:
     def _stretched(
         self, metrics: dict[str, Any], stretch: Stretch, now: float, events: list[Event]
     ) -> dict[str, Any]:
-        """MetricsAvailable with the stretch said; a Warning when a stretch begins."""
-        words = stretch.words()
+        """MetricsAvailable with the stretch said; a Warning when the first one begins (once
+        per attempt: a job near its share may go in and out of it). The words change only
+        when the interval does, so a stretched job's status is not rewritten every round."""
+        said = self._stretch_said
+        words = said[1] if said is not None and said[0] == stretch.interval else stretch.words()
+        self._stretch_said = (stretch.interval, words)
         if self._stretched_since is None:
             self._stretched_since = now
-            events.append(Event("Warning", c.SCRAPE_INTERVAL_STRETCHED, words))
+            if not self._stretch_warned:
+                self._stretch_warned = True
+                events.append(Event("Warning", c.SCRAPE_INTERVAL_STRETCHED, words))
         if metrics["reason"] == c.ALL_RANKS_SCRAPED:
             message = f"{metrics['message']}; {words}"
             return self._make(c.METRICS_AVAILABLE, True, c.SCRAPE_INTERVAL_STRETCHED, message, now)

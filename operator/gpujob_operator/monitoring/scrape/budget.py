@@ -5,12 +5,13 @@ a 256 KiB body about 8 ms). A job with thousands of ranks, or one whose ranks an
 large bodies at ``scrapeIntervalSeconds: 1``, could otherwise take the whole operator: every
 other job's scrapes, watches and status writes would wait behind it on one event loop.
 
-:class:`ScrapeBudget` keeps each job's recent cost (CPU seconds per second, from its last
-round) and gives each a share of ``cores`` by max-min fairness: a job may use at least an
-equal share (``cores / jobs``) and more while the others leave it unused. A job whose round
-costs more than its share at its own interval is scraped less often: its interval is
-stretched to ``round CPU / share``, and its ``MetricsAvailable`` condition says so with the
-numbers (:class:`Stretch`). Nothing is dropped: every rank of every round is still read.
+:class:`ScrapeBudget` keeps each job's demand (the cores its last round would use at its own
+interval) and shares ``cores`` by max-min fairness: every job gets what it asks for up to a
+level, the level set so the budget is used (so never less than an equal share, and two
+heavy jobs get the same whoever came first). A job whose round costs more than its share at
+its own interval is scraped less often: its interval is stretched to ``round CPU / share``,
+and its ``MetricsAvailable`` condition says so with the numbers (:class:`Stretch`). Nothing is
+dropped: every rank of every round is still read.
 
 Pure bookkeeping with plain numbers in and out; the caller passes the clock.
 """
@@ -60,22 +61,20 @@ class Stretch:
 
 @dataclass
 class ScrapeBudget:
-    """Each job's recent scrape cost and the share of ``cores`` it may use."""
+    """Each job's recent demand for scrape CPU and the share of ``cores`` it may use."""
 
     cores: float = DEFAULT_CORES
-    _usage: dict[str, tuple[float, float]] = field(default_factory=dict)
-    """Job uid -> (cores its last round used at the interval it got, until when it counts)."""
-    _total: float = 0.0
-    """The sum of the usages above (kept, not summed: a thousand jobs ask every few seconds)."""
-    _swept: float = -1.0
+    _demand: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Job uid -> (cores its last round would use at its own interval, until when it counts)."""
+    _level: float = math.inf
+    """The max-min fair share (water level) of the demands: a job may use up to this."""
+    _leveled: float = -math.inf
 
     def share(self, uid: str, now: float) -> float:
-        """The cores `uid` may use: an equal share, or what the others leave if more."""
-        self._expire(now)
-        own = self._usage.get(uid)
-        others = max(0.0, self._total - (own[0] if own else 0.0))
-        jobs = len(self._usage) + (own is None)
-        return max(self.cores / jobs, self.cores - others)
+        """The cores `uid` may use now: the fair level, never below an equal share."""
+        self._relevel(now)
+        jobs = len(self._demand) + (uid not in self._demand)
+        return max(self._level, self.cores / jobs)
 
     def pace(
         self, uid: str, wanted: float, cpu: float, ranks: int, now: float
@@ -87,28 +86,43 @@ class ScrapeBudget:
         if share > 0 and cpu / share > wanted:
             interval = float(math.ceil(cpu / share))  # whole seconds: a steady sentence
         keep = max(KEEP_ROUNDS * interval, KEEP_MIN_SECONDS)
-        self.forget(uid)
-        used = cpu / interval if interval > 0 else 0.0
-        self._usage[uid] = (used, now + keep)
-        self._total += used
+        if uid not in self._demand:
+            self._leveled = -math.inf  # a job more: the level is taken again at the next ask
+        # What it asks for, not what it got: a paced job keeps its claim on the level.
+        self._demand[uid] = (cpu / wanted if wanted > 0 else 0.0, now + keep)
         if interval <= wanted:
             return wanted, None
         return interval, Stretch(wanted, interval, cpu, share, self.cores, ranks)
 
     def forget(self, uid: str) -> None:
         """The job stopped scraping (ended, deleted, not Running): its share goes back."""
-        old = self._usage.pop(uid, None)
-        if old is not None:
-            self._total = max(0.0, self._total - old[0]) if self._usage else 0.0
+        if self._demand.pop(uid, None) is not None:
+            self._leveled = -math.inf  # at the next ask
 
-    def _expire(self, now: float) -> None:
-        if now - self._swept < 1.0:  # a sweep a second at most, however many jobs ask
+    def _relevel(self, now: float) -> None:
+        """Drop demands that stopped, then fill the budget: every job gets what it asks for
+        up to a level, the level chosen so the budget is used (max-min fairness). A sort of
+        the demands, at most once a second however many jobs ask."""
+        if now - self._leveled < 1.0:
             return
-        self._swept = now
-        for key in [key for key, (_, until) in self._usage.items() if until < now]:
-            self.forget(key)
+        self._leveled = now
+        for key in [key for key, (_, until) in self._demand.items() if until < now]:
+            del self._demand[key]
+        self._level = fair_level(sorted(d for d, _ in self._demand.values()), self.cores)
 
     @property
     def jobs(self) -> int:
-        """Jobs whose cost counts now (for the operator's own metrics and tests)."""
-        return len(self._usage)
+        """Jobs whose demand counts now (for the operator's own metrics and tests)."""
+        return len(self._demand)
+
+
+def fair_level(demands: list[float], cores: float) -> float:
+    """The water level of max-min fairness over sorted `demands`: each gets min(demand,
+    level) and the budget is used; infinite when every demand fits."""
+    left = cores
+    for i, demand in enumerate(demands):
+        fair = left / (len(demands) - i)
+        if demand > fair:
+            return fair
+        left -= demand
+    return math.inf

@@ -373,10 +373,13 @@ class Scraper:
                 samples, fr, cpu = await loop.run_in_executor(_parser(), self._parse, body, t)
             else:
                 samples, fr, cpu = self._parse(body, t)
-        except expfmt.ParseError:
+        except expfmt.ParseError as exc:
             # Nothing of the body: on the host network it may be any service of the node.
             message = f"{NOT_PROMETHEUS} ({len(body)} bytes)"
-            return ScrapeResult(target, t, error=ErrorKind.PARSE, message=message, size=len(body))
+            cpu = getattr(exc, "cpu", 0.0)  # charged too: a refused body can cost the most
+            return ScrapeResult(
+                target, t, error=ErrorKind.PARSE, message=message, size=len(body), cpu=cpu
+            )
         missing = _missing_rank(target, fr)
         if missing:
             return ScrapeResult(
@@ -394,6 +397,7 @@ class Scraper:
                 message=f"expected rank {target.rank}, the endpoint exports rank(s) {found}",
                 size=len(body),
                 dropped_series=adm.dropped_series,
+                cpu=cpu,
             )
         return ScrapeResult(
             target,
@@ -411,10 +415,14 @@ class Scraper:
         """The payload's samples (only with a `wanted` set of our own), its frame, and the
         CPU seconds this thread spent on them."""
         c0 = time.thread_time()
-        if self.wanted is NEEDED:
-            return [], frame_payload(body, t), time.thread_time() - c0
-        samples = expfmt.parse(body, self.wanted)
-        return samples, frame(samples, t), time.thread_time() - c0
+        try:
+            if self.wanted is NEEDED:
+                return [], frame_payload(body, t), time.thread_time() - c0
+            samples = expfmt.parse(body, self.wanted)
+            return samples, frame(samples, t), time.thread_time() - c0
+        except expfmt.ParseError as exc:
+            exc.cpu = time.thread_time() - c0  # type: ignore[attr-defined]
+            raise
 
 
 _PARSER: ThreadPoolExecutor | None = None

@@ -1158,12 +1158,19 @@ def test_a_job_whose_pods_would_not_fit_the_operator_fails_before_any_pod() -> N
     assert "x spec.nodes 512 = 199 MiB" in failed["message"], failed
     assert p.phase == c.PHASE_FAILED and not p.create_pods and p.create_service is None
     assert [e.type for e in p.events] == ["Warning"]
+    # the next passes are an ended job's: nothing created, no second Event, still Failed
     again = planner.plan(
         {**job, "status": p.status}, [], T0, service_exists=False, max_pod_bytes=bound
     )
-    assert again.status == p.status and not again.events
-    # no bound, or a job already under way: planned as ever
-    assert planner.plan(job, [], T0, service_exists=False, max_pod_bytes=0).create_pods
+    assert again.phase == c.PHASE_FAILED and not again.create_pods and not again.events
+    assert cond(again.status, c.FAILED)["reason"] == c.PODS_TOO_LARGE
+    # no bound: planned as ever
+    first = planner.plan(job, [], T0, service_exists=False, max_pod_bytes=0)
+    assert first.create_pods
+    # a job that ran (here: between two attempts, no pod left) is never failed by the bound
+    ran = {**job, "status": {**first.status, "phase": c.PHASE_RESTARTING}}
+    later = planner.plan(ran, [], T0, service_exists=False, max_pod_bytes=bound)
+    assert later.phase != c.PHASE_FAILED, later.status
 
 
 # ---- wide gangs: pods built and created in batches ------------------------------------------

@@ -107,7 +107,8 @@ def test_every_kind_of_endpoint_in_one_round() -> None:
         assert repr(good.frame) == repr(frame(parse(PAYLOAD, NEEDED), good.t))  # NaN-safe
         assert good.target.pod == "pod-0" and good.t > 0
         # the CPU the operator spent reading it: what the job's share of the budget is charged
-        assert good.cpu > 0 and all(r.cpu == 0 for r in results[1:6])
+        assert good.cpu > 0 and all(r.cpu == 0 for r in results[2:6])  # never parsed
+        assert results[1].cpu > 0  # a body refused by the parser is charged too
         assert "503" in results[3].message and "expected local_rank 0" in results[7].message
         assert all(r.message for r in results[1:])
 

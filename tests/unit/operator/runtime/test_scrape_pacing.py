@@ -112,6 +112,13 @@ def test_the_job_over_its_share_is_paced_and_told_and_the_light_one_is_not() -> 
     assert light_task.next_scrape - time.time() <= 1.0
     assert not [e for e in light_events if e[1] == c.SCRAPE_INTERVAL_STRETCHED]
 
+    # Another round a little dearer: the same words (no status write for noise), no Warning.
+    scraper.cost["heavy"] = 4.34
+    heavy_task.next_scrape = 0.0
+    asyncio.run(heavy_task.observe(pods("heavy", 2)))
+    assert metrics_condition(heavy)["message"] == cond["message"]
+    assert len([e for e in heavy_events if e[1] == c.SCRAPE_INTERVAL_STRETCHED]) == 1
+
     # The heavy job ends: its share goes back to the others at once.
     heavy["status"]["phase"] = "Succeeded"
     asyncio.run(heavy_task.observe([]))
