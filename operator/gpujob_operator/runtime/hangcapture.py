@@ -58,7 +58,8 @@ async def ask(
 ) -> list[hang.RankAnswer]:
     """Every rank's answer, each digested as it arrives (its text rendered, its dump cut to
     what the comparison reads, its body dropped): memory grows by a few KiB a rank, not by
-    its whole evidence (up to 64 KiB of JSON, several times that parsed)."""
+    its whole evidence (up to 64 KiB of JSON, several times that parsed). The digest runs on
+    the event loop, one body at a time (see :meth:`Scraper.fetch_all`)."""
     n = len(asked)
 
     def digest(i: int, target: ScrapeTarget, body: bytes) -> hang.RankAnswer:
