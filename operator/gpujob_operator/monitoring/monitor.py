@@ -164,8 +164,6 @@ class JobMonitor:
         """Kinds of rejected input already reported by an Event (once per kind and attempt)."""
         self.verdict = hysteresis.VerdictState()
         self._metrics_ok: bool | None = None
-        self._stretched_since: float | None = None
-        """When the job's scrape interval was first stretched (None: it is not)."""
         self._stretch_said: tuple[float, str] | None = None
         """(interval, words) the condition last said of the stretch."""
         self._stretch_warned = False
@@ -287,8 +285,6 @@ class JobMonitor:
         metrics = self._metrics_condition(results, failures, now, events, exited)
         if results and stretch is not None:
             metrics = self._stretched(metrics, stretch, now, events)
-        elif results:
-            self._stretched_since = None
         rejected = _rejected_text(dropped_series, dropped_values, notes)
         missing = _missing_text(result.missing_ranks, len(self.window.ranks), self.settings)
         targets = result.target_note
@@ -343,11 +339,9 @@ class JobMonitor:
         said = self._stretch_said
         words = said[1] if said is not None and said[0] == stretch.interval else stretch.words()
         self._stretch_said = (stretch.interval, words)
-        if self._stretched_since is None:
-            self._stretched_since = now
-            if not self._stretch_warned:
-                self._stretch_warned = True
-                events.append(Event("Warning", c.SCRAPE_INTERVAL_STRETCHED, words))
+        if not self._stretch_warned:
+            self._stretch_warned = True
+            events.append(Event("Warning", c.SCRAPE_INTERVAL_STRETCHED, words))
         if metrics["reason"] == c.ALL_RANKS_SCRAPED:
             message = f"{metrics['message']}; {words}"
             return self._make(c.METRICS_AVAILABLE, True, c.SCRAPE_INTERVAL_STRETCHED, message, now)

@@ -126,12 +126,11 @@ class Reviewer:
         update (``old``), pods the change leaves as they were are not judged again: a
         namespace's policy tightened since would otherwise block a suspend or a TTL edit."""
         loop = asyncio.get_running_loop()
-        too_large = await loop.run_in_executor(
-            self.parser, _too_large, job, old, self.max_pod_bytes
+        too_large, pods, unchanged = await loop.run_in_executor(
+            self.parser, _screen, job, old, self.max_pod_bytes
         )
         if too_large is not None:
             return podreview.Verdict(False, f"{c.PODS_TOO_LARGE}: {too_large}")
-        pods, unchanged = await loop.run_in_executor(self.parser, _pods_and_unchanged, job, old)
         if pods is None or unchanged:
             return podreview.ALLOW  # the CRD's own checks answer for the spec's fields
         raw_spec = job["spec"]
@@ -188,6 +187,17 @@ def _too_large(job: Mapping[str, Any], old: Mapping[str, Any] | None, bound: int
     ):
         return None
     return podbytes.refusal(spec, bound)
+
+
+def _screen(
+    job: Mapping[str, Any], old: Mapping[str, Any] | None, bound: int
+) -> tuple[str | None, list[dict[str, Any]] | None, bool]:
+    """One trip to the parse thread: why the job's pods are too large (then no pod is
+    built), else its dry-run pods and whether an update left them as they were."""
+    too_large = _too_large(job, old, bound)
+    if too_large is not None:
+        return too_large, None, False
+    return (None, *_pods_and_unchanged(job, old))
 
 
 def _pods_and_unchanged(

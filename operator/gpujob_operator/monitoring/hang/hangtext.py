@@ -57,6 +57,10 @@ def rank_text(answer: RankAnswer, where: str, max_bytes: int) -> str:
     return _cut("\n".join(lines) + "\n", max_bytes)
 
 
+_MARKERS: Final = tuple(marker for marker, _ in ACTIVITIES)
+"""The library folders that tell what a rank is doing: the frames a digest must keep."""
+
+
 def rank_bytes(ranks: int, max_bytes: int = MAX_BYTES) -> int:
     """The bytes one rank's text may take when `ranks` share the ConfigMap."""
     return max(MIN_RANK_BYTES, (max_bytes - SUMMARY_BYTES) // max(1, ranks))
@@ -69,8 +73,7 @@ def digested(answer: RankAnswer, ranks: int) -> RankAnswer:
     if answer.dump is None:
         return answer
     text = rank_text(answer, where_of(answer), rank_bytes(ranks))
-    markers = tuple(marker for marker, _ in ACTIVITIES)
-    return dataclasses.replace(answer, dump=digest(answer.dump, markers), text=text)
+    return dataclasses.replace(answer, dump=digest(answer.dump, _MARKERS), text=text)
 
 
 def configmap_data(

@@ -17,6 +17,7 @@ import resource
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from types import TracebackType
 from typing import Any, Final
 
@@ -191,19 +192,20 @@ class Scraper:
             seconds += DIGEST_SECONDS_PER_TARGET * len(targets)
         deadline = time.monotonic() + seconds
         share = asyncio.Semaphore(self.per_call) if len(targets) > self.per_call else None
-        position = {id(t): i for i, t in enumerate(targets)}
 
-        async def one(target: ScrapeTarget, deadline: float) -> ScrapeResult:
+        async def one(position: int, target: ScrapeTarget, deadline: float) -> ScrapeResult:
             try:
                 body = await self._body(target, deadline, max_bytes)
             except (TimeoutError, Failure) as exc:
                 return self._failed(target, exc)
             if digest is not None:
-                kept = digest(position[id(target)], target, body)
+                kept = digest(position, target, body)
                 return ScrapeResult(target, self._clock(), kept=kept, size=len(body))
             return ScrapeResult(target, self._clock(), raw=body, size=len(body))
 
-        results = await asyncio.gather(*(self._scrape(t, deadline, share, one) for t in targets))
+        results = await asyncio.gather(
+            *(self._scrape(t, deadline, share, partial(one, i)) for i, t in enumerate(targets))
+        )
         return [
             (r.raw if digest is None else r.kept, None if r.ok else str(r.error), r.message)
             for r in results
