@@ -13,7 +13,6 @@ ClusterRole); a failed patch is logged and counted, and the next pass writes it 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +26,7 @@ from gpujob_operator.lifecycle.forecast.queuestatus import QueueUpdate, forecast
 from gpujob_operator.lifecycle.forecast.queueview import World, split_waiting
 from gpujob_operator.lifecycle.gang import gang
 from gpujob_operator.observability.opmetrics import METRICS, error_reason
+from gpujob_operator.runtime import listing
 from gpujob_operator.runtime.kube import Kube, api_reason
 
 log = logging.getLogger("gpujob.forecast")
@@ -35,8 +35,6 @@ READ_TIMEOUT: Final = (5.0, 30.0)
 """Connect and read timeouts of one list call: a slow API server delays a pass, never hangs it."""
 MIN_GAP_SECONDS: Final = 2.0
 """Passes woken by new jobs are at least this far apart (a burst of creates is one pass)."""
-PAGE: Final = 500
-"""Objects per page of the forecast's lists (one page decoded at a time)."""
 ACTIVE_POD_FIELDS: Final = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 
 
@@ -152,21 +150,7 @@ class Forecaster:
     def _pages(
         self, call: str, project: Callable[[Any], Any] | None, kw: dict[str, Any]
     ) -> list[Any]:
-        fn = getattr(self.kube.core, call)
-        out: list[Any] = []
-        token: str | None = None
-        while True:
-            more = {"_continue": token} if token else {}
-            resp = fn(
-                _preload_content=False, _request_timeout=READ_TIMEOUT, limit=PAGE, **more, **kw
-            )
-            page = json.loads(resp.data)
-            items = page.get("items") or []
-            out.extend(items if project is None else (project(i) for i in items))
-            token = (page.get("metadata") or {}).get("continue") or None
-            del page, items, resp
-            if not token:
-                return out
+        return listing.list_pages(getattr(self.kube.core, call), project, READ_TIMEOUT, **kw).items
 
     async def _kueue(self, plural: str) -> list[Any]:
         got: Any = await asyncio.to_thread(

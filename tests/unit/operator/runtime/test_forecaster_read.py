@@ -7,7 +7,7 @@ import json
 from types import SimpleNamespace
 from typing import Any, cast
 
-from gpujob_operator.runtime import forecaster
+from gpujob_operator.runtime import forecaster, listing
 from gpujob_operator.runtime.forecaster import Forecaster
 
 
@@ -49,7 +49,8 @@ def test_pods_are_read_in_pages_and_only_their_projection_is_kept() -> None:
     world = asyncio.run(f.read(native=True, kueue=False))
     assert len(world.pods) == 1234 and world.nodes_error is None
     pages = [c for c in core.calls if "field_selector" in c]
-    assert len(pages) == 3 and all(c["limit"] == forecaster.PAGE for c in pages)
+    # The first page is short (the items' size is unknown), the rest as long as allowed.
+    assert [c["limit"] for c in pages] == [listing.FIRST_PAGE_ITEMS] + [listing.PAGE_ITEMS_MAX] * 3
     assert pages[0]["field_selector"] == forecaster.ACTIVE_POD_FIELDS
     kept = world.pods[7]
     assert "managedFields" not in kept["metadata"] and "env" not in kept["spec"]["containers"][0]
