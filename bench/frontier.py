@@ -148,6 +148,20 @@ def loop_lag_bucket(text: str) -> str:
     return top
 
 
+STALL_LINE = re.compile(r"the event loop was stalled for ([0-9.]+)s .*; it was in (.*)$")
+
+
+def loop_stalls(log_text: str) -> list[tuple[float, str]]:
+    """The stalls over 0.5 s the operator's stall watch logged: (seconds, innermost frame),
+    longest first."""
+    found = [
+        (float(m.group(1)), m.group(2))
+        for m in (STALL_LINE.search(line) for line in log_text.splitlines())
+        if m
+    ]
+    return sorted(found, reverse=True)
+
+
 def status(kube: Kube, name: str) -> dict[str, Any]:
     return dict((kube.get("gputrainingjob", name) or {}).get("status") or {})
 
@@ -368,6 +382,11 @@ def main() -> int:
         )
         end = op_metrics(op)
         fig["loop_lag_max_le_s"] = loop_lag_bucket(end)
+        stalls = loop_stalls(op.log_path.read_text(errors="replace"))
+        fig["loop_stalls_over_0_5s"] = len(stalls)
+        fig["loop_stall_max_s"] = stalls[0][0] if stalls else 0.0
+        for seconds, frame in stalls[:5]:
+            print(f"# loop stall {seconds:.2f}s in {frame}")
         fig["operator_peak_rss_mib"] = rss_mib(op.proc.pid, "VmHWM")
     finally:
         if op is not None:

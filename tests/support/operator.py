@@ -101,12 +101,8 @@ class OperatorProcess:
         except OSError:
             return False
 
-    def reconciled(self, namespace: str, name: str) -> bool:
-        """This process has reconciled the job: its own /metrics export the job's phase.
-
-        A real "up" signal for one job (liveness only says the process serves HTTP): the
-        series appears only after a reconcile pass of that job finished.
-        """
+    def metrics(self) -> str | None:
+        """The process's own /metrics text (None while it does not answer)."""
         assert self.proc is not None
         if self.proc.poll() is not None:
             raise AssertionError(f"operator exited with {self.proc.returncode}: {self.log_tail()}")
@@ -114,8 +110,25 @@ class OperatorProcess:
             with urllib.request.urlopen(
                 f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2
             ) as r:
-                text = r.read().decode()
+                return str(r.read().decode())
         except OSError:
+            return None
+
+    def counter(self, series: str) -> float:
+        """The value of one exact series of its /metrics (``name{labels}``); 0 when absent."""
+        for line in (self.metrics() or "").splitlines():
+            if line.startswith(series + " "):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    def reconciled(self, namespace: str, name: str) -> bool:
+        """This process has reconciled the job: its own /metrics export the job's phase.
+
+        A real "up" signal for one job (liveness only says the process serves HTTP): the
+        series appears only after a reconcile pass of that job finished.
+        """
+        text = self.metrics()
+        if text is None:
             return False
         want = (f'namespace="{namespace}"', f'job_name="{name}"')
         return any(

@@ -203,6 +203,13 @@ GHOST_PODS = Family(
     "it was found; the job's planning goes on without them.",
 )
 GHOST_POD_PROOFS: Final = ("delete_404", "listing")
+WORKLOAD_READS = Family(
+    "gpujob_operator_workload_reads_total",
+    "Kueue Workloads read by job passes, by source: watch (from the operator's cache of its "
+    "Workload watch) or api (a GET: not cached yet, not confirmed for a minute, or just "
+    "written by the operator).",
+)
+WORKLOAD_READ_SOURCES: Final = ("watch", "api")
 JOBS = Family("gpujob_operator_jobs", "Jobs the operator currently exports series for.")
 BUILD_INFO = Family("gpujob_operator_build_info", "Always 1; the version label says which build.")
 
@@ -249,6 +256,7 @@ HEALTH_FAMILIES: Final = (
     LOOP_LAG,
     HANG_CAPTURES,
     GHOST_PODS,
+    WORKLOAD_READS,
     JOBS,
     BUILD_INFO,
 )

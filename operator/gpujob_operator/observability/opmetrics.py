@@ -79,6 +79,8 @@ from gpujob_operator.observability.opfamilies import (
     SCRAPES,
     VERDICT_OTHER,
     VERDICTS,
+    WORKLOAD_READ_SOURCES,
+    WORKLOAD_READS,
     Family,
 )
 
@@ -207,6 +209,7 @@ class _HealthCollector(Collector):
             scrapes = dict(o._scrapes)
             hangs = dict(o._hang_captures)
             ghosts = dict(o._ghost_pods)
+            workload_reads = dict(o._workload_reads)
             errors = dict(o._errors)
             dropped = dict(o._dropped)
             api_errors = dict(o._api_errors)
@@ -233,6 +236,10 @@ class _HealthCollector(Collector):
         fam = CounterMetricFamily(GHOST_PODS.name, GHOST_PODS.help, labels=["proof"])
         for proof in GHOST_POD_PROOFS:
             fam.add_metric([proof], ghosts.get(proof, 0.0))
+        yield fam
+        fam = CounterMetricFamily(WORKLOAD_READS.name, WORKLOAD_READS.help, labels=["source"])
+        for source in WORKLOAD_READ_SOURCES:
+            fam.add_metric([source], workload_reads.get(source, 0.0))
         yield fam
         for m, buckets, total in hists:
             hist = HistogramMetricFamily(m.name, m.help, unit=m.unit)
@@ -275,6 +282,7 @@ class JobMetrics:
         self._reconciles: dict[str, float] = {}
         self._hang_captures: dict[str, float] = {}
         self._ghost_pods: dict[str, float] = {}
+        self._workload_reads: dict[str, float] = {}
         self._scrapes: dict[str, float] = {}
         self._errors: dict[tuple[str, str], float] = {}
         self._dropped: dict[str, float] = {}
@@ -364,6 +372,11 @@ class JobMetrics:
         """Pods the index held that the API server proved gone: ``delete_404`` or ``listing``."""
         with self._lock:
             self._ghost_pods[proof] = self._ghost_pods.get(proof, 0.0) + count
+
+    def observe_workload_read(self, source: str) -> None:
+        """A pass read its Kueue Workload: ``watch`` (the cache) or ``api`` (a GET)."""
+        with self._lock:
+            self._workload_reads[source] = self._workload_reads.get(source, 0.0) + 1
 
     def observe_dropped(self, series: int, values: int, bytes_: int) -> None:
         """Count what a scrape refused from an endpoint (see monitoring/scrape/: guard, scraper)."""

@@ -2,7 +2,8 @@
 
 Native gangs: the served ``scheduling.k8s.io`` version (API discovery, cached for the
 process) and, while the gang is not running, its PodGroup (the scheduler's reason). Kueue:
-the job's Workload, the ResourceFlavors its admission names and, before Kueue made a
+the job's Workload (from the Workload watch's cache where it holds it:
+:mod:`.watched`), the ResourceFlavors its admission names and, before Kueue made a
 Workload, the job's WorkloadPriorityClass (those two cluster-scoped kinds are cached for
 every job for 30 s). A 403 or 404 becomes the observation's error
 (the planner shows it, and keeps any pods the gang has) instead of failing the pass; a
@@ -24,20 +25,26 @@ from gpujob_operator.api import conditions as c
 from gpujob_operator.api.status import attempt_of
 from gpujob_operator.lifecycle import observations
 from gpujob_operator.lifecycle.gang import gang
+from gpujob_operator.observability.opmetrics import METRICS
 from gpujob_operator.runtime.kube import Kube, api_reason
+from gpujob_operator.runtime.watched import WatchedObjects
 
 DISCOVERY_RECHECK_SECONDS = 60.0
 """How long "this API is not served" is trusted before discovery is asked again."""
 
 
 async def observe(
-    kube: Kube, job: Mapping[str, Any], default_gang: str
+    kube: Kube,
+    job: Mapping[str, Any],
+    default_gang: str,
+    workloads: WatchedObjects | None = None,
 ) -> observations.GangObservation:
     """Read what the planner needs of the job's gang admission objects.
 
     Native: the served scheduling.k8s.io version (discovery, cached) and, while the gang
-    is not running, its PodGroup (the scheduler's reason). Kueue: the job's Workload
-    and the ResourceFlavors its admission names.
+    is not running, its PodGroup (the scheduler's reason). Kueue: the job's Workload (from
+    ``workloads``, the watch's cache, when it holds it; else a GET) and the ResourceFlavors
+    its admission names.
     """
     try:
         spec = api.parse_spec(job["spec"])
@@ -45,7 +52,7 @@ async def observe(
         return observations.GangObservation(default=default_gang)
     mech = gang.mechanism(job, spec, default_gang)
     try:
-        return await _observe(kube, job, mech, default_gang)
+        return await _observe(kube, job, mech, default_gang, workloads)
     except ApiException as e:
         if e.status not in (403, 404):
             raise
@@ -53,7 +60,11 @@ async def observe(
 
 
 async def _observe(
-    kube: Kube, job: Mapping[str, Any], mech: str, default_gang: str
+    kube: Kube,
+    job: Mapping[str, Any],
+    mech: str,
+    default_gang: str,
+    workloads: WatchedObjects | None,
 ) -> observations.GangObservation:
     meta, status = job["metadata"], job.get("status") or {}
     ns, name = meta["namespace"], meta["name"]
@@ -71,7 +82,12 @@ async def _observe(
         ref = gang.ObjectRef(
             gang.KUEUE_GROUP, gang.KUEUE_VERSION, "workloads", gang.kueue_workload_name(job)
         )
-        workload = await kube.get_object(ns, ref)
+        workload = workloads.get(ns, ref.name) if workloads is not None else None
+        METRICS.observe_workload_read("api" if workload is None else "watch")
+        if workload is None:
+            workload = await kube.get_object(ns, ref)
+            if workloads is not None:
+                workloads.read(ns, ref.name, workload)
         flavors: dict[str, Mapping[str, Any]] = {}
         for flavor in sorted(set(gang.kueue_state(workload).flavors.values())):
             fref = gang.ObjectRef(gang.KUEUE_GROUP, gang.KUEUE_VERSION, "resourceflavors", flavor)

@@ -1,9 +1,11 @@
-"""kopf wiring: kopf's settings, the pod index, one job loop per job, wake-ups.
+"""kopf wiring: kopf's settings, one job loop per job, the pod watch, wake-ups.
 
 Level-based (kopf's "reconciliation" pattern): handlers never carry state machines;
 each job's loop (:mod:`.jobloop`) observes the job and the index of its pods, asks the pure planner
 what the world should look like, and applies the difference. Events on the job or
-its pods only wake that daemon early.
+its pods only wake that daemon early. kopf watches the jobs (and Kueue's Workloads); the
+pods are watched by the operator's own :mod:`.podwatch`, which keeps each as its
+projection and never decodes one on the event loop.
 
 What the process keeps between handler calls (the settings, the job loops, the one API
 client and scraper, the guard and forecaster tasks) is one :class:`OperatorState` in kopf's
@@ -20,25 +22,29 @@ import asyncio
 import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import kopf
+from kubernetes import client
 
 from gpujob_operator import api
 from gpujob_operator.api import children
 from gpujob_operator.lifecycle.gang import gang
-from gpujob_operator.lifecycle.observations import project_pod
 from gpujob_operator.monitoring.scrape.scraper import Scraper
 from gpujob_operator.observability.opmetrics import METRICS
 from gpujob_operator.runtime import peers, standby, webhook
 from gpujob_operator.runtime.forecaster import Forecaster
 from gpujob_operator.runtime.jobloop import JobLoop
-from gpujob_operator.runtime.kube import Kube
+from gpujob_operator.runtime.kube import Kube, load_client
 from gpujob_operator.runtime.nodecache import NodeCache
+from gpujob_operator.runtime.podwatch import JobKey, PodIndex, PodWatch
 from gpujob_operator.runtime.settings import Settings
+from gpujob_operator.runtime.stallwatch import StallWatch
+from gpujob_operator.runtime.watched import WatchedObjects
 
 log = logging.getLogger("gpujob.handlers")
 
@@ -60,11 +66,17 @@ class OperatorState:
     loops: dict[tuple[str, str], JobLoop] = field(default_factory=dict)
     """The job loops, by (namespace, name)."""
     served: bool = False
-    """Whether kopf has handed this replica any pod or job (its indexes hold something)."""
+    """Whether kopf has handed this replica any job (its job loops were fed)."""
+    pods: PodIndex = field(default_factory=PodIndex)
+    """The projected pods of every job, fed by :attr:`pod_watch`."""
+    pod_watch: PodWatch | None = None
+    workloads: WatchedObjects = field(default_factory=WatchedObjects)
+    """Kueue Workloads as kopf's watch of them delivered them (see :mod:`.watched`)."""
     guard: asyncio.Task[None] | None = None
     forecaster: Forecaster | None = None
     forecast_task: asyncio.Task[None] | None = None
     lag_probe: asyncio.Task[None] | None = None
+    stall_watch: StallWatch | None = None
     _kube: Kube | None = None
     _scraper: Scraper | None = None
     _nodes: NodeCache | None = None
@@ -97,12 +109,44 @@ class OperatorState:
         the scraper's connections."""
         if self.guard is not None:
             self.guard.cancel()
+        for stoppable in (self.pod_watch, self.stall_watch):
+            if stoppable is not None:
+                stoppable.stop()
         for task in (self.forecast_task, self.lag_probe):
             if task is not None:
                 task.cancel()
         self.stop_all_loops()
         if self._scraper is not None:
             await self._scraper.close()
+
+    def start_pod_watch(self) -> None:
+        """List and watch the pods of every job, projected, in threads of their own, with
+        an API client of its own (a watch holds its connection for minutes)."""
+        if self.pod_watch is not None:
+            return
+        self.pod_watch = PodWatch(
+            client.CoreV1Api(load_client(self.settings.api_timeout)),
+            self.namespaces,
+            self.pods,
+            self.pods_changed,
+            server_timeout=self.settings.watch_server_timeout,
+        )
+        self.pod_watch.start()
+
+    def pods_changed(self, keys: set[JobKey], pod: Mapping[str, Any] | None) -> None:
+        """Wake the loops of the jobs whose pods changed; each re-reads the index. A pod
+        marked for disruption is noted first: it may be gone from the index before the
+        loop's next pass."""
+        for key in keys:
+            loop = self.loops.get(key)
+            if loop is not None:
+                if pod is not None:
+                    loop.saw_pod(pod)
+                loop.wake.set()
+
+    def job_pods(self, key: JobKey) -> Callable[[], list[Mapping[str, Any]]]:
+        """What a job's loop reads of its pods: the index's projections, now."""
+        return lambda: list(self.pods.pods(key))
 
     def forget(self, loop: JobLoop) -> None:
         """A loop found its job gone by itself (a missed DELETED): drop it from the loops."""
@@ -121,7 +165,8 @@ class OperatorState:
 
     def demote(self) -> None:
         """Paused after serving: exit cleanly so the pod restarts this replica as a fresh
-        standby (kopf's indexes would keep ghosts of pods deleted during the pause)."""
+        standby (nothing a paused replica's loops or kopf's job watch kept should outlive
+        the pause)."""
         if not self.served:
             return
         log.warning("peering: this replica stands by now; restarting to drop its caches")
@@ -227,37 +272,12 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         settings.peering.lifetime = ours.peering_lifetime
 
 
-@kopf.index("pods", labels={children.LABEL_JOB_NAME: kopf.PRESENT})  # type: ignore[arg-type]
-def job_pods(
-    namespace: str, labels: Mapping[str, str], body: kopf.Body, memo: kopf.Memo, **_: Any
-) -> dict[Any, Any]:
-    """Pods by (namespace, job name label): every pod that claims the name. Which of them are
-    the job's is decided by their controller ownerReference (api/children.py), in the planner
-    (which also waits for foreign pods holding its pod names) and the monitor. Each is kept
-    as its projection (what the operator reads of it), never its body."""
-    state(memo).served = True
-    return {(namespace, labels[children.LABEL_JOB_NAME]): project_pod(body)}
-
-
-@kopf.on.event("pods", labels={children.LABEL_JOB_NAME: kopf.PRESENT})  # type: ignore[arg-type]
-def pod_changed(
-    namespace: str, labels: Mapping[str, str], body: kopf.Body, memo: kopf.Memo, **_: Any
-) -> None:
-    """Wake the job's loop; it re-reads the index. A pod marked for disruption is noted
-    first: it may be gone from the index before the loop's next pass."""
-    loop = state(memo).loops.get((namespace, labels[children.LABEL_JOB_NAME]))
-    if loop is not None:
-        loop.saw_pod(body)
-        loop.wake.set()
-
-
 @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)  # type: ignore[arg-type]
 async def job_event(
     event: kopf.RawEvent,
     body: kopf.Body,
     namespace: str,
     name: str,
-    job_pods: kopf.Index[Any, Any],
     memo: kopf.Memo,
     **_: Any,
 ) -> None:
@@ -285,15 +305,15 @@ async def job_event(
         del own.loops[key]
         loop = None
     if loop is None:
-        ghosts = await _index_caught_up(
-            own.kube(), namespace, name, lambda: list(job_pods.get(key, []))
-        )
+        pods = own.job_pods(key)
+        ghosts = await _index_caught_up(own.kube(), namespace, name, pods)
         loop = own.loops[key] = JobLoop(
             own.kube(),
             _post_event,
             own.scraper(),
             default_gang=own.settings.default_gang,
             nodes=own.node_cache(),
+            workloads=own.workloads if own.settings.kueue else None,
             retry=own.settings.retry,
             restart_backoff=own.settings.restart_backoff,
             gang_grace_seconds=own.settings.gang_grace_seconds,
@@ -304,7 +324,7 @@ async def job_event(
             host_ports=own.settings.host_port_range,
             on_exit=own.forget,
         )
-        loop.start(dict(body), lambda: list(job_pods.get(key, [])))
+        loop.start(dict(body), pods)
         if ghosts:  # before the loop's first pass: its tasks have not run yet
             loop.vanish(ghosts, "listing")
         own.start_forecaster()
@@ -314,11 +334,19 @@ async def job_event(
         loop.update(dict(body))
 
 
-def kueue_workload_changed(
-    namespace: str, labels: Mapping[str, str], memo: kopf.Memo, **_: Any
+async def kueue_workload_changed(
+    namespace: str,
+    labels: Mapping[str, str],
+    body: kopf.Body,
+    type: str | None,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
-    """Kueue admitted, evicted or requeued a job's Workload: wake the job's loop."""
-    loop = state(memo).loops.get((namespace, labels[children.LABEL_JOB_NAME]))
+    """Kueue admitted, evicted or requeued a job's Workload: keep it for the job's passes
+    (on the loop: a coroutine, not a thread) and wake the job's loop."""
+    own = state(memo)
+    own.workloads.seen(type, body)
+    loop = own.loops.get((namespace, labels[children.LABEL_JOB_NAME]))
     if loop is not None:
         loop.wake.set()
 
@@ -332,8 +360,9 @@ async def _index_caught_up(
     """Wait until the pod index holds what the API server holds for this job; returns the
     uids of indexed pods the API server does not hold (ghosts: a DELETED lost in a re-list).
 
-    A loop that starts when kopf resumes this replica (peering handed it the work) can see
-    the job's fresh status before the pods' re-list has reached the index; the planner would
+    A loop that starts when the operator starts, or when kopf resumes this replica (peering
+    handed it the work), can see the job's fresh status before the pod watch's listing has
+    reached the index; the planner would
     then take the gang's pods for lost and restart it a second time. Compared by pod uid; a
     new job (no pods) passes at once. Pods only the index holds do not hold the start up:
     the listing proves them gone, and the new loop plans without them. After the deadline,
@@ -371,20 +400,37 @@ def _post_event(job: Mapping[str, Any], type_: str, reason: str, message: str) -
 LOOP_LAG_INTERVAL: Final = 0.1
 
 
-async def probe_loop_lag(interval: float = LOOP_LAG_INTERVAL) -> None:
+async def probe_loop_lag(
+    interval: float = LOOP_LAG_INTERVAL, on_tick: Callable[[], None] | None = None
+) -> None:
     """For ever: how late the loop wakes a timer, into the loop-lag metric. Every job's
-    handling waits behind whatever holds the loop, so this is the operator's own latency."""
+    handling waits behind whatever holds the loop, so this is the operator's own latency.
+    ``on_tick`` (the stall watch) hears of every wake-up."""
     loop = asyncio.get_running_loop()
     while True:
         before = loop.time()
         await asyncio.sleep(interval)
         METRICS.observe_loop_lag(loop.time() - before - interval)
+        if on_tick is not None:
+            on_tick()
+
+
+@kopf.on.startup()
+async def start_pod_watch(memo: kopf.Memo, **_: Any) -> None:
+    """Watch the jobs' pods before kopf hands over any job (a new job loop still checks
+    that the index holds its pods: ``_index_caught_up``)."""
+    _startup_state(memo).start_pod_watch()
 
 
 @kopf.on.startup()
 async def start_loop_lag_probe(memo: kopf.Memo, **_: Any) -> None:
+    """The loop-lag probe, and the stall watch that logs where a stalled loop is."""
     own = _startup_state(memo)
-    own.lag_probe = asyncio.get_running_loop().create_task(probe_loop_lag(), name="loop lag")
+    own.stall_watch = StallWatch(threading.get_ident())
+    own.stall_watch.start()
+    own.lag_probe = asyncio.get_running_loop().create_task(
+        probe_loop_lag(on_tick=own.stall_watch.tick), name="loop lag"
+    )
 
 
 @kopf.on.startup()

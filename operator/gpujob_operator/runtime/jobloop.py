@@ -59,6 +59,7 @@ from gpujob_operator.runtime.jobhandle import EventPoster
 from gpujob_operator.runtime.kube import Fenced, JobGone, Kube
 from gpujob_operator.runtime.metricstask import MetricsTask
 from gpujob_operator.runtime.nodecache import NodeCache
+from gpujob_operator.runtime.watched import WatchedObjects
 
 log = logging.getLogger("gpujob.reconciler")
 
@@ -172,6 +173,8 @@ class JobLoop:
     default_gang: str = api.GANG_NONE
     nodes: NodeCache | None = None
     """The operator's node cache: read when a new attempt's pods avoid blamed nodes."""
+    workloads: WatchedObjects | None = None
+    """The operator's Kueue Workloads as its watch delivered them (read instead of a GET)."""
     on_exit: Callable[[JobLoop], None] | None = None
     """Called once when the loop ends by itself (its job is gone): forget it."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
@@ -260,7 +263,7 @@ class JobLoop:
             self.service_seen_at = time.monotonic()
         service = time.monotonic() - self.service_seen_at <= SERVICE_RECHECK_SECONDS
         self.call = "get_gang"
-        gang_obs = await gangstate.observe(self.kube, job, self.default_gang)
+        gang_obs = await gangstate.observe(self.kube, job, self.default_gang, self.workloads)
         view = None
         when = now or datetime.now(UTC)
         if self.nodes is not None and planner.needs_nodes(job, observed, when):
@@ -307,9 +310,11 @@ class JobLoop:
                 self.wake.set()
         self.call = "delete_gang_object"
         for ref in plan.delete_objects:
+            self._wrote(ns, ref.name)
             await self.kube.delete_object(ns, ref)
         self.call = "patch_gang_status"
         for ref, obj_patch in plan.status_patches:
+            self._wrote(ns, ref.name)
             if not await self.kube.patch_object_status(ns, ref, obj_patch):
                 log.info("%s %s changed meanwhile; re-reading it", ref.plural, ref.name)
                 self.wake.set()
@@ -351,6 +356,12 @@ class JobLoop:
         if not self.vanished:
             return pods
         return [p for p in pods if uid_of(p) not in self.vanished]
+
+    def _wrote(self, namespace: str, name: str) -> None:
+        """This pass writes a gang object: the next reads it from the API server (before the
+        write too: a write that fails half-way may still have landed)."""
+        if self.workloads is not None:
+            self.workloads.wrote(namespace, name)
 
     def vanish(self, uids: set[str], proof: str) -> None:
         """Plan without these indexed pods from now on: the API server proved them gone."""
@@ -447,6 +458,7 @@ class JobLoop:
             for obj in plan.ensure_objects:
                 # The gang's admission object first: pods that bypassed it would defeat it.
                 target = f"{obj['kind']} {obj['apiVersion']} {obj['metadata']['name']}"
+                self._wrote(ns, obj["metadata"]["name"])
                 await self.kube.create_object(ns, obj)
             kind = "pod"
             if await self._probe_gang(ns, pods, len(pods) + plan.more_pods):

@@ -28,6 +28,10 @@ from gpujob_operator.runtime import listing
 
 log = logging.getLogger("gpujob.kube")
 
+# The client imports each API module on first use (core_v1_api alone takes most of a
+# second): import the ones the operator uses now, at start-up, never on the event loop.
+_APIS: Final = (client.CoreV1Api, client.CustomObjectsApi, client.NetworkingV1Api)
+
 
 EVIDENCE_WRITE_TIMEOUT: Final = 20.0
 """Seconds one write of a hang evidence ConfigMap may take."""

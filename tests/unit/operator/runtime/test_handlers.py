@@ -28,13 +28,18 @@ def test_every_object_s_copy_of_the_memo_shares_one_operator_state() -> None:
     assert own.identity == "replica-a" and own.namespaces == ["ml"]
     job_memo, pod_memo = copy.copy(memo), copy.copy(memo)  # as kopf makes them
     loop = handlers.state(job_memo).loops[("ml", "bert")] = _loop()
-    labels = {children.LABEL_JOB_NAME: "bert"}
-    pod = kopf.Body({"metadata": {"name": "bert-node-0"}})
-    handlers.pod_changed(namespace="ml", labels=labels, body=pod, memo=pod_memo)
+    pod = {
+        "metadata": {
+            "name": "bert-node-0",
+            "namespace": "ml",
+            "uid": "p1",
+            "labels": {children.LABEL_JOB_NAME: "bert"},
+        }
+    }
+    handlers.state(pod_memo).pods_changed(own.pods.apply("ADDED", pod), pod)
     assert loop.wake.is_set()
-    assert not own.served
-    handlers.job_pods(namespace="ml", labels=labels, body=pod, memo=pod_memo)
-    assert own.served  # the standby guard's demotion reads it from the operator's memo
+    assert own.job_pods(("ml", "bert"))() == [pod]
+    assert not own.served  # only a job handed over marks it (the standby guard's demotion)
     own.forget(loop)
     assert handlers.state(job_memo).loops == {}
 

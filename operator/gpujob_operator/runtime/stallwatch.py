@@ -1,0 +1,90 @@
+"""Where the event loop is when it stalls: a thread that looks at the loop's stack.
+
+The loop-lag metric says that every job's handling waited, not on what. A watchdog thread
+reads how long ago the loop last ticked (:meth:`StallWatch.tick`, called by the loop-lag
+probe); when that passes :data:`STALL_SECONDS` it takes the loop thread's innermost frames
+(``sys._current_frames``: no signal, nothing stops) and logs them once per stall, with how
+long the stall lasted once it ends. A stall's culprit is then in the operator's log.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Final
+
+log = logging.getLogger("gpujob.stall")
+
+STALL_SECONDS: Final = 0.5
+"""A loop that has not ticked for this long is stalled (its probe ticks every 0.1 s)."""
+CHECK_SECONDS: Final = 0.1
+FRAMES: Final = 12
+"""The innermost frames logged of a stalled loop's stack."""
+
+
+def stack_of(thread_id: int, frames: int = FRAMES) -> list[str]:
+    """The innermost ``frames`` of a thread's stack as ``file:line in function`` lines,
+    innermost last; empty when the thread is gone."""
+    frame = sys._current_frames().get(thread_id)
+    if frame is None:
+        return []
+    summary = traceback.extract_stack(frame, limit=frames)
+    return [f"{f.filename}:{f.lineno} in {f.name}" for f in summary]
+
+
+class StallWatch:
+    """Watch one loop thread; :meth:`tick` from that loop, :meth:`start` from anywhere."""
+
+    def __init__(
+        self,
+        thread_id: int,
+        stall_seconds: float = STALL_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.thread_id = thread_id
+        self.stall_seconds = stall_seconds
+        self.clock = clock
+        self.last_tick = clock()
+        self.stalls = 0
+        self.reported: list[str] | None = None
+        """The stack of the stall being reported (None: the loop is ticking)."""
+        self._stop = threading.Event()
+
+    def tick(self) -> None:
+        """The loop ran: called by the loop-lag probe on each of its wake-ups."""
+        now = self.clock()
+        if self.reported is not None:
+            log.warning(
+                "the event loop was stalled for %.2fs (every job's handling waited); it was in %s",
+                now - self.last_tick,
+                self.reported[-1] if self.reported else "an unknown frame",
+            )
+            self.reported = None
+        self.last_tick = now
+
+    def check(self) -> None:
+        """One look (the thread calls it every :data:`CHECK_SECONDS`)."""
+        stalled = self.clock() - self.last_tick
+        if stalled < self.stall_seconds or self.reported is not None:
+            return
+        self.reported = stack_of(self.thread_id)
+        self.stalls += 1
+        log.warning(
+            "the event loop has not run for %.2fs; its stack, innermost last:\n  %s",
+            stalled,
+            "\n  ".join(self.reported) or "(not found)",
+        )
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name="stall watch", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(CHECK_SECONDS):
+            self.check()

@@ -1,0 +1,102 @@
+"""Namespaced objects as a watch last delivered them, read instead of a GET per pass.
+
+Kueue jobs used to GET their Workload on every pass of their loop: a thousand Kueue jobs
+woken by their pods asked the API server as often. kopf already watches the Workloads
+(it wakes the job's loop on a change), so the watch feeds this cache and a pass reads the
+Workload from memory. What it does not know it never claims:
+
+- an object not in the cache is read from the API server (absence is never cached: a
+  Workload the watch has not delivered yet is not "gone");
+- an entry is trusted for :data:`TRUST_SECONDS` after the watch or a read last confirmed
+  it, then read again: a watch paused by peering, or an event lost, is bounded in time;
+- after the job's own write to an object its entry is dropped, so the next pass reads
+  what it wrote (read-your-writes) rather than the version before it;
+- an event older than the entry (by resourceVersion, when both are numbers, as etcd's
+  are) does not replace it.
+
+Lives on the event loop (the kopf handler that feeds it is a coroutine). Bounded: at most
+:data:`MAX_ENTRIES` objects; past that, new ones are simply read each time.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+TRUST_SECONDS: Final = 60.0
+MAX_ENTRIES: Final = 20_000
+
+Key = tuple[str, str]
+
+
+@dataclass
+class _Entry:
+    body: dict[str, Any]
+    version: int | None
+    confirmed: float
+
+
+def _version(body: Mapping[str, Any]) -> int | None:
+    text = str((body.get("metadata") or {}).get("resourceVersion") or "")
+    return int(text) if text.isdigit() else None
+
+
+def _key(body: Mapping[str, Any]) -> Key:
+    meta = body.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+class WatchedObjects:
+    """One kind of namespaced object (Kueue Workloads), by (namespace, name)."""
+
+    def __init__(
+        self, trust_seconds: float = TRUST_SECONDS, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.trust_seconds = trust_seconds
+        self.clock = clock
+        self._entries: dict[Key, _Entry] = {}
+        self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def seen(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """A watch event (kopf's ``type``: None for the initial listing)."""
+        key = _key(body)
+        if event_type == "DELETED" or (body.get("metadata") or {}).get("deletionTimestamp"):
+            self._entries.pop(key, None)
+            return
+        self._keep(key, body)
+
+    def read(self, namespace: str, name: str, body: Mapping[str, Any] | None) -> None:
+        """What a GET returned (None: not found, which is never cached)."""
+        if body is None:
+            self._entries.pop((namespace, name), None)
+        else:
+            self._keep((namespace, name), body)
+
+    def wrote(self, namespace: str, name: str) -> None:
+        """The operator changed or deleted the object: read it afresh next time."""
+        self._entries.pop((namespace, name), None)
+
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The object (a copy of its own), or None when the caller must read it."""
+        entry = self._entries.get((namespace, name))
+        if entry is None or self.clock() - entry.confirmed > self.trust_seconds:
+            self.misses += 1
+            return None
+        self.hits += 1
+        return copy.deepcopy(entry.body)
+
+    def _keep(self, key: Key, body: Mapping[str, Any]) -> None:
+        version = _version(body)
+        old = self._entries.get(key)
+        newer = old is None or old.version is None or version is None or version >= old.version
+        if not newer:
+            return  # an event from before what is kept
+        if old is None and len(self._entries) >= MAX_ENTRIES:
+            return
+        self._entries[key] = _Entry(copy.deepcopy(dict(body)), version, self.clock())

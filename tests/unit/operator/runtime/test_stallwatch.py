@@ -1,0 +1,59 @@
+"""A stalled event loop is logged with where it was, once per stall."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+
+from gpujob_operator.runtime.stallwatch import StallWatch, stack_of
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 10.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def busy_in_training_code(entered: threading.Event, release: threading.Event) -> None:
+    entered.set()
+    release.wait(30)
+
+
+def test_a_stall_is_logged_once_with_the_stalled_thread_s_frames(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    entered, release = threading.Event(), threading.Event()
+    worker = threading.Thread(target=busy_in_training_code, args=(entered, release))
+    worker.start()
+    try:
+        assert entered.wait(10)
+        assert worker.ident is not None
+        clock = Clock()
+        watch = StallWatch(worker.ident, stall_seconds=0.5, clock=clock)
+        caplog.set_level(logging.WARNING, "gpujob.stall")
+        clock.now += 0.4
+        watch.check()
+        assert watch.stalls == 0 and not caplog.records
+        clock.now += 0.3
+        watch.check()
+        watch.check()  # the same stall: not again
+        assert watch.stalls == 1 and len(caplog.records) == 1
+        assert "busy_in_training_code" in caplog.records[0].getMessage()
+        clock.now += 1.0
+        watch.tick()  # the loop ran again: how long it lasted, and where
+        assert "stalled for 1.70s" in caplog.records[1].getMessage()
+        assert watch.reported is None
+        clock.now += 0.2
+        watch.check()
+        assert watch.stalls == 1
+    finally:
+        release.set()
+        worker.join()
+
+
+def test_the_stack_of_a_thread_that_is_gone_is_empty() -> None:
+    assert stack_of(-1) == []
