@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config
 
 from gpujob_operator.api import children
+from gpujob_operator.observability.opmetrics import METRICS
 from gpujob_operator.runtime.podwatch import JobKey, PodIndex, PodWatch
+from tests.support.faultproxy import Fault, FaultProxy
 from tests.support.kube import Kube
 
 
@@ -82,3 +86,57 @@ def test_the_watch_lists_follows_and_resumes_keeping_projections_only(
             watch.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_cut_stream_and_a_refused_watch_are_resumed_without_listing_again(
+    kube: Kube, tmp_path: Path
+) -> None:
+    """A failover resets the watch's connection, and the next watch request is answered
+    500: the watch resumes from the last event it saw (no listing of every pod again) and
+    misses nothing created meanwhile."""
+    kube.apply(unscheduled_pod("b-0", "bravo"))
+    pods_path = re.compile(rf"/api/v1/namespaces/{kube.namespace}/pods")
+    refuse = Fault("GET", pods_path, [])
+    proxy = FaultProxy(kube.kubeconfig, [refuse]).start()
+    job = (kube.namespace, "bravo")
+    errors_before = watch_errors()
+
+    async def scenario() -> None:
+        index = PodIndex()
+        api = config.new_client_from_config(str(proxy.kubeconfig(tmp_path / "proxy.kubeconfig")))
+        watch = PodWatch(
+            client.CoreV1Api(api), [kube.namespace], index, lambda k, p: None, server_timeout=60
+        )
+        watch.start()
+        try:
+            await asyncio.wait_for(watch.synced.wait(), 30)
+            refuse.codes = [500]  # the next watch request is refused once
+            assert proxy._loop is not None
+            deadline = asyncio.get_running_loop().time() + 30
+            while not await asyncio.wrap_future(  # once its response is streaming
+                asyncio.run_coroutine_threadsafe(_cut(proxy, pods_path), proxy._loop)
+            ):
+                assert asyncio.get_running_loop().time() < deadline, "no watch to cut"
+                await asyncio.sleep(0.05)
+            await asyncio.to_thread(kube.apply, unscheduled_pod("b-1", "bravo"))
+            names = lambda: sorted(p["metadata"]["name"] for p in index.pods(job))  # noqa: E731
+            await until(lambda: names() == ["b-0", "b-1"], 60, "the pod made after the cut")
+            assert watch.listings == 1, "the watch listed everything again instead of resuming"
+            assert watch.watches >= 3  # the first, the refused one, the resumed one
+        finally:
+            watch.stop()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        proxy.stop()
+    assert [code for _, code in refuse.seen if code] == [500]
+    assert watch_errors() >= errors_before + 2  # the cut and the refusal, each counted
+
+
+def watch_errors() -> float:
+    return sum(v for (call, _), v in METRICS._api_errors.items() if call == "watch_pods")
+
+
+async def _cut(proxy: FaultProxy, path: re.Pattern[str]) -> int:
+    return proxy.cut_now(path)

@@ -85,14 +85,16 @@ class Forecaster:
         """One pass: read what the waiting jobs need, forecast, patch what moved."""
         began = time.monotonic()
         jobs = list(self.jobs())
-        native, kueue = (bool(kind) for kind in split_waiting(jobs, self.default_gang))
+        # The pure forecast runs in a worker thread: over a thousand jobs (and a wide job's
+        # spec) it held the event loop for seconds.
+        waiting = await asyncio.to_thread(split_waiting, jobs, self.default_gang)
+        native, kueue = (bool(kind) for kind in waiting)
         world = await self.read(native, kueue and self.kueue)
         if kueue and not self.kueue:
             world = replace(
                 world, kueue_error="Kueue is not enabled for the operator (GPUJOB_KUEUE=0)"
             )
-        blocks = forecast_blocks(now, jobs, world, self.default_gang)
-        todo = updates(now, jobs, blocks)
+        blocks, todo = await asyncio.to_thread(self._forecast, now, jobs, world)
         took = time.monotonic() - began
         METRICS.observe_forecast(took)
         log.log(
@@ -108,6 +110,12 @@ class Forecaster:
         for update in todo:
             await self._write(update)
         return todo
+
+    def _forecast(
+        self, now: float, jobs: list[Any], world: World
+    ) -> tuple[dict[str, dict[str, Any]], list[QueueUpdate]]:
+        blocks = forecast_blocks(now, jobs, world, self.default_gang)
+        return blocks, updates(now, jobs, blocks)
 
     async def read(self, native: bool, kueue: bool) -> World:
         """Nodes and bound GPU pods (native), Kueue's queues and Workloads (Kueue)."""

@@ -305,6 +305,8 @@ async def job_event(
         del own.loops[key]
         loop = None
     if loop is None:
+        if own.pod_watch is not None:
+            await _pods_listed(own.pod_watch, namespace, name)
         pods = own.job_pods(key)
         ghosts = await _index_caught_up(own.kube(), namespace, name, pods)
         loop = own.loops[key] = JobLoop(
@@ -352,6 +354,24 @@ async def kueue_workload_changed(
 
 
 INDEX_SYNC_SECONDS = 15.0
+LISTING_WARN_SECONDS = 30.0
+
+
+async def _pods_listed(watch: PodWatch, namespace: str, name: str) -> None:
+    """Wait for the pod watch's first listing of every namespace to be in the index: a loop
+    that planned from an index never filled would take the running gang's pods for lost
+    and restart it. As long as it takes (kopf waited for its index the same way), warning
+    every :data:`LISTING_WARN_SECONDS`."""
+    while True:
+        try:
+            await asyncio.wait_for(watch.synced.wait(), LISTING_WARN_SECONDS)
+            return
+        except TimeoutError:
+            log.warning(
+                "job %s/%s waits for the pod watch's first listing (see the pod watch's errors)",
+                namespace,
+                name,
+            )
 
 
 async def _index_caught_up(

@@ -15,10 +15,12 @@ scope, so a pod deleted while the watch was down leaves no ghost (kopf's re-list
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -41,6 +43,12 @@ default): the watch is dropped and the scope listed afresh."""
 CHUNK_BYTES: Final = 256 * 1024
 BACKOFF_FIRST: Final = 0.5
 BACKOFF_MAX: Final = 10.0
+RESUME_TRIES: Final = 5
+"""Failed watch requests in a row before the scope is listed afresh."""
+HEALTHY_SECONDS: Final = 60.0
+"""A watch followed this long before it had to be listed again resets the backoff."""
+QUICK_END_SECONDS: Final = 1.0
+"""A watch the server ends this soon with nothing in it is reopened after a pause."""
 
 JobKey = tuple[str, str]
 Projection = dict[str, Any]
@@ -191,9 +199,10 @@ class PodWatch:
         self._unsynced = set(self.scopes)
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._open: set[Any] = set()
         self.listings = 0
-        """Listings made (the first, and one after each broken or expired watch)."""
+        """Listings made (the first, and one after each expired or unusable watch)."""
         self.watches = 0
         """Watch requests opened (a watch ends every ``server_timeout`` and is resumed)."""
 
@@ -201,16 +210,19 @@ class PodWatch:
         """Start one daemon thread per scope (call on the loop)."""
         self._loop = asyncio.get_running_loop()
         for scope in self.scopes:
-            thread = threading.Thread(
+            threading.Thread(
                 target=self._run, args=(scope,), name=f"pod watch {scope or '*'}", daemon=True
-            )
-            thread.start()
-            self._threads.append(thread)
+            ).start()
 
     def stop(self) -> None:
-        """Ask the threads to end (each ends at its next line, or when its watch times out;
-        they are daemons, so the process never waits for them)."""
+        """End the threads: each open watch is shut, which ends its blocked read (they are
+        daemons too, so the process never waits for them)."""
         self._stop.set()
+        with self._lock:
+            responses = list(self._open)
+        for resp in responses:
+            with contextlib.suppress(Exception):
+                resp.shutdown()
 
     # -- on the loop ------------------------------------------------------------------
 
@@ -229,7 +241,7 @@ class PodWatch:
 
     def _post(self, fn: Callable[..., None], *args: Any) -> None:
         loop = self._loop
-        if loop is None or loop.is_closed():
+        if self._stop.is_set() or loop is None or loop.is_closed():
             self._stop.set()
             return
         try:
@@ -244,63 +256,111 @@ class PodWatch:
             return self.core.list_pod_for_all_namespaces
         return lambda **kw: self.core.list_namespaced_pod(scope, **kw)
 
+    def _count(self, what: str) -> None:
+        with self._lock:
+            setattr(self, what, getattr(self, what) + 1)
+
+    def _pause(self, delay: float) -> bool:
+        """Wait about ``delay`` seconds (jittered); True when stopped meanwhile."""
+        return self._stop.wait(delay * random.uniform(0.8, 1.2))
+
     def _run(self, scope: str | None) -> None:
-        delay = BACKOFF_FIRST
+        """List, then follow; list again only when the watch cannot resume (410, a line
+        that is not an event, repeated failures)."""
+        name, delay = scope or "*", BACKOFF_FIRST
         while not self._stop.is_set():
+            followed = float("inf")
             try:
                 got = listing.list_pages(
                     self._list_call(scope), project_pod, label_selector=SELECTOR
                 )
                 rv = got.resource_version
-                self.listings += 1
+                self._count("listings")
                 self._post(self._listed, scope, got.items)
                 del got
-                delay = BACKOFF_FIRST
-                self._watch(scope, rv)
+                followed = time.monotonic()
+                self._follow(scope, rv)
+                return  # stopped
             except Exception as e:
-                if not _expired(e):
+                if self._stop.is_set():
+                    return
+                if time.monotonic() - followed > HEALTHY_SECONDS:
+                    delay = BACKOFF_FIRST  # it watched well for a while: not a failing streak
+                if _expired(e):
+                    log.info("pod watch %s: its resourceVersion expired; listing again", name)
+                else:
                     METRICS.observe_api_error("watch_pods", error_reason(e))
-                    log.warning(
-                        "pod watch %s: %s; listing again in %.1fs", scope or "*", _why(e), delay
-                    )
-                else:  # the usual end of a long watch: list again at once
-                    log.info("pod watch %s: its resourceVersion expired; listing again",
-                             scope or "*")  # fmt: skip
-                    if self._stop.wait(BACKOFF_FIRST):
-                        return
-                    continue
-            if self._stop.wait(delay * random.uniform(0.8, 1.2)):
+                    log.warning("pod watch %s: %s; listing again in %.1fs", name, _why(e), delay)
+            if self._pause(delay):
                 return
             delay = min(BACKOFF_MAX, delay * 2)
 
-    def _watch(self, scope: str | None, rv: str) -> None:
-        """Follow the scope from ``rv`` until stopped; raises to be listed again."""
+    def _follow(self, scope: str | None, rv: str) -> None:
+        """Watch from ``rv`` until stopped, resuming from the last event seen after a
+        transport error, a server error or a watch the server ended; raises to be listed
+        again (410; a line that is not an event; :data:`RESUME_TRIES` failures in a row)."""
+        name, delay, failures = scope or "*", BACKOFF_FIRST, 0
         while not self._stop.is_set():
-            self.watches += 1
-            resp = self._list_call(scope)(
-                label_selector=SELECTOR,
-                watch=True,
-                allow_watch_bookmarks=True,
-                resource_version=rv,
-                timeout_seconds=self.server_timeout,
-                _preload_content=False,
-                _request_timeout=(listing.READ_TIMEOUT[0], self.server_timeout + 30.0),
-            )
+            opened = time.monotonic()
             try:
-                for line in lines(resp.stream(CHUNK_BYTES, decode_content=True)):
-                    event = decode_event(line)
-                    del line
-                    if event.kind == "ERROR":
-                        if event.code == 410:
-                            raise Gone(event.message)
-                        raise RuntimeError(f"watch error {event.code}: {event.message}")
-                    rv = event.resource_version or rv
-                    if event.pod is not None:
-                        self._post(self._event, event.kind, event.pod)
-                    if self._stop.is_set():
-                        return
-            finally:
-                resp.close()  # never pool a connection with a stream left unread on it
+                rv, events = self._watch(scope, rv)
+            except (Gone, ValueError):
+                raise
+            except Exception as e:
+                if self._stop.is_set():
+                    return  # stop() shut the stream
+                if _expired(e):
+                    raise
+                failures += 1
+                if failures >= RESUME_TRIES:
+                    raise  # counted where it is listed again
+                METRICS.observe_api_error("watch_pods", error_reason(e))
+                log.warning("pod watch %s: %s; resuming in %.1fs", name, _why(e), delay)
+                if self._pause(delay):
+                    return
+                delay = min(BACKOFF_MAX, delay * 2)
+                continue
+            failures, delay = 0, BACKOFF_FIRST
+            # A watch ended at once with nothing in it: do not spin on a server that does that.
+            quick = not events and time.monotonic() - opened < QUICK_END_SECONDS
+            if quick and self._pause(BACKOFF_FIRST):
+                return
+
+    def _watch(self, scope: str | None, rv: str) -> tuple[str, int]:
+        """One watch request from ``rv``, read to its end; returns the resourceVersion to
+        resume from and how many events it carried."""
+        self._count("watches")
+        resp = self._list_call(scope)(
+            label_selector=SELECTOR,
+            watch=True,
+            allow_watch_bookmarks=True,
+            resource_version=rv,
+            timeout_seconds=self.server_timeout,
+            _preload_content=False,
+            _request_timeout=(listing.READ_TIMEOUT[0], self.server_timeout + 30.0),
+        )
+        events = 0
+        with self._lock:
+            self._open.add(resp)
+        try:
+            for line in lines(resp.stream(CHUNK_BYTES, decode_content=True)):
+                event = decode_event(line)
+                del line
+                if event.kind == "ERROR":
+                    if event.code == 410:
+                        raise Gone(event.message)
+                    raise RuntimeError(f"watch error {event.code}: {event.message}")
+                rv = event.resource_version or rv
+                events += 1
+                if event.pod is not None:
+                    self._post(self._event, event.kind, event.pod)
+                if self._stop.is_set():
+                    break
+        finally:
+            with self._lock:
+                self._open.discard(resp)
+            resp.close()  # never pool a connection with a stream left unread on it
+        return rv, events
 
 
 def _expired(e: Exception) -> bool:

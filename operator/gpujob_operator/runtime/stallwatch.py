@@ -68,10 +68,14 @@ class StallWatch:
 
     def check(self) -> None:
         """One look (the thread calls it every :data:`CHECK_SECONDS`)."""
-        stalled = self.clock() - self.last_tick
+        since = self.last_tick
+        stalled = self.clock() - since
         if stalled < self.stall_seconds or self.reported is not None:
             return
-        self.reported = stack_of(self.thread_id)
+        stack = stack_of(self.thread_id)
+        if self.last_tick != since:
+            return  # the loop ran again meanwhile: this stack is not the stall's
+        self.reported = stack
         self.stalls += 1
         log.warning(
             "the event loop has not run for %.2fs; its stack, innermost last:\n  %s",

@@ -11,8 +11,10 @@ Workload from memory. What it does not know it never claims:
   it, then read again: a watch paused by peering, or an event lost, is bounded in time;
 - after the job's own write to an object its entry is dropped, so the next pass reads
   what it wrote (read-your-writes) rather than the version before it;
-- an event older than the entry (by resourceVersion, when both are numbers, as etcd's
-  are) does not replace it.
+- a version older than what is known (by resourceVersion, when both are numbers, as
+  etcd's are) is never kept: not an event older than the entry, nor, once the entry is
+  dropped, one from before the operator's write or before the object's deletion (a late
+  event, or a GET that raced the DELETED).
 
 Lives on the event loop (the kopf handler that feeds it is a coroutine). Bounded: at most
 :data:`MAX_ENTRIES` objects; past that, new ones are simply read each time.
@@ -58,6 +60,9 @@ class WatchedObjects:
         self.trust_seconds = trust_seconds
         self.clock = clock
         self._entries: dict[Key, _Entry] = {}
+        self._floors: dict[Key, int] = {}
+        """The newest version known of an object whose entry was dropped (written,
+        deleted): nothing at or below it is kept again."""
         self.hits = self.misses = 0
 
     def __len__(self) -> int:
@@ -67,20 +72,28 @@ class WatchedObjects:
         """A watch event (kopf's ``type``: None for the initial listing)."""
         key = _key(body)
         if event_type == "DELETED" or (body.get("metadata") or {}).get("deletionTimestamp"):
-            self._entries.pop(key, None)
+            self._drop(key, _version(body))
             return
         self._keep(key, body)
 
     def read(self, namespace: str, name: str, body: Mapping[str, Any] | None) -> None:
         """What a GET returned (None: not found, which is never cached)."""
-        if body is None:
-            self._entries.pop((namespace, name), None)
+        if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+            self._drop((namespace, name), None)
         else:
             self._keep((namespace, name), body)
 
     def wrote(self, namespace: str, name: str) -> None:
         """The operator changed or deleted the object: read it afresh next time."""
-        self._entries.pop((namespace, name), None)
+        self._drop((namespace, name), None)
+
+    def _drop(self, key: Key, version: int | None) -> None:
+        entry = self._entries.pop(key, None)
+        known = [v for v in (version, entry and entry.version, self._floors.get(key)) if v]
+        if known:
+            if key not in self._floors and len(self._floors) >= MAX_ENTRIES:
+                self._floors.clear()  # forgetting floors only brings back the GET's race
+            self._floors[key] = max(known)
 
     def get(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The object (a copy of its own), or None when the caller must read it."""
@@ -94,9 +107,12 @@ class WatchedObjects:
     def _keep(self, key: Key, body: Mapping[str, Any]) -> None:
         version = _version(body)
         old = self._entries.get(key)
-        newer = old is None or old.version is None or version is None or version >= old.version
-        if not newer:
-            return  # an event from before what is kept
+        newest = old.version if old is not None else self._floors.get(key)
+        if version is not None and newest is not None and version < newest:
+            return  # from before what is kept, or before the write or deletion we saw
+        if old is None and version is not None and newest is not None and version == newest:
+            return  # the very version a write or deletion was made after
         if old is None and len(self._entries) >= MAX_ENTRIES:
             return
+        self._floors.pop(key, None)
         self._entries[key] = _Entry(copy.deepcopy(dict(body)), version, self.clock())

@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from gpujob_operator.runtime import stallwatch
 from gpujob_operator.runtime.stallwatch import StallWatch, stack_of
 
 
@@ -57,3 +58,19 @@ def test_a_stall_is_logged_once_with_the_stalled_thread_s_frames(
 
 def test_the_stack_of_a_thread_that_is_gone_is_empty() -> None:
     assert stack_of(-1) == []
+
+
+def test_a_stack_taken_after_the_loop_ran_again_is_not_reported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = Clock()
+    watch = StallWatch(threading.get_ident(), stall_seconds=0.5, clock=clock)
+    clock.now += 1.0
+
+    def ticked_meanwhile(thread_id: int) -> list[str]:
+        watch.tick()  # the loop ran between the look at the clock and the look at the stack
+        return ["somewhere"]
+
+    monkeypatch.setattr(stallwatch, "stack_of", ticked_meanwhile)
+    watch.check()
+    assert watch.stalls == 0 and watch.reported is None

@@ -75,3 +75,29 @@ def test_the_cache_is_bounded(monkeypatch: Any) -> None:
     assert len(cache) == 3 and cache.get("ml", "j4") is None
     cache.seen("MODIFIED", wl("2", name="j0"))  # a known one is still kept current
     assert cache.get("ml", "j0") == wl("2", name="j0")
+
+
+def test_a_late_event_from_before_the_operators_write_is_not_taken_for_current() -> None:
+    """Kueue re-admitted at 300 (read by GET); the operator then wrote the Workload; the
+    watch, lagging, delivers the eviction of 250 and the re-admission of 300 only now."""
+    cache = WatchedObjects(clock=Clock())
+    cache.read("ml", "job-a", wl("300", admitted=True))
+    cache.wrote("ml", "job-a")
+    cache.seen("MODIFIED", wl("250"))
+    cache.seen("MODIFIED", wl("300", admitted=True))
+    assert cache.get("ml", "job-a") is None  # read afresh: what the write made
+    cache.read("ml", "job-a", wl("301", admitted=True))
+    assert cache.get("ml", "job-a") == wl("301", admitted=True)
+
+
+def test_a_get_that_raced_the_deletion_does_not_bring_the_workload_back() -> None:
+    cache = WatchedObjects(clock=Clock())
+    cache.seen("MODIFIED", wl("50", admitted=True))
+    cache.seen("DELETED", wl("51", admitted=True))
+    cache.read("ml", "job-a", wl("50", admitted=True))  # the GET answered before the delete
+    assert cache.get("ml", "job-a") is None
+    deleting = wl("60") | {"metadata": wl("60")["metadata"] | {"deletionTimestamp": "now"}}
+    cache.read("ml", "job-a", deleting)  # one being deleted is not kept either
+    assert cache.get("ml", "job-a") is None
+    cache.seen("ADDED", wl("70"))  # created again under the same name: newer, kept
+    assert cache.get("ml", "job-a") == wl("70")
