@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import job_uid
@@ -38,6 +39,9 @@ from gpujob_operator.runtime.kube import Fenced, JobGone
 from gpujob_operator.runtime.profilecapture import ProfileCapture
 
 log = logging.getLogger("gpujob.hang")
+
+OBSERVE_INLINE_RANKS: Final = 64
+"""A round of more ranks than this is analysed in a worker thread, not on the event loop."""
 
 
 @dataclass
@@ -130,7 +134,13 @@ class MetricsTask:
             monitor.hang = stall_evidence(status)
             # The pods as they are now: ranks may have exited during the scrape.
             exited = exited_ranks(loop.pods() or pods, job_uid(job))
-            update = monitor.observe(results, time.time(), exited=exited, stretch=stretch)
+            observe = functools.partial(
+                monitor.observe, results, time.time(), exited=exited, stretch=stretch
+            )
+            # A wide job's round is analysed in a worker thread (4,096 ranks held the event
+            # loop 1-2 s); the monitor is this task's alone, and the job's lock is held.
+            wide = len(results) > OBSERVE_INLINE_RANKS
+            update = await asyncio.to_thread(observe) if wide else observe()
             capped = update.dropped_series - sum(r.dropped_series for r in results)
             if capped > 0:  # refused by the job's own series cap (not counted per result)
                 METRICS.observe_dropped(capped, 0, 0)
