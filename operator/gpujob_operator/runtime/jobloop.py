@@ -91,6 +91,16 @@ RECHECK_SECONDS = 120.0
 """A loop that wrote nothing for this long GETs its job: a missed DELETED must end it."""
 
 
+def kept_body(body: dict[str, Any]) -> dict[str, Any]:
+    """The job's body as the loop keeps it: without ``metadata.managedFields``, which the
+    operator never reads and which mirrors every field of the spec (a 400 KB template made
+    it most of the body, copied on each read)."""
+    meta = body.get("metadata")
+    if not isinstance(meta, Mapping) or "managedFields" not in meta:
+        return body
+    return {**body, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+
+
 def _rv(obj: Mapping[str, Any] | None) -> int:
     """The resourceVersion as an int for "which copy is newer" (etcd revisions are ints)."""
     try:
@@ -600,7 +610,7 @@ class JobLoop:
     # -- the tasks that run the loop -------------------------------------------------------
     def start(self, body: dict[str, Any], pods: Callable[[], list[Mapping[str, Any]]]) -> None:
         """Run the loop's tasks; ``pods`` returns the job's pods from the operator's index."""
-        self.body = body
+        self.body = kept_body(body)
         self._pods = pods
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._run(), name=f"job {self.key}")
@@ -608,7 +618,7 @@ class JobLoop:
 
     def update(self, body: dict[str, Any]) -> None:
         """A newer copy of the job arrived from the watch: keep it and reconcile soon."""
-        self.body = body
+        self.body = kept_body(body)
         self.checked_at = time.monotonic()
         self.wake.set()
 
