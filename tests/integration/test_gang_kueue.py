@@ -169,7 +169,7 @@ def test_kueue_runs_two_of_three_4gpu_jobs_in_8_gpus_then_the_third(
         wait_until(lambda n=name: phase(kkube, n) == "Succeeded", 60, f"{name} Succeeded")
     assert kop.rbac_denials() == []
     # The passes read their Workloads from the operator's watch, not a GET each.
-    reads = "gpujob_operator_workload_reads_total{source=\"%s\"}"
+    reads = 'gpujob_operator_workload_reads_total{source="%s"}'
     from_watch, from_api = kop.counter(reads % "watch"), kop.counter(reads % "api")
     assert from_watch > from_api > 0, (from_watch, from_api)
 
