@@ -566,10 +566,11 @@ def parse_spec(spec: Mapping[str, Any] | GPUTrainingJobSpec) -> GPUTrainingJobSp
     """
     if isinstance(spec, GPUTrainingJobSpec):
         return spec
-    key = hashlib.blake2b(
-        json.dumps(dict(spec), sort_keys=True, separators=(",", ":"), default=str).encode(),
-        digest_size=16,
-    ).digest()
+    try:
+        text = json.dumps(dict(spec), sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):  # not JSON (a hand-written YAML's odd keys): no memory
+        return GPUTrainingJobSpec.model_validate(dict(spec))
+    key = hashlib.blake2b(text.encode(), digest_size=16).digest()
     kept = _PARSED.get(key)
     if kept is not None:
         return kept

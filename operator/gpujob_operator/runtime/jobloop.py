@@ -605,7 +605,7 @@ class JobLoop:
             raise JobGone(f"job {ns}/{name} is now another object (uid {job_uid(live)})")
         self.checked_at = time.monotonic()
         if _rv(live) > _rv(self.body):
-            self.body = live  # the watch missed a change too: take the fresher copy
+            self.body = kept_body(live)  # the watch missed a change too: take the fresher copy
 
     # -- the tasks that run the loop -------------------------------------------------------
     def start(self, body: dict[str, Any], pods: Callable[[], list[Mapping[str, Any]]]) -> None:

@@ -201,6 +201,8 @@ class PodWatch:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
         self._open: set[Any] = set()
+        self._resume: dict[str | None, str] = {}
+        """Per scope, the resourceVersion its watch resumes from (its thread's alone)."""
         self.listings = 0
         """Listings made (the first, and one after each expired or unusable watch)."""
         self.watches = 0
@@ -300,10 +302,11 @@ class PodWatch:
         transport error, a server error or a watch the server ended; raises to be listed
         again (410; a line that is not an event; :data:`RESUME_TRIES` failures in a row)."""
         name, delay, failures = scope or "*", BACKOFF_FIRST, 0
+        self._resume[scope] = rv
         while not self._stop.is_set():
             opened = time.monotonic()
             try:
-                rv, events = self._watch(scope, rv)
+                events = self._watch(scope)
             except (Gone, ValueError):
                 raise
             except Exception as e:
@@ -326,10 +329,13 @@ class PodWatch:
             if quick and self._pause(BACKOFF_FIRST):
                 return
 
-    def _watch(self, scope: str | None, rv: str) -> tuple[str, int]:
-        """One watch request from ``rv``, read to its end; returns the resourceVersion to
-        resume from and how many events it carried."""
+    def _watch(self, scope: str | None) -> int:
+        """One watch request from where the scope's last one stopped, read to its end;
+        returns how many events it carried. The resourceVersion to resume from advances
+        with each event, so a stream broken half way resumes after its last event (never
+        replaying older states over newer ones)."""
         self._count("watches")
+        rv = self._resume[scope]
         resp = self._list_call(scope)(
             label_selector=SELECTOR,
             watch=True,
@@ -351,6 +357,7 @@ class PodWatch:
                         raise Gone(event.message)
                     raise RuntimeError(f"watch error {event.code}: {event.message}")
                 rv = event.resource_version or rv
+                self._resume[scope] = rv
                 events += 1
                 if event.pod is not None:
                     self._post(self._event, event.kind, event.pod)
@@ -360,7 +367,7 @@ class PodWatch:
             with self._lock:
                 self._open.discard(resp)
             resp.close()  # never pool a connection with a stream left unread on it
-        return rv, events
+        return events
 
 
 def _expired(e: Exception) -> bool:

@@ -79,7 +79,7 @@ class WatchedObjects:
     def read(self, namespace: str, name: str, body: Mapping[str, Any] | None) -> None:
         """What a GET returned (None: not found, which is never cached)."""
         if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
-            self._drop((namespace, name), None)
+            self._drop((namespace, name), None if body is None else _version(body))
         else:
             self._keep((namespace, name), body)
 

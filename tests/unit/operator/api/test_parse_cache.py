@@ -52,3 +52,12 @@ def test_quick_specs_are_not_kept_and_the_kept_are_bounded(
     for nodes in range(1, specmod.PARSED_KEPT + 5):
         api.parse_spec(big_spec(nodes=nodes, pad=1))
     assert len(specmod._PARSED) == specmod.PARSED_KEPT
+
+
+def test_a_spec_that_is_not_json_is_validated_without_memory_and_refused_as_before() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        api.parse_spec({1: "x", "nodes": 1})  # mixed keys: no digest (sort_keys fails)
+    with pytest.raises(ValidationError):
+        api.parse_spec({"nodes": float("nan")})  # NaN: no digest either

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -77,3 +78,67 @@ def test_lines_split_across_chunks_and_an_endless_line_is_refused() -> None:
     endless = (b"x" * 1000 for _ in range(100))
     with pytest.raises(ValueError, match="over 50000 bytes"):
         list(podwatch.lines(endless, limit=50_000))
+
+
+class BrokenThenQuiet:
+    """A core API whose first watch delivers two events and then breaks, and whose next
+    watch records where it was asked to resume from."""
+
+    def __init__(self) -> None:
+        self.watched_from: list[str] = []
+        self.watch: podwatch.PodWatch | None = None
+
+    def list_namespaced_pod(self, namespace: str, **kw: Any) -> Any:
+        if not kw.get("watch"):
+            body = {"metadata": {"resourceVersion": "10"}, "items": []}
+            return Resp([json.dumps(body).encode()])
+        self.watched_from.append(kw["resource_version"])
+        if len(self.watched_from) == 1:
+            lines = [
+                json.dumps({"type": "ADDED", "object": pod("1") | {"metadata": {
+                    **pod("1")["metadata"], "resourceVersion": str(rv)}}}).encode() + b"\n"
+                for rv in (11, 12)
+            ]  # fmt: skip
+            return Resp(lines, then=ConnectionResetError("reset by peer"))
+        assert self.watch is not None
+        self.watch.stop()
+        return Resp([])
+
+
+class Resp:
+    def __init__(self, chunks: list[bytes], then: Exception | None = None) -> None:
+        self.chunks, self.then = chunks, then
+        self.data = b"".join(chunks)
+
+    def stream(self, amt: int, decode_content: bool = True) -> Any:
+        yield from self.chunks
+        if self.then is not None:
+            raise self.then
+
+    def close(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+
+def test_a_stream_broken_half_way_resumes_after_its_last_event() -> None:
+    core = BrokenThenQuiet()
+
+    async def scenario() -> PodIndex:
+        index = PodIndex()
+        watch = podwatch.PodWatch(core, ["ml"], index, lambda keys, p: None)
+        core.watch = watch
+        watch.start()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        # The events were posted before the backoff that precedes the second watch, while
+        # this loop polled: they are in the index once the second watch is asked for.
+        while len(core.watched_from) < 2:
+            assert loop.time() < deadline, core.watched_from
+            await asyncio.sleep(0.01)
+        return index
+
+    index = asyncio.run(scenario())
+    assert core.watched_from == ["10", "12"]  # not "10" again: no replay over newer states
+    assert [p["metadata"]["uid"] for p in index.pods(("ml", "bert"))] == ["1"]

@@ -99,5 +99,7 @@ def test_a_get_that_raced_the_deletion_does_not_bring_the_workload_back() -> Non
     deleting = wl("60") | {"metadata": wl("60")["metadata"] | {"deletionTimestamp": "now"}}
     cache.read("ml", "job-a", deleting)  # one being deleted is not kept either
     assert cache.get("ml", "job-a") is None
+    cache.seen("MODIFIED", wl("55"))  # from before the deletion the GET saw
+    assert cache.get("ml", "job-a") is None
     cache.seen("ADDED", wl("70"))  # created again under the same name: newer, kept
     assert cache.get("ml", "job-a") == wl("70")
