@@ -31,8 +31,6 @@ from gpujob_operator.runtime.kube import Kube, api_reason
 
 log = logging.getLogger("gpujob.forecast")
 
-READ_TIMEOUT: Final = (5.0, 30.0)
-"""Connect and read timeouts of one list call: a slow API server delays a pass, never hangs it."""
 MIN_GAP_SECONDS: Final = 2.0
 """Passes woken by new jobs are at least this far apart (a burst of creates is one pass)."""
 ACTIVE_POD_FIELDS: Final = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
@@ -153,12 +151,9 @@ class Forecaster:
         page by page, each page decoded and (with ``project``) reduced to what the forecast
         reads in a worker thread: a cluster of thousands of pods never sits whole in
         memory, nor is decoded on the event loop."""
-        return await asyncio.to_thread(self._pages, call, project, kw)
-
-    def _pages(
-        self, call: str, project: Callable[[Any], Any] | None, kw: dict[str, Any]
-    ) -> list[Any]:
-        return listing.list_pages(getattr(self.kube.core, call), project, READ_TIMEOUT, **kw).items
+        call_api = getattr(self.kube.core, call)
+        listed = await asyncio.to_thread(listing.list_pages, call_api, project, **kw)
+        return listed.items
 
     async def _kueue(self, plural: str) -> list[Any]:
         got: Any = await asyncio.to_thread(
@@ -166,7 +161,7 @@ class Forecaster:
             gang.KUEUE_GROUP,
             gang.KUEUE_VERSION,
             plural,
-            _request_timeout=READ_TIMEOUT,
+            _request_timeout=listing.READ_TIMEOUT,
         )
         return list(got.get("items") or [])
 

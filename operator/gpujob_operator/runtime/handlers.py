@@ -19,6 +19,7 @@ other handler sees.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -146,7 +147,7 @@ class OperatorState:
 
     def job_pods(self, key: JobKey) -> Callable[[], list[Mapping[str, Any]]]:
         """What a job's loop reads of its pods: the index's projections, now."""
-        return lambda: list(self.pods.pods(key))
+        return functools.partial(self.pods.pods, key)
 
     def forget(self, loop: JobLoop) -> None:
         """A loop found its job gone by itself (a missed DELETED): drop it from the loops."""

@@ -23,12 +23,12 @@ from kubernetes.client.rest import ApiException
 
 from gpujob_operator.lifecycle.blame import NodeView
 from gpujob_operator.observability.opmetrics import METRICS, error_reason
+from gpujob_operator.runtime import listing
 from gpujob_operator.runtime.kube import Kube, api_reason
 
 log = logging.getLogger("gpujob.nodes")
 
 TTL_SECONDS: Final = 30.0
-READ_TIMEOUT: Final = (5.0, 30.0)
 
 
 def slim(node: Mapping[str, Any]) -> dict[str, Any]:
@@ -59,7 +59,7 @@ def _list_nodes(kube: Kube) -> tuple[dict[str, Any], ...]:
     is tens of MB, not for the event loop. ``resourceVersion=0`` is served from the API
     server's watch cache, not from etcd."""
     resp: Any = kube.core.list_node(
-        _preload_content=False, _request_timeout=READ_TIMEOUT, resource_version="0"
+        _preload_content=False, _request_timeout=listing.READ_TIMEOUT, resource_version="0"
     )
     items = json.loads(resp.data).get("items") or []
     return tuple(slim(n) for n in items if isinstance(n, Mapping))

@@ -68,7 +68,7 @@ class PodIndex:
         self._jobs: dict[JobKey, dict[str, Projection]] = {}
         self._where: dict[str, JobKey] = {}
 
-    def pods(self, key: JobKey) -> list[Projection]:
+    def pods(self, key: JobKey) -> list[Mapping[str, Any]]:
         """The job's indexed pods (the projections themselves: read, never change them)."""
         return list(self._jobs.get(key, {}).values())
 

@@ -108,10 +108,14 @@ class WatchedObjects:
         version = _version(body)
         old = self._entries.get(key)
         newest = old.version if old is not None else self._floors.get(key)
-        if version is not None and newest is not None and version < newest:
-            return  # from before what is kept, or before the write or deletion we saw
-        if old is None and version is not None and newest is not None and version == newest:
-            return  # the very version a write or deletion was made after
+        # Older than what is kept; or, past a write or deletion, not newer than it.
+        stale = (
+            version is not None
+            and newest is not None
+            and (version < newest or (old is None and version == newest))
+        )
+        if stale:
+            return
         if old is None and len(self._entries) >= MAX_ENTRIES:
             return
         self._floors.pop(key, None)
