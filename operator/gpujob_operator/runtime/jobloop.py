@@ -42,7 +42,7 @@ from gpujob_operator.api.children import job_uid, uid_of
 from gpujob_operator.api.patches import json_safe, minimal_patch
 from gpujob_operator.api.status import attempt_of
 from gpujob_operator.lifecycle import backoff, endpoints, observations, planner
-from gpujob_operator.lifecycle.apiserver import refusals
+from gpujob_operator.lifecycle.apiserver import podreview, refusals
 from gpujob_operator.lifecycle.gang import gangprobe
 from gpujob_operator.monitoring.scrape.scraper import Scraper
 from gpujob_operator.observability import opmetrics
@@ -83,7 +83,7 @@ FENCED_RETRY_SECONDS = 2.0
 INDEX_WAIT_SECONDS: Final = 5.0
 """How long a batch of creates waits for the index to hold it before the next is planned."""
 INDEX_POLL_SECONDS: Final = 0.05
-CREATE_CONCURRENCY: Final = 8
+CREATE_CONCURRENCY: Final = 16
 """Pod creates, dry runs or deletes of one job in flight at once: a 2,048-pod gang is made
 and restarted at the API server's pace, not one round trip at a time, while no job takes
 every worker."""
@@ -308,12 +308,21 @@ class JobLoop:
                 fault_point(self.fault_at, AFTER_STATUS_WRITE)
         self.call = "delete_pod"
         # The first alone (a crash between deletes leaves the rest), then a few at a time.
+        deleted: set[str] = set()
         for i, group in enumerate((plan.delete_pods[:1], plan.delete_pods[1:])):
             if i and group:
                 fault_point(self.fault_at, BETWEEN_POD_DELETES)
             for pod, existed in await self._delete_pods(ns, group):
-                if not existed:
-                    self.vanish({uid_of(p) for p in pods if _name(p) == pod}, "delete_404")
+                uids = {uid_of(p) for p in pods if _name(p) == pod}
+                if existed:
+                    deleted |= uids
+                else:
+                    self.vanish(uids, "delete_404")
+        if len(deleted) > 1:
+            # The next pass is planned from the index: let it see these deletes first, or
+            # it would delete the same pods again (a 512-pod restart sent ~500 deletes twice,
+            # each a write of the whole pod).
+            await self._until_deleting(deleted, INDEX_WAIT_SECONDS)
         self.call = "patch_pod"
         for i, (pod_name, uid, pod_patch) in enumerate(plan.patch_pods):
             if i:
@@ -427,9 +436,11 @@ class JobLoop:
         """Create the job's endpoint guards, its Service and its gang, all or nothing; True
         when the server refused.
 
-        Every pod is first created with ``dryRun=All``: admission (quota, PodSecurity,
-        LimitRange, webhooks) and validation run without persisting anything, so a gang that
-        cannot be admitted creates no pod at all. Dry runs do not add up against a quota, so
+        The batch's first and last pods (:func:`podreview.representatives`: ranks differ
+        only in rank-derived values) are first created with ``dryRun=All``: admission
+        (quota, PodSecurity, LimitRange, webhooks) and validation run without persisting
+        anything, so a gang that cannot be admitted creates no pod at all, for two requests
+        rather than one per pod. Dry runs do not add up against a quota, so
         the gang's total is dry-run too, as one probe pod (:mod:`gangprobe`). Should a later
         pod still be refused (the quota was taken meanwhile), the planner deletes the ones
         already created after its grace. ``record`` is the status's backoff, which a refusal
@@ -478,9 +489,10 @@ class JobLoop:
                 return True
             for call, dry_run in (("dry_run_pod", True), ("create_pod", False)):
                 self.call = call
+                batch = podreview.representatives(pods) if dry_run else pods
                 # The first pod alone, then the rest CREATE_CONCURRENCY at a time: a crash
                 # between creates leaves the first, and a refusal stops the rest.
-                for i, group in enumerate((pods[:1], pods[1:])):
+                for i, group in enumerate((batch[:1], batch[1:])):
                     if i and group and not dry_run:
                         fault_point(self.fault_at, BETWEEN_POD_CREATES)
                     failed = await self._post_pods(ns, group, dry_run)
@@ -510,6 +522,19 @@ class JobLoop:
         if failed is not None:
             raise failed[1]
         return done
+
+    async def _until_deleting(self, uids: set[str], timeout: float) -> bool:
+        """Wait (at most ``timeout`` seconds) until no pod of ``uids`` in the index lacks
+        its deletionTimestamp (each is terminating or gone)."""
+        deadline = time.monotonic() + timeout
+        while any(
+            uid_of(p) in uids and not (p.get("metadata") or {}).get("deletionTimestamp")
+            for p in self.pods()
+        ):
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(INDEX_POLL_SECONDS)
+        return True
 
     async def _until_indexed(self, names: set[str], timeout: float) -> bool:
         """Wait (at most ``timeout`` seconds) until the pod index holds pods of ``names``."""

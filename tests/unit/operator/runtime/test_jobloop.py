@@ -196,6 +196,12 @@ def test_a_batch_is_created_a_few_at_a_time_and_a_refusal_stops_the_rest() -> No
     loop.body = Sim(make_job(nodes=40)).job
     assert not asyncio.run(loop._create("ml", "bert", plan, None, loop.body))
     assert len(kube.pods) == 40 and kube.most == jobloop.CREATE_CONCURRENCY
+    # The gang's probe, then the batch's first and last pods stand for all 40 in dry runs.
+    assert [n for n in kube.names("dry-run") if "probe" not in n] == [
+        "bert-node-0",
+        "bert-node-39",
+    ]
+    assert kube.calls.index("dry-run bert-node-39") < kube.calls.index("create bert-node-0")
     assert kube.calls.index("create bert-node-0") < min(
         kube.calls.index(f"create bert-node-{i}") for i in range(1, 40)
     )
@@ -231,15 +237,15 @@ def test_a_gangs_pods_are_deleted_a_few_at_a_time_each_404_reported() -> None:
 
     kube = Deleting()
     loop = JobLoop(kube=cast(Any, kube), post_event=lambda *a: None)
-    names = [f"p-{i}" for i in range(30)]
+    names = [f"p-{i}" for i in range(60)]
     got = dict(asyncio.run(loop._delete_pods("ml", names)))
-    assert set(got) == set(names) and not got["p-3"] and sum(got.values()) == 29
+    assert set(got) == set(names) and not got["p-3"] and sum(got.values()) == 59
     assert kube.most == jobloop.CREATE_CONCURRENCY
     failing = Deleting(fail_at="p-4")
     loop = JobLoop(kube=cast(Any, failing), post_event=lambda *a: None)
     with pytest.raises(ApiException):
         asyncio.run(loop._delete_pods("ml", names))
-    assert len(failing.deleted) < 30 - jobloop.CREATE_CONCURRENCY
+    assert len(failing.deleted) < 60 - jobloop.CREATE_CONCURRENCY
 
 
 def test_a_gang_refused_half_way_keeps_backing_off_across_its_batches() -> None:
@@ -271,3 +277,35 @@ def test_a_gang_refused_half_way_keeps_backing_off_across_its_batches() -> None:
     kube.refuse = {}
     assert not asyncio.run(loop._create("ml", "bert", whole, None, sim.job))
     assert loop.refused is None and loop.batch_refused is None
+
+
+def test_after_deleting_a_gang_the_loop_waits_for_the_index_to_show_the_deletes() -> None:
+    """The next pass plans from the index: until it shows each deleted pod terminating (or
+    gone), that pass would delete the same pods again, each a write of the whole pod."""
+
+    def pod(uid: str, terminating: bool = False) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": f"p-{uid}", "uid": uid}
+        if terminating:
+            meta["deletionTimestamp"] = "2026-12-07T00:00:00Z"
+        return {"metadata": meta}
+
+    index = [pod("a"), pod("b"), pod("c")]
+    loop = JobLoop(kube=cast(Any, None), post_event=lambda *a: None)
+    loop._pods = lambda: list(index)
+
+    async def run() -> tuple[bool, bool, bool]:
+        delivered = asyncio.Event()
+
+        def watch_delivers() -> None:
+            index[:] = [pod("a", True), pod("c")]  # a terminating, b gone, c never deleted
+            delivered.set()
+
+        asyncio.get_running_loop().call_later(0.2, watch_delivers)
+        shown = await loop._until_deleting({"a", "b"}, timeout=30)
+        was_delivered = delivered.is_set()
+        never = await loop._until_deleting({"c"}, timeout=0.1)
+        return shown, was_delivered, never
+
+    shown, was_delivered, never = asyncio.run(run())
+    assert shown and was_delivered, "returned before the index showed the deletes"
+    assert not never, "a pod the index still shows alive is not waited for past the bound"
