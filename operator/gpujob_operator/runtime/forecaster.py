@@ -27,7 +27,7 @@ from gpujob_operator.lifecycle.forecast.queueview import World, split_waiting
 from gpujob_operator.lifecycle.gang import gang
 from gpujob_operator.observability.opmetrics import METRICS, error_reason
 from gpujob_operator.runtime import listing
-from gpujob_operator.runtime.kube import Kube, api_reason
+from gpujob_operator.runtime.kube import Kube, api_reason, in_api_thread
 
 log = logging.getLogger("gpujob.forecast")
 
@@ -152,11 +152,11 @@ class Forecaster:
         reads in a worker thread: a cluster of thousands of pods never sits whole in
         memory, nor is decoded on the event loop."""
         call_api = getattr(self.kube.core, call)
-        listed = await asyncio.to_thread(listing.list_pages, call_api, project, **kw)
+        listed = await in_api_thread(listing.list_pages, call_api, project, **kw)
         return listed.items
 
     async def _kueue(self, plural: str) -> list[Any]:
-        got: Any = await asyncio.to_thread(
+        got: Any = await in_api_thread(
             self.kube.custom.list_cluster_custom_object,
             gang.KUEUE_GROUP,
             gang.KUEUE_VERSION,

@@ -1,8 +1,8 @@
 """Blocking Kubernetes API calls the operator makes outside kopf, run off the event loop.
 
 kopf watches and lists; everything that writes (pods, the Service, the job's status,
-the job's deletion) goes through the official client here, in worker threads via
-``asyncio.to_thread``. Each call treats "already exists" and "already gone" as done,
+the job's deletion) goes through the official client here, in worker threads of its own
+(:func:`in_api_thread`). Each call treats "already exists" and "already gone" as done,
 because the level-based job loop re-applies the same plan after any crash.
 """
 
@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import copy
 import functools
 import json
 import logging
 from collections.abc import Callable
-from typing import Any, Final, cast
+from typing import Any, Final, ParamSpec, TypeVar, cast
 
 import urllib3
 from kubernetes import client, config
@@ -98,6 +99,26 @@ def _dry_run(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     return "dryRun=" in url.partition("?")[2]
 
 
+API_THREADS: Final = 64
+"""Threads that wait on the API server for the operator's calls (and the size of the
+client's connection pool). Not the default executor, whose 6 threads on 2 cores also run
+the analysis of wide jobs and the forecast: a gang's CREATE_CONCURRENCY creates and every
+other job's reads never queue behind CPU work, nor it behind them."""
+_API_POOL: Final = concurrent.futures.ThreadPoolExecutor(
+    API_THREADS, thread_name_prefix="gpujob-api"
+)
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+async def in_api_thread(fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+    """``asyncio.to_thread`` on the API threads: ``fn(*args, **kwargs)`` blocking there,
+    with the caller's context."""
+    loop = asyncio.get_running_loop()
+    call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+    return await loop.run_in_executor(_API_POOL, call)
+
+
 class NameTaken(Exception):
     """An object of the name we write exists and is not owned by our job: left alone."""
 
@@ -145,7 +166,7 @@ class Kube:
         if dry_run:
             query.insert(0, ("dryRun", "All"))
         try:
-            await asyncio.to_thread(self._post_pod, namespace, body, query)
+            await in_api_thread(self._post_pod, namespace, body, query)
             return True
         except ApiException as e:
             if e.status == 409 or namespace_terminating(e):
@@ -164,7 +185,7 @@ class Kube:
         Bounded by ``timeout`` seconds in all, retries included: the admission webhook's
         answer must come before the API server gives up on the webhook. ``executor``: the
         worker threads to block in (the webhook's own, so reviews never starve the job
-        loops of the default pool).
+        loops of the API threads).
         """
         query = [("dryRun", "All"), ("fieldValidation", "Strict")]
         loop = asyncio.get_running_loop()
@@ -205,7 +226,7 @@ class Kube:
         """Delete a pod (graceful, background); False when no pod of that name exists (a
         404 is proof that the pod is gone, whatever the operator's index still holds)."""
         try:
-            await asyncio.to_thread(
+            await in_api_thread(
                 self.core.delete_namespaced_pod, name, namespace, propagation_policy="Background"
             )
         except ApiException as e:
@@ -223,7 +244,7 @@ class Kube:
         if uid:
             body.setdefault("metadata", {})["uid"] = uid
         try:
-            await asyncio.to_thread(self.core.patch_namespaced_pod, name, namespace, body)
+            await in_api_thread(self.core.patch_namespaced_pod, name, namespace, body)
         except ApiException as e:
             if e.status in (404, 409, 422):
                 return False
@@ -234,7 +255,7 @@ class Kube:
         """The uids of the pods the API server holds under a label selector, now: their
         metadata alone, page by page (a 2,048-pod job of 400 KB pods would otherwise come
         back as most of a gigabyte, decoded into the client's models)."""
-        listed = await asyncio.to_thread(
+        listed = await in_api_thread(
             listing.list_pages,
             functools.partial(self.core.list_namespaced_pod, namespace),
             children.uid_of,
@@ -257,7 +278,7 @@ class Kube:
 
     async def service_exists(self, namespace: str, name: str) -> bool:
         try:
-            await asyncio.to_thread(self.core.read_namespaced_service, name, namespace)
+            await in_api_thread(self.core.read_namespaced_service, name, namespace)
             return True
         except ApiException as e:
             if e.status == 404:
@@ -267,7 +288,7 @@ class Kube:
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The job as the API server has it now; None when it does not exist."""
         try:
-            got: Any = await asyncio.to_thread(
+            got: Any = await in_api_thread(
                 cast(Any, self.custom.get_namespaced_custom_object),
                 api.GROUP, api.VERSION, namespace, api.PLURAL, name,
             )  # fmt: skip
@@ -285,7 +306,7 @@ class Kube:
         Returns the written object, or None when the job is gone (deleted meanwhile).
         """
         try:
-            written: Any = await asyncio.to_thread(
+            written: Any = await in_api_thread(
                 cast(Any, self.custom.patch_namespaced_custom_object_status),
                 api.GROUP, api.VERSION, namespace, api.PLURAL, name, {"status": patch},
             )  # fmt: skip
@@ -297,7 +318,7 @@ class Kube:
 
     async def delete_job(self, namespace: str, name: str) -> None:
         try:
-            await asyncio.to_thread(
+            await in_api_thread(
                 self.custom.delete_namespaced_custom_object,
                 api.GROUP,
                 api.VERSION,
@@ -319,7 +340,7 @@ class Kube:
         bounded (:data:`EVIDENCE_WRITE_TIMEOUT`): the stall's restart waits."""
         limit: dict[str, Any] = {"_request_timeout": EVIDENCE_WRITE_TIMEOUT}
         try:
-            await asyncio.to_thread(
+            await in_api_thread(
                 self.core.create_namespaced_config_map, namespace, cast(Any, body), **limit
             )
         except ApiException as e:
@@ -334,7 +355,7 @@ class Kube:
                 {"op": "replace", "path": "/data", "value": body["data"]},
             ]
             try:
-                await asyncio.to_thread(
+                await in_api_thread(
                     self.core.patch_namespaced_config_map,
                     name, namespace, cast(Any, patch), **limit,
                 )  # fmt: skip
@@ -348,7 +369,7 @@ class Kube:
         """Create a namespaced custom object; False when it already exists."""
         ref = gang.ref_of(body)
         try:
-            await asyncio.to_thread(
+            await in_api_thread(
                 self.custom.create_namespaced_custom_object,
                 ref.group, ref.version, namespace, ref.plural, body,
             )  # fmt: skip
@@ -360,7 +381,7 @@ class Kube:
 
     async def delete_object(self, namespace: str, ref: gang.ObjectRef) -> None:
         try:
-            await asyncio.to_thread(
+            await in_api_thread(
                 self.custom.delete_namespaced_custom_object,
                 ref.group, ref.version, namespace, ref.plural, ref.name,
                 propagation_policy="Background",
@@ -377,7 +398,7 @@ class Kube:
         is raised, so that the caller never takes a running gang's Workload for deleted.
         """
         try:
-            obj: Any = await asyncio.to_thread(
+            obj: Any = await in_api_thread(
                 self.custom.get_namespaced_custom_object,
                 ref.group, ref.version, namespace, ref.plural, ref.name,
             )  # fmt: skip
@@ -390,7 +411,7 @@ class Kube:
     async def get_cluster_object(self, ref: gang.ObjectRef) -> dict[str, Any] | None:
         """A cluster-scoped custom object (a ResourceFlavor), or None."""
         try:
-            obj: Any = await asyncio.to_thread(
+            obj: Any = await in_api_thread(
                 self.custom.get_cluster_custom_object, ref.group, ref.version, ref.plural, ref.name
             )
         except ApiException as e:
@@ -408,7 +429,7 @@ class Kube:
         resourceVersion precondition): the caller's next pass re-reads it.
         """
         try:
-            await asyncio.to_thread(
+            await in_api_thread(
                 cast(Any, self.custom.patch_namespaced_custom_object_status),
                 ref.group, ref.version, namespace, ref.plural, ref.name, patch,
             )  # fmt: skip
@@ -421,7 +442,7 @@ class Kube:
     async def serves(self, group: str, version: str, plural: str) -> bool:
         """Whether the API server serves ``plural`` in ``group/version`` (discovery)."""
         try:
-            res: Any = await asyncio.to_thread(self.custom.get_api_resources, group, version)
+            res: Any = await in_api_thread(self.custom.get_api_resources, group, version)
         except ApiException as e:
             if e.status == 404:
                 return False
@@ -433,7 +454,7 @@ async def _create_or_keep(create: Callable[..., Any], namespace: str, body: dict
     """Create a job's child object; one that exists already (409), or a namespace being
     deleted, is fine: the object is kept as it is."""
     try:
-        await asyncio.to_thread(create, namespace, cast(Any, body))
+        await in_api_thread(create, namespace, cast(Any, body))
     except ApiException as e:
         if e.status != 409 and not namespace_terminating(e):
             raise
@@ -472,4 +493,5 @@ def load_client(timeout: float = API_TIMEOUT) -> TimedApiClient:
         config.load_incluster_config(client_configuration=configuration)
     except config.ConfigException:
         config.load_kube_config(client_configuration=configuration)
+    configuration.connection_pool_maxsize = API_THREADS  # a connection per API thread
     return TimedApiClient(configuration, timeout=timeout)

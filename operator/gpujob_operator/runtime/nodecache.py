@@ -24,7 +24,7 @@ from kubernetes.client.rest import ApiException
 from gpujob_operator.lifecycle.blame import NodeView
 from gpujob_operator.observability.opmetrics import METRICS, error_reason
 from gpujob_operator.runtime import listing
-from gpujob_operator.runtime.kube import Kube, api_reason
+from gpujob_operator.runtime.kube import Kube, api_reason, in_api_thread
 
 log = logging.getLogger("gpujob.nodes")
 
@@ -88,7 +88,7 @@ class NodeCache:
 
     async def _read(self, now: float) -> NodeView:
         try:
-            nodes = await asyncio.to_thread(_list_nodes, self.kube)
+            nodes = await in_api_thread(_list_nodes, self.kube)
         except Exception as e:
             why = (
                 f"cannot list nodes: {e.status} {api_reason(e)}"

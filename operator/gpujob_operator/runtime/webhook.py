@@ -40,7 +40,7 @@ from gpujob_operator import api
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api import podbytes
 from gpujob_operator.lifecycle.apiserver import admissionreview, podreview, refusals
-from gpujob_operator.runtime.kube import Kube
+from gpujob_operator.runtime.kube import Kube, in_api_thread
 from gpujob_operator.runtime.settings import Settings
 
 log = logging.getLogger("gpujob.webhook")
@@ -238,7 +238,7 @@ def install(settings: Settings, namespaces: list[str], kube: Callable[[], Kube])
     @kopf.on.cleanup()
     async def unregister_webhook(**_: Any) -> None:
         if own.webhook_register:
-            await asyncio.to_thread(unregister, kube(), own.webhook_register)
+            await in_api_thread(unregister, kube(), own.webhook_register)
 
 
 async def answer(
@@ -399,7 +399,7 @@ class _RegisteringServer(GuardedServer):
         delay = 1.0
         while True:
             try:
-                await asyncio.to_thread(register, self.kube(), body)
+                await in_api_thread(register, self.kube(), body)
                 log.info("webhook %s registered at %s", self.config_name, url)
                 return
             except Exception as e:  # logged and retried: the operator keeps running
