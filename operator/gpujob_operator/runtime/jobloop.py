@@ -81,7 +81,8 @@ AUDIT_MIN_GAP_SECONDS = 60.0
 FENCED_RETRY_SECONDS = 2.0
 """How soon a pass held back by the peering fence tries again (the guard looks every 2 s)."""
 INDEX_WAIT_SECONDS: Final = 5.0
-"""How long a batch of creates waits for the index to hold it before the next is planned."""
+"""How long a batch of creates (or deletes) waits for the index to show it before the next
+pass is planned."""
 INDEX_POLL_SECONDS: Final = 0.05
 CREATE_CONCURRENCY: Final = 16
 """Pod creates, dry runs or deletes of one job in flight at once: a 2,048-pod gang is made
@@ -309,20 +310,27 @@ class JobLoop:
         self.call = "delete_pod"
         # The first alone (a crash between deletes leaves the rest), then a few at a time.
         deleted: set[str] = set()
+        uids_of: dict[str, set[str]] = {}
+        if plan.delete_pods:
+            for p in pods:
+                uids_of.setdefault(_name(p), set()).add(uid_of(p))
         for i, group in enumerate((plan.delete_pods[:1], plan.delete_pods[1:])):
             if i and group:
                 fault_point(self.fault_at, BETWEEN_POD_DELETES)
             for pod, existed in await self._delete_pods(ns, group):
-                uids = {uid_of(p) for p in pods if _name(p) == pod}
+                uids = uids_of.get(pod, set())
                 if existed:
                     deleted |= uids
                 else:
                     self.vanish(uids, "delete_404")
-        if len(deleted) > 1:
-            # The next pass is planned from the index: let it see these deletes first, or
-            # it would delete the same pods again (a 512-pod restart sent ~500 deletes twice,
-            # each a write of the whole pod).
-            await self._until_deleting(deleted, INDEX_WAIT_SECONDS)
+        # The next pass is planned from the index: let it see these deletes first, or it
+        # would delete the same pods again (a 512-pod restart sent ~500 deletes twice, each
+        # a write of the whole pod).
+        if len(deleted) > 1 and not await self._until_deleting(deleted, INDEX_WAIT_SECONDS):
+            log.debug(
+                "%s: the index does not show %d deletes after %gs; planning on",
+                self.key, len(deleted), INDEX_WAIT_SECONDS,
+            )  # fmt: skip
         self.call = "patch_pod"
         for i, (pod_name, uid, pod_patch) in enumerate(plan.patch_pods):
             if i:

@@ -115,3 +115,32 @@ def test_a_ghost_of_the_running_gang_is_found_by_the_periodic_listing(
     job["status"] = kube.status
     plan = asyncio.run(loop.reconcile(job, loop.pods()))
     assert plan.phase == c.PHASE_RESTARTING, plan.status
+
+
+def test_a_gang_restart_deletes_each_pod_once_though_the_index_shows_the_deletes_late() -> None:
+    """The watch delivers each delete a moment after the API server answered it: the loop
+    waits for the index to show them, so the next pass does not delete the same pods again
+    (each delete of a wide job's pod is a write of its whole body)."""
+    job, index = failed_gang()
+
+    class LateWatch(FakeKube):
+        async def delete_pod(self, namespace: str, name: str) -> bool:
+            existed = await super().delete_pod(namespace, name)
+
+            def delivered() -> None:
+                for pod in index:
+                    if pod["metadata"]["name"] == name:
+                        pod["metadata"]["deletionTimestamp"] = "2026-03-01T12:00:00Z"
+
+            asyncio.get_running_loop().call_later(0.05, delivered)
+            return existed
+
+    kube = LateWatch(job, index)
+    loop = loop_over(kube, job, index)
+    asyncio.run(loop.reconcile(job, loop.pods()))  # the gang restart: both deleted
+    assert sorted(kube.names("delete")) == ["bert-node-0", "bert-node-1"]
+    assert all(p["metadata"].get("deletionTimestamp") for p in index), "planned on too soon"
+    job["status"] = kube.status
+    kube.calls.clear()
+    asyncio.run(loop.reconcile(job, loop.pods()))
+    assert kube.names("delete") == [], "the same pods deleted again"
