@@ -271,6 +271,7 @@ class JobLoop:
                 self.gone[seen.name] = seen
         self.gone = {k: p for k, p in self.gone.items() if p.attempt >= attempt}
         started = time.monotonic()
+        took = Stopwatch(started)
         stale = time.monotonic() - self.service_seen_at > SERVICE_RECHECK_SECONDS
         self.call = "get_service"
         if stale and await self.kube.service_exists(ns, name):
@@ -298,6 +299,7 @@ class JobLoop:
             max_pod_bytes=self.max_pod_bytes,
         )
         self.reconciles += 1
+        took.lap("plan")
         if plan.phase in (c.PHASE_SUCCEEDED, c.PHASE_FAILED, c.PHASE_SUSPENDED):
             self.refused = self.batch_refused = None  # nothing is created any more
         old_status = {k: v for k, v in (job.get("status") or {}).items() if k != "kopf"}
@@ -307,6 +309,7 @@ class JobLoop:
             await self.write_status(ns, name, patch)
             if plan.delete_pods or plan.create_pods or plan.patch_pods:
                 fault_point(self.fault_at, AFTER_STATUS_WRITE)
+        took.lap("status")
         self.call = "delete_pod"
         # The first alone (a crash between deletes leaves the rest), then a few at a time.
         deleted: set[str] = set()
@@ -331,6 +334,7 @@ class JobLoop:
                 "%s: the index does not show %d deletes after %gs; planning on",
                 self.key, len(deleted), INDEX_WAIT_SECONDS,
             )  # fmt: skip
+        took.lap("delete")
         self.call = "patch_pod"
         for i, (pod_name, uid, pod_patch) in enumerate(plan.patch_pods):
             if i:
@@ -349,14 +353,22 @@ class JobLoop:
                 log.info("%s %s changed meanwhile; re-reading it", ref.plural, ref.name)
                 self.wake.set()
         record = (plan.status.get("operatorState") or {}).get("createBackoff")
+        took.lap("patch")
         refused = await self._create(ns, name, plan, record, job)
+        took.lap("create")
         if refused:
             self.wake.set()  # plan again at once, so that the status shows the refusal
         elif plan.more_pods and plan.create_pods:
             # The next batch is planned from the index: let it hold this one first, or the
             # next pass would build and post these pods again (409s, each a full body).
             created = {str(p["metadata"]["name"]) for p in plan.create_pods}
-            await self._until_indexed(created, INDEX_WAIT_SECONDS)
+            if not await self._until_indexed(created, INDEX_WAIT_SECONDS):
+                log.info(
+                    "%s: the index holds %d of the %d pods created after %gs; planning on",
+                    self.key, len(created & {_name(p) for p in self.pods()}), len(created),
+                    INDEX_WAIT_SECONDS,
+                )  # fmt: skip
+            took.lap("indexed")
         for ev in plan.events:
             if not (refused and ev.reason == c.PODS_CREATING):  # nothing was created
                 self.post_event(job, ev.type, ev.reason, ev.message)
@@ -369,14 +381,15 @@ class JobLoop:
         await self._audit(ns, name, plan, pods)
         if plan.create_pods or plan.delete_pods or plan.events or plan.patch_pods:
             log.info(
-                "reconciled %s/%s: phase=%s created=%s deleted=%s moved=%s events=%s",
+                "reconciled %s/%s: phase=%s created=%s deleted=%s moved=%s events=%s took=%s",
                 ns,
                 name,
                 plan.phase,
                 0 if refused else len(plan.create_pods),
-                plan.delete_pods,
-                [n for n, _, _ in plan.patch_pods],
+                listed(plan.delete_pods),
+                listed([n for n, _, _ in plan.patch_pods]),
                 [e.reason for e in plan.events],
+                took,
             )
         return plan
 
@@ -755,6 +768,35 @@ class JobLoop:
         self.wake.clear()
         await asyncio.sleep(DEBOUNCE_SECONDS)
         return woken
+
+
+class Stopwatch:
+    """Where a pass's time went, for its log line: ``plan 0.31s, create 2.10s`` (laps under
+    10 ms left out)."""
+
+    def __init__(self, start: float) -> None:
+        self.last = start
+        self.laps: list[tuple[str, float]] = []
+
+    def lap(self, what: str) -> None:
+        now = time.monotonic()
+        if now - self.last >= 0.01:
+            self.laps.append((what, now - self.last))
+        self.last = now
+
+    def __str__(self) -> str:
+        return ", ".join(f"{what} {seconds:.2f}s" for what, seconds in self.laps) or "-"
+
+
+LISTED_NAMES: Final = 8
+
+
+def listed(names: Sequence[str]) -> str:
+    """Names for a log line: all of a few, else the first and last and how many (a 2,048-pod
+    restart logged every name)."""
+    if len(names) <= LISTED_NAMES:
+        return "[" + ", ".join(names) + "]"
+    return f"[{names[0]} .. {names[-1]}: {len(names)}]"
 
 
 def _name(pod: Mapping[str, Any]) -> str:
