@@ -510,11 +510,12 @@ class JobLoop:
                 return True
             for call, dry_run in (("dry_run_pod", True), ("create_pod", False)):
                 self.call = call
-                batch = podreview.representatives(pods) if dry_run else pods
-                # The first pod alone, then the rest CREATE_CONCURRENCY at a time: a crash
-                # between creates leaves the first, and a refusal stops the rest.
-                for i, group in enumerate((batch[:1], batch[1:])):
-                    if i and group and not dry_run:
+                # The dry runs at once; the first pod alone, then the rest CREATE_CONCURRENCY
+                # at a time: a crash between creates leaves the first, and a refusal stops
+                # the rest.
+                groups = [podreview.representatives(pods)] if dry_run else [pods[:1], pods[1:]]
+                for i, group in enumerate(groups):
+                    if i and group:
                         fault_point(self.fault_at, BETWEEN_POD_CREATES)
                     failed = await self._post_pods(ns, group, dry_run)
                     if failed is not None:
