@@ -313,7 +313,7 @@ def main() -> int:
         for k in (big, small):
             k.run("create", "namespace", k.namespace, ns=False, check=True)
         big.run("create", "namespace", RAW_NS, ns=False, check=True)
-        pods = Pods(lc.kubeconfig)
+        pods = Pods(lc.kubeconfig, connections=max(32, a.raw_concurrency))
         # The wide job is the one the operator's pod bound (GPUJOB_MAX_JOB_POD_BYTES, 64 MiB)
         # refuses at its defaults (400 KB x 2,048 pods): the bench measures what it costs
         # when an operator given the memory for it lifts the bound.

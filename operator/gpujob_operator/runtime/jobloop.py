@@ -260,6 +260,7 @@ class JobLoop:
         pods: Iterable[Mapping[str, Any]],
         now: datetime | None,
     ) -> planner.Plan:
+        took = Stopwatch(time.monotonic())
         job = self.freshest(body)
         meta = job["metadata"]
         ns, name = meta["namespace"], meta["name"]
@@ -271,7 +272,7 @@ class JobLoop:
                 self.gone[seen.name] = seen
         self.gone = {k: p for k, p in self.gone.items() if p.attempt >= attempt}
         started = time.monotonic()
-        took = Stopwatch(started)
+        took.lap("observe")
         stale = time.monotonic() - self.service_seen_at > SERVICE_RECHECK_SECONDS
         self.call = "get_service"
         if stale and await self.kube.service_exists(ns, name):
@@ -284,6 +285,7 @@ class JobLoop:
         if self.nodes is not None and planner.needs_nodes(job, observed, when):
             self.call = "list_nodes"
             view = await self.nodes.get()
+        took.lap("read")  # the Service, the gang's objects, the nodes
         plan = planner.plan(
             job,
             observed,
@@ -330,7 +332,7 @@ class JobLoop:
         # would delete the same pods again (a 512-pod restart sent ~500 deletes twice, each
         # a write of the whole pod).
         if len(deleted) > 1 and not await self._until_deleting(deleted, INDEX_WAIT_SECONDS):
-            log.debug(
+            log.info(
                 "%s: the index does not show %d deletes after %gs; planning on",
                 self.key, len(deleted), INDEX_WAIT_SECONDS,
             )  # fmt: skip
@@ -378,7 +380,9 @@ class JobLoop:
             await self.kube.delete_job(ns, name)
         METRICS.observe_reconcile(time.monotonic() - started)
         METRICS.update(ns, name, plan.status)
+        took.lap("events")
         await self._audit(ns, name, plan, pods)
+        took.lap("audit")
         if plan.create_pods or plan.delete_pods or plan.events or plan.patch_pods:
             log.info(
                 "reconciled %s/%s: phase=%s created=%s deleted=%s moved=%s events=%s took=%s",
@@ -510,11 +514,11 @@ class JobLoop:
                 return True
             for call, dry_run in (("dry_run_pod", True), ("create_pod", False)):
                 self.call = call
-                # The dry runs at once; the first pod alone, then the rest CREATE_CONCURRENCY
-                # at a time: a crash between creates leaves the first, and a refusal stops
-                # the rest.
-                groups = [podreview.representatives(pods)] if dry_run else [pods[:1], pods[1:]]
-                for i, group in enumerate(groups):
+                batch = podreview.representatives(pods) if dry_run else pods
+                # The first pod alone, then the rest CREATE_CONCURRENCY at a time: a crash
+                # between creates leaves the first, and a refusal stops the rest (the first's
+                # refusal is the one reported, whatever answers first).
+                for i, group in enumerate((batch[:1], batch[1:])):
                     if i and group:
                         fault_point(self.fault_at, BETWEEN_POD_CREATES)
                     failed = await self._post_pods(ns, group, dry_run)
