@@ -270,6 +270,8 @@ def prometheus_cpu(targets: list[str], seconds: float) -> dict[str, float] | str
 
 
 def main() -> int:
+    # A SIGTERM (timeout, kill) unwinds like Ctrl-C, so the cluster and the operator stop.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--big-pods", type=int, default=2048)
     p.add_argument("--ranks", type=int, default=8)
