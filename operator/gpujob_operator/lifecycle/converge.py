@@ -41,12 +41,17 @@ def create_batch(first: Mapping[str, Any], missing: int) -> int:
     return max(1, min(missing, CREATE_BATCH_MAX, CREATE_BATCH_BYTES // max(size, 1)))
 
 
+def names_listed(names: Sequence[str]) -> str:
+    """Pod names for a message or a log line: all of a few, else the first and last and
+    how many (a 2,048-pod gang's names would fill it)."""
+    if len(names) <= NAMES_LISTED:
+        return ", ".join(names)
+    return f"{len(names)} pods, {names[0]} .. {names[-1]}"
+
+
 def pod_names(job: str, ranks: Sequence[int]) -> str:
-    """The pods of ``ranks``, listed when few, else their first and last and how many."""
-    if len(ranks) <= NAMES_LISTED:
-        return ", ".join(children.pod_name(job, r) for r in ranks)
-    first, last = children.pod_name(job, ranks[0]), children.pod_name(job, ranks[-1])
-    return f"{len(ranks)} pods, {first} .. {last}"
+    """The pods of ``ranks``, as :func:`names_listed` lists them."""
+    return names_listed([children.pod_name(job, r) for r in ranks])
 
 
 def converge(pp: PlanningPass) -> None:

@@ -41,7 +41,7 @@ from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import job_uid, uid_of
 from gpujob_operator.api.patches import json_safe, minimal_patch
 from gpujob_operator.api.status import attempt_of
-from gpujob_operator.lifecycle import backoff, endpoints, observations, planner
+from gpujob_operator.lifecycle import backoff, converge, endpoints, observations, planner
 from gpujob_operator.lifecycle.apiserver import podreview, refusals
 from gpujob_operator.lifecycle.gang import gangprobe
 from gpujob_operator.monitoring.scrape.scraper import Scraper
@@ -390,8 +390,8 @@ class JobLoop:
                 name,
                 plan.phase,
                 0 if refused else len(plan.create_pods),
-                listed(plan.delete_pods),
-                listed([n for n, _, _ in plan.patch_pods]),
+                f"[{converge.names_listed(plan.delete_pods)}]",
+                f"[{converge.names_listed([n for n, _, _ in plan.patch_pods])}]",
                 [e.reason for e in plan.events],
                 took,
             )
@@ -552,20 +552,26 @@ class JobLoop:
     async def _until_deleting(self, uids: set[str], timeout: float) -> bool:
         """Wait (at most ``timeout`` seconds) until no pod of ``uids`` in the index lacks
         its deletionTimestamp (each is terminating or gone)."""
-        deadline = time.monotonic() + timeout
-        while any(
-            uid_of(p) in uids and not (p.get("metadata") or {}).get("deletionTimestamp")
-            for p in self.pods()
-        ):
-            if time.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(INDEX_POLL_SECONDS)
-        return True
+        return await self._until(
+            lambda: (
+                not any(
+                    uid_of(p) in uids and not (p.get("metadata") or {}).get("deletionTimestamp")
+                    for p in self.pods()
+                )
+            ),
+            timeout,
+        )
 
     async def _until_indexed(self, names: set[str], timeout: float) -> bool:
         """Wait (at most ``timeout`` seconds) until the pod index holds pods of ``names``."""
+        return await self._until(lambda: names <= {_name(p) for p in self.pods()}, timeout)
+
+    @staticmethod
+    async def _until(done: Callable[[], bool], timeout: float) -> bool:
+        """Poll ``done`` every INDEX_POLL_SECONDS for at most ``timeout`` seconds: whether
+        it came true."""
         deadline = time.monotonic() + timeout
-        while not names <= {_name(p) for p in self.pods()}:
+        while not done():
             if time.monotonic() >= deadline:
                 return False
             await asyncio.sleep(INDEX_POLL_SECONDS)
@@ -791,17 +797,6 @@ class Stopwatch:
 
     def __str__(self) -> str:
         return ", ".join(f"{what} {seconds:.2f}s" for what, seconds in self.laps) or "-"
-
-
-LISTED_NAMES: Final = 8
-
-
-def listed(names: Sequence[str]) -> str:
-    """Names for a log line: all of a few, else the first and last and how many (a 2,048-pod
-    restart logged every name)."""
-    if len(names) <= LISTED_NAMES:
-        return "[" + ", ".join(names) + "]"
-    return f"[{names[0]} .. {names[-1]}: {len(names)}]"
 
 
 def _name(pod: Mapping[str, Any]) -> str:
