@@ -519,7 +519,8 @@ class JobLoop:
                 # between creates leaves the first, and a refusal stops the rest (the first's
                 # refusal is the one reported, whatever answers first).
                 for i, group in enumerate((batch[:1], batch[1:])):
-                    if i and group:
+                    if i and group and not dry_run:
+                        # Between real creates only: a dry run persists nothing.
                         fault_point(self.fault_at, BETWEEN_POD_CREATES)
                     failed = await self._post_pods(ns, group, dry_run)
                     if failed is not None:

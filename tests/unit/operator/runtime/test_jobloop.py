@@ -214,6 +214,33 @@ def test_a_batch_is_created_a_few_at_a_time_and_a_refusal_stops_the_rest() -> No
     assert len(refusing.pods) < 40 - jobloop.CREATE_CONCURRENCY
 
 
+def test_the_between_creates_fault_fires_after_the_first_real_create(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The crash point a chaos test arms must leave exactly one new pod behind: it lies
+    between real creates, never between the dry runs (which persist nothing)."""
+    from gpujob_operator.runtime.faults import BETWEEN_POD_CREATES
+    from tests.support.fakekube import FakeKube
+    from tests.unit.operator.lifecycle.test_planner import Sim, make_job
+
+    class Crashed(Exception):
+        pass
+
+    kube = FakeKube()
+
+    def crash(armed: str | None, name: str) -> None:
+        if armed == name:
+            raise Crashed(name)
+
+    monkeypatch.setattr(jobloop, "fault_point", crash)
+    sim = Sim(make_job(nodes=2))
+    loop = JobLoop(kube=cast(Any, kube), post_event=lambda *a: None, fault_at=BETWEEN_POD_CREATES)
+    loop.body = sim.job
+    with pytest.raises(Crashed):
+        asyncio.run(loop._create("ml", "bert", sim.plan(), None, loop.body))
+    assert sorted(kube.pods) == ["bert-node-0"], kube.calls
+
+
 def test_a_gangs_pods_are_deleted_a_few_at_a_time_each_404_reported() -> None:
     from kubernetes.client.rest import ApiException
 
