@@ -6,6 +6,7 @@ a thousand jobs) are bench/frontier.py's; this is the same path, small enough fo
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,10 @@ from tests.support.waiting import wait_until
 
 PODS = 128
 RANKS = 8
+PAD_KB = 200
+"""Each pod's template carries 200 KB: a batch is about 80 pods (16 MB), so the gang is
+created, and recreated, as one batch and the rest built pod by pod as each is sent."""
+BATCH = 16 * 1024 // PAD_KB
 
 
 @pytest.fixture(scope="module")
@@ -59,11 +64,18 @@ def test_a_1024_rank_job_is_created_restarted_and_its_stalled_rank_named(
     try:
         name = "wide"
         began = time.monotonic()
-        hkube.apply(hollow_job(name, PODS, RANKS))
+        hkube.apply(hollow_job(name, PODS, RANKS, pad_kb=PAD_KB))
         wait_until(
             lambda: running(hkube, name, 0) == PODS, 90, f"{PODS} pods Running", interval=1.0
         )
         created = time.monotonic() - began
+        # A pass creates more than its batch: the rest are built as they are sent.
+        log = op.log_path.read_text(errors="replace")
+        created_by_pass = [
+            int(n)
+            for n in re.findall(rf"reconciled {hkube.namespace}/{name}: .*?created=(\d+)", log)
+        ]
+        assert max(created_by_pass, default=0) > BATCH, created_by_pass
         wait_until(
             lambda: (job_status(hkube, name).get("progress") or {}).get("step"),
             60,

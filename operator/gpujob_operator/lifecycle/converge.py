@@ -10,6 +10,7 @@ container config, old pods, a name taken, the backoff, the gang's admission).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
@@ -26,8 +27,9 @@ _CONFIG_ERRORS: Final = frozenset({"CreateContainerConfigError", "CreateContaine
 
 
 CREATE_BATCH_BYTES: Final = 16 * 1024 * 1024
-"""The most pod JSON one pass builds and creates: a 400 KB template makes batches of 40
-pods, so a 2,048-pod gang never sits in the operator's memory at once."""
+"""The most pod JSON a plan builds: a 400 KB template makes batches of 40 pods. The gang's
+other pods are built by the I/O shell as it sends them (:func:`build_later`), so a 2,048-pod
+gang never sits in the operator's memory at once."""
 CREATE_BATCH_MAX: Final = 128
 """The most pods one pass creates, however small they are."""
 NEXT_BATCH_SECONDS: Final = 0.5
@@ -39,6 +41,17 @@ def create_batch(first: Mapping[str, Any], missing: int) -> int:
     """How many of ``missing`` pods shaped like ``first`` one pass builds and creates."""
     size = len(json.dumps(first, separators=(",", ":")))
     return max(1, min(missing, CREATE_BATCH_MAX, CREATE_BATCH_BYTES // max(size, 1)))
+
+
+def build_later(pp: PlanningPass, in_place: bool, rank: int) -> dict[str, Any]:
+    """Pod ``rank`` of this pass's gang, beyond its first batch: built by the I/O shell
+    when it creates it, so only the pods in flight are in memory (a 2,048-pod gang of a
+    400 KB template would be 800 MB), and the gang is created in one pass rather than one
+    pass per batch, each with a status write and a wait for the index. The pass's
+    decisions (placement, the gang's objects, the hold) were made with its first pod."""
+    pod = admission.build_pod(pp, rank, in_place)
+    inplace.hold(pp, [pod])
+    return pod
 
 
 def names_listed(names: Sequence[str]) -> str:
@@ -82,6 +95,8 @@ def converge(pp: PlanningPass) -> None:
         pp.creates = [admission.build_pod(pp, r, in_place) for r in batch]
         pp.more_pods = len(missing) - len(batch)
         if pp.more_pods:
+            pp.more_ranks = tuple(missing[len(batch) :])
+            pp.build_more = functools.partial(build_later, pp, in_place)
             pp.requeue.append(NEXT_BATCH_SECONDS)
         inplace.hold(pp, pp.creates)
         pp.start_time = pp.start_time or c.format_time(pp.now)

@@ -33,7 +33,7 @@ Planning twice on the same input yields the same plan.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
@@ -83,9 +83,17 @@ class Plan:
     create_service: dict[str, Any] | None = None
     create_pods: list[dict[str, Any]] = field(default_factory=list)
     more_pods: int = 0
-    """Pods of the gang still missing beyond ``create_pods``: pods are built and created in
-    batches bounded in bytes (:func:`.converge.create_batch`), and a later pass builds the
-    next. The gang's dry run counts them too."""
+    """Pods of the gang still missing beyond ``create_pods``, a batch bounded in bytes
+    (:func:`.converge.create_batch`). The gang's dry run counts them too."""
+    more_ranks: tuple[int, ...] = ()
+    """The ranks of ``more_pods``."""
+    build_more: Callable[[int], dict[str, Any]] | None = field(
+        default=None, compare=False, repr=False
+    )
+    """Builds the pod of one of ``more_ranks`` (:func:`.converge.build_later`): the I/O
+    shell creates them in the same pass, each built as it is sent, so that only the pods
+    in flight are held; a later pass creates whatever it did not. Not compared: planning
+    twice still gives equal plans."""
     delete_pods: list[str] = field(default_factory=list)
     delete_job: bool = False
     events: list[Event] = field(default_factory=list)
@@ -264,6 +272,8 @@ def plan(
         create_service=pp.service,
         create_pods=pp.creates,
         more_pods=pp.more_pods,
+        more_ranks=pp.more_ranks,
+        build_more=pp.build_more,
         delete_pods=pp.deletes,
         delete_job=pp.delete_job,
         events=pp.events,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final
 
@@ -145,7 +145,9 @@ class PlanningPass:
         self.deletes: list[str] = []
         self.creates: list[dict[str, Any]] = []
         self.more_pods = 0
-        """Missing pods beyond ``creates`` (a batch): a later pass builds them."""
+        """Missing pods beyond ``creates`` (a batch): ``build_more`` builds them."""
+        self.more_ranks: tuple[int, ...] = ()
+        self.build_more: Callable[[int], dict[str, Any]] | None = None
         self.delete_job = False
         self.requeue: list[float] = []
         self.service: dict[str, Any] | None = None

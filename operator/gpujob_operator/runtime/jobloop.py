@@ -30,7 +30,7 @@ import copy
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, TypeVar
@@ -88,6 +88,10 @@ CREATE_CONCURRENCY: Final = 16
 """Pod creates, dry runs or deletes of one job in flight at once: a 2,048-pod gang is made
 and restarted at the API server's pace, not one round trip at a time, while no job takes
 every worker."""
+STREAM_SECONDS: Final = 15.0
+"""How long one pass goes on creating a wide gang's pods beyond its first batch: the job's
+lock is held meanwhile (its status writes wait), and a change to the job (a suspend, an
+eviction) is planned for by the next pass."""
 RECHECK_SECONDS = 120.0
 """A loop that wrote nothing for this long GETs its job: a missed DELETED must end it."""
 
@@ -110,6 +114,12 @@ def _rv(obj: Mapping[str, Any] | None) -> int:
         return 0
 
 
+def _created_count(plan: planner.Plan, refused: bool, more: Sequence[int]) -> int:
+    """Pods a pass created, for its log line: a refused batch counts none (where it
+    stopped is the refusal's), a refusal beyond it the batch and what followed."""
+    return len(more) + (0 if refused and not more else len(plan.create_pods))
+
+
 GONE_MAX: Final = 1024
 """Disrupted pods a loop remembers at most (a gang has one per node; this only bounds it)."""
 
@@ -119,10 +129,11 @@ R = TypeVar("R")
 
 
 async def each_bounded(
-    items: Sequence[T], call: Callable[[T], Awaitable[R]], limit: int = CREATE_CONCURRENCY
+    items: Iterable[T], call: Callable[[T], Awaitable[R]], limit: int = CREATE_CONCURRENCY
 ) -> tuple[list[tuple[T, R]], tuple[T, Exception] | None]:
     """``call`` on each item, at most ``limit`` in flight: (item, result) of each done, and
-    the first failure with its item; a failure stops the items not yet started."""
+    the first failure with its item; a failure stops the items not yet started. ``items``
+    may be a generator that ends early (it is read lazily, one item per free worker)."""
     todo = iter(items)
     done: list[tuple[T, R]] = []
     failed: list[tuple[T, Exception]] = []
@@ -139,7 +150,8 @@ async def each_bounded(
                 failed.append((item, e))
                 return
 
-    await asyncio.gather(*(worker() for _ in range(min(limit, len(items)))))
+    workers = min(limit, len(items)) if isinstance(items, Sized) else limit
+    await asyncio.gather(*(worker() for _ in range(workers)))
     return done, (failed[0] if failed else None)
 
 
@@ -159,6 +171,8 @@ class JobLoop:
     batch_refused: refusals.Refused | None = None
     """The last refusal while a gang wider than one batch is being created: a later batch's
     refusal continues its tries (cleared once the whole gang was created)."""
+    created_more: list[int] = field(default_factory=list, repr=False)
+    """The ranks the last pass created beyond its first batch (:meth:`_create_more`)."""
     tried: bool = False
     """Whether this loop has tried a create: until then the planner resumes the backoff in
     ``operatorState.createBackoff`` (an operator restart), after it ``refused`` is the whole
@@ -361,9 +375,10 @@ class JobLoop:
         if refused:
             self.wake.set()  # plan again at once, so that the status shows the refusal
         elif plan.more_pods and plan.create_pods:
-            # The next batch is planned from the index: let it hold this one first, or the
-            # next pass would build and post these pods again (409s, each a full body).
+            # The next pass is planned from the index: let it hold these pods first, or it
+            # would build and post them again (409s, each a full body).
             created = {str(p["metadata"]["name"]) for p in plan.create_pods}
+            created |= {children.pod_name(name, r) for r in self.created_more}
             if not await self._until_indexed(created, INDEX_WAIT_SECONDS):
                 log.info(
                     "%s: the index holds %d of the %d pods created after %gs; planning on",
@@ -389,7 +404,7 @@ class JobLoop:
                 ns,
                 name,
                 plan.phase,
-                0 if refused else len(plan.create_pods),
+                _created_count(plan, refused, self.created_more),
                 f"[{converge.names_listed(plan.delete_pods)}]",
                 f"[{converge.names_listed([n for n, _, _ in plan.patch_pods])}]",
                 [e.reason for e in plan.events],
@@ -465,7 +480,8 @@ class JobLoop:
         only in rank-derived values) are first created with ``dryRun=All``: admission
         (quota, PodSecurity, LimitRange, webhooks) and validation run without persisting
         anything, so a gang that cannot be admitted creates no pod at all, for two requests
-        rather than one per pod. Dry runs do not add up against a quota, so
+        rather than one per pod. The gang's pods beyond the batch follow in the same pass,
+        each built as it is sent (:meth:`_create_more`). Dry runs do not add up against a quota, so
         the gang's total is dry-run too, as one probe pod (:mod:`gangprobe`). Should a later
         pod still be refused (the quota was taken meanwhile), the planner deletes the ones
         already created after its grace. ``record`` is the status's backoff, which a refusal
@@ -477,8 +493,8 @@ class JobLoop:
             self.tried = True
         pods = plan.create_pods
         body = job if job is not None else self.body
-        if pods and self.token_key is not None:
-            pods = endpoints.with_token_env(pods, body)
+        pods = self._with_token(pods, body)
+        self.created_more = []
         target = f"service {name}"
         kind = "service"
         try:
@@ -512,9 +528,14 @@ class JobLoop:
             kind = "pod"
             if await self._probe_gang(ns, pods, len(pods) + plan.more_pods):
                 return True
+            sample = podreview.representatives(pods)
+            if plan.build_more is not None and plan.more_ranks and pods:
+                # The gang's last rank, not the batch's: ranks differ in rank-derived values.
+                last = self._with_token([plan.build_more(plan.more_ranks[-1])], body)
+                sample = [pods[0], *last]
             for call, dry_run in (("dry_run_pod", True), ("create_pod", False)):
                 self.call = call
-                batch = podreview.representatives(pods) if dry_run else pods
+                batch = sample if dry_run else pods
                 # The first pod alone, then the rest CREATE_CONCURRENCY at a time: a crash
                 # between creates leaves the first, and a refusal stops the rest (the first's
                 # refusal is the one reported, whatever answers first).
@@ -526,6 +547,10 @@ class JobLoop:
                     if failed is not None:
                         target = f"pod {failed[0]}"
                         raise failed[1]
+            self.created_more, more = await self._create_more(ns, plan, body)
+            if more is not None:
+                target = f"pod {children.pod_name(name, more[0])}"
+                raise more[1]
         except asyncio.CancelledError:
             raise
         except Exception as e:
@@ -538,9 +563,47 @@ class JobLoop:
             # A batch of a wider gang went through: planning goes on, but a later batch's
             # refusal continues the backoff of the one before (a gang refused half way
             # must not retry at the shortest delay for ever).
-            self.batch_refused = (self.refused or self.batch_refused) if plan.more_pods else None
+            left = plan.more_pods - len(self.created_more)
+            self.batch_refused = (self.refused or self.batch_refused) if left else None
             self.refused = None
         return False
+
+    def _with_token(
+        self, pods: list[dict[str, Any]], body: Mapping[str, Any]
+    ) -> list[dict[str, Any]]:
+        """``pods`` reading the job's endpoint token, when the endpoints require one."""
+        if not pods or self.token_key is None:
+            return pods
+        return endpoints.with_token_env(pods, body)
+
+    async def _create_more(
+        self, ns: str, plan: planner.Plan, body: Mapping[str, Any]
+    ) -> tuple[list[int], tuple[int, Exception] | None]:
+        """Create the gang's pods beyond the pass's first batch, each built as a worker
+        takes it (at most CREATE_CONCURRENCY bodies exist at once), for STREAM_SECONDS at
+        most: the ranks created, and the first failure with its rank (which stops the
+        rest). A pod that exists already or a namespace being deleted (``create_pod``
+        False) stops them too: the next pass plans from the index."""
+        build = plan.build_more
+        if build is None or not plan.more_ranks:
+            return [], None
+        deadline = time.monotonic() + STREAM_SECONDS
+        stop = False
+
+        def ranks() -> Iterator[int]:
+            for rank in plan.more_ranks:
+                if stop or time.monotonic() > deadline:
+                    return
+                yield rank
+
+        async def create(rank: int) -> bool:
+            nonlocal stop
+            made = await self.kube.create_pod(ns, self._with_token([build(rank)], body)[0])
+            stop = stop or not made
+            return made
+
+        done, failed = await each_bounded(ranks(), create)
+        return [rank for rank, made in done if made], failed
 
     async def _delete_pods(self, ns: str, names: list[str]) -> list[tuple[str, bool]]:
         """Delete ``names``, at most CREATE_CONCURRENCY at once: (name, whether it existed)

@@ -703,3 +703,37 @@ def test_kueue_pod_set_carries_init_containers_pod_resources_and_claims() -> Non
     ]
     assert spec["resources"] == {"requests": {"memory": "8Gi"}}
     assert spec["resourceClaims"] == [{"name": "nic", "resourceClaimTemplateName": "rdma"}]
+
+
+# ---- a wide gang's pods beyond the first batch ---------------------------------------------------
+
+
+@pytest.mark.parametrize("mechanism", ["None", "Native", "Kueue"])
+def test_pods_built_beyond_the_batch_are_those_a_later_pass_would_build(mechanism: str) -> None:
+    """The I/O shell builds a wide gang's pods beyond the first batch with the plan's
+    ``build_more``, after the plan: each must be the pod a later pass would have built
+    (the gang's PodGroup or Kueue admission, the placement), and building them must not
+    change the plan."""
+    nodes = 200
+    job = make_job(nodes=nodes, gpusPerNode=4)
+    if mechanism == "Native":
+        job["spec"]["scheduling"] = {"gang": "Native"}
+    if mechanism == "Kueue":
+        job["metadata"]["labels"] = {api.KUEUE_QUEUE_LABEL: "team"}
+    sim = GangSim(job)
+    if mechanism == "Kueue":
+        sim.reconcile()  # the Workload first
+        sim.admit()
+        wl = sim.kueue_workload()
+        assert wl is not None
+        wl["status"]["admission"]["podSetAssignments"][0]["count"] = nodes
+    p = sim.reconcile()
+    assert p.create_pods and p.build_more is not None and p.more_pods == len(p.more_ranks)
+    ensure, status = copy.deepcopy(p.ensure_objects), copy.deepcopy(p.status)
+    early = {r: p.build_more(r) for r in p.more_ranks}
+    assert (p.ensure_objects, p.status) == (ensure, status)
+    later: dict[str, dict[str, Any]] = {}
+    while (q := sim.reconcile()).create_pods:
+        later.update({b["metadata"]["name"]: b for b in q.create_pods})
+    assert len(sim.pods) == nodes
+    assert {b["metadata"]["name"]: b for b in early.values()} == later

@@ -214,6 +214,114 @@ def test_a_batch_is_created_a_few_at_a_time_and_a_refusal_stops_the_rest() -> No
     assert len(refusing.pods) < 40 - jobloop.CREATE_CONCURRENCY
 
 
+def test_a_gang_wider_than_a_batch_is_created_in_one_pass_a_few_bodies_at_a_time() -> None:
+    """Beyond its first batch a wide gang is built pod by pod as each is sent: one pass
+    creates it whole (no pass, status write or index wait per batch), never holding more
+    than CREATE_CONCURRENCY bodies beyond the batch, each with the token and the shape of
+    the batch whose first and last pods alone were dry-run."""
+    import gc
+
+    from gpujob_operator.lifecycle import endpoints
+    from tests.support.fakekube import FakeKube
+    from tests.unit.operator.lifecycle.test_planner import Sim, make_job
+
+    class Flight(FakeKube):
+        def __init__(self) -> None:
+            super().__init__(answer_after=0.001)
+            self.flight = self.most = 0
+
+        async def create_pod(
+            self, namespace: str, body: dict[str, Any], dry_run: bool = False
+        ) -> bool:
+            self.flight += 1
+            self.most = max(self.most, self.flight)
+            try:
+                await asyncio.sleep(0.001)
+                return await super().create_pod(namespace, body, dry_run)
+            finally:
+                self.flight -= 1
+
+    sim = Sim(make_job(nodes=300))
+    plan = sim.plan()
+    batch = len(plan.create_pods)
+    assert plan.more_pods == 300 - batch > 0 and plan.more_ranks[0] == batch
+    kube = Flight()
+    loop = JobLoop(kube=cast(Any, kube), post_event=lambda *a: None, token_key=b"k" * 32)
+    loop.body = sim.job
+    assert not asyncio.run(loop._create("ml", "bert", plan, None, sim.job))
+    assert sorted(kube.pods) == sorted(f"bert-node-{r}" for r in range(300))
+    assert kube.most <= jobloop.CREATE_CONCURRENCY
+    # The batch's first pod and the gang's last stand for all 300 in dry runs.
+    assert [n for n in kube.names("dry-run") if "probe" not in n] == [
+        "bert-node-0",
+        "bert-node-299",
+    ]
+    assert loop.created_more == list(range(batch, 300))
+    first, last = kube.pods["bert-node-0"], kube.pods["bert-node-299"]
+    assert first["spec"]["containers"][0]["image"] == last["spec"]["containers"][0]["image"]
+    token = endpoints.token_secret_name(sim.job)
+    for pod in (first, last):
+        env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+        assert env["GPUJOB_ENDPOINT_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == token
+    # The pods sent beyond the batch are not kept by the loop once created.
+    del first, last, pod, env
+    kube.pods.clear()
+    kube.dry_runs.clear()
+    gc.collect()
+    kept = [
+        o for o in gc.get_objects()
+        if isinstance(o, dict) and isinstance(meta := o.get("metadata"), dict)
+        and meta.get("name") == "bert-node-299"
+    ]  # fmt: skip
+    assert not kept, f"{len(kept)} bodies of a streamed pod are still held"
+
+
+def test_a_pass_stops_creating_at_its_time_bound_or_at_a_pod_that_exists(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The stream beyond the batch ends at STREAM_SECONDS (the job's lock is held
+    meanwhile) or at the first pod the server says exists (the index is behind, or the
+    namespace is going): the next pass plans the rest from the index."""
+    from tests.support.fakekube import FakeKube
+    from tests.unit.operator.lifecycle.test_planner import Sim, make_job
+
+    sim = Sim(make_job(nodes=300))
+    plan = sim.plan()
+    batch = len(plan.create_pods)
+
+    class Taken(FakeKube):
+        async def create_pod(
+            self, namespace: str, body: dict[str, Any], dry_run: bool = False
+        ) -> bool:
+            if not dry_run and body["metadata"]["name"] == f"bert-node-{batch + 20}":
+                return False  # 409: it exists
+            return await super().create_pod(namespace, body, dry_run)
+
+    kube = Taken()
+    loop = JobLoop(kube=cast(Any, kube), post_event=lambda *a: None)
+    loop.body = sim.job
+    assert not asyncio.run(loop._create("ml", "bert", plan, None, sim.job))
+    assert batch + 20 not in loop.created_more
+    assert len(kube.pods) < batch + 20 + jobloop.CREATE_CONCURRENCY
+    assert len(loop.created_more) == len(kube.pods) - batch
+
+    class Slow(FakeKube):
+        async def create_pod(
+            self, namespace: str, body: dict[str, Any], dry_run: bool = False
+        ) -> bool:
+            await asyncio.sleep(0.02)  # 172 pods at 16 in flight: 0.22 s at the least
+            return await super().create_pod(namespace, body, dry_run)
+
+    monkeypatch.setattr(jobloop, "STREAM_SECONDS", 0.1)
+    slow = Slow()
+    loop = JobLoop(kube=cast(Any, slow), post_event=lambda *a: None)
+    loop.body = sim.job
+    assert not asyncio.run(loop._create("ml", "bert", plan, None, sim.job))
+    streamed = len(loop.created_more)
+    assert 0 < streamed < 300 - batch, streamed
+    assert len(slow.pods) == batch + streamed
+
+
 def test_the_between_creates_fault_fires_after_the_first_real_create(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -276,33 +384,44 @@ def test_a_gangs_pods_are_deleted_a_few_at_a_time_each_404_reported() -> None:
 
 
 def test_a_gang_refused_half_way_keeps_backing_off_across_its_batches() -> None:
-    """Batch 1 of a wide gang is created, a later one refused, the gang released and tried
-    again: each refusal continues the tries of the one before, never the shortest delay."""
+    """A wide gang's first batch is created and a later pod refused (the quota ran out half
+    way), the gang released and tried again: each refusal continues the tries of the one
+    before, never the shortest delay; a gang created whole starts afresh."""
     from kubernetes.client.rest import ApiException
 
     from tests.support.fakekube import FakeKube
     from tests.unit.operator.lifecycle.test_planner import Sim, make_job
 
-    sim = Sim(make_job(nodes=200))
-    plan = sim.plan()
-    assert plan.more_pods > 0
     quota = ApiException(status=403, reason="Forbidden")
     quota.body = '{"reason":"Forbidden","message":"exceeded quota: q, requested: pods=1"}'
-    kube = FakeKube()
+
+    class HalfQuota(FakeKube):
+        room = 150
+
+        async def create_pod(
+            self, namespace: str, body: dict[str, Any], dry_run: bool = False
+        ) -> bool:
+            if not dry_run and len(self.pods) >= self.room:
+                raise quota
+            return await super().create_pod(namespace, body, dry_run)
+
+    sim = Sim(make_job(nodes=200))
+    plan = sim.plan()
+    assert 0 < len(plan.create_pods) < HalfQuota.room and plan.more_pods > 0
+    kube = HalfQuota()
     loop = JobLoop(kube=cast(Any, kube), post_event=lambda *a: None)
     loop.body = sim.job
     tries = []
-    for refuse in (True, False, True, False, True):
-        kube.refuse = {"create_pod": quota} if refuse else {}
-        kube.pods.clear()
-        assert asyncio.run(loop._create("ml", "bert", plan, None, sim.job)) is refuse
-        if refuse:
-            assert loop.refused is not None
-            tries.append(loop.refused.tries)
+    for _ in range(3):
+        kube.pods.clear()  # the planner released the partial gang
+        assert asyncio.run(loop._create("ml", "bert", plan, None, sim.job))
+        assert loop.refused is not None and len(kube.pods) == HalfQuota.room
+        tries.append(loop.refused.tries)
     assert tries == [1, 2, 3]
-    whole = Sim(make_job(nodes=2)).plan()  # a gang created whole starts afresh
-    kube.refuse = {}
-    assert not asyncio.run(loop._create("ml", "bert", whole, None, sim.job))
+    kube.pods.clear()
+    kube.room = 1000  # the quota was raised: the whole gang is created, the tries end
+    assert not asyncio.run(loop._create("ml", "bert", plan, None, sim.job))
+    assert len(kube.pods) == 200
     assert loop.refused is None and loop.batch_refused is None
 
 
