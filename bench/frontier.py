@@ -24,8 +24,10 @@ pod template of ``--template-kb`` of env). Measured, in order:
   rate), and the operator's CPU (cores) in that minute;
 - prometheus: a real Prometheus scraping the same rank endpoints at the same interval, its
   CPU (cores) over the same length of time;
-- restart: one rank fails -> every pod of the next attempt Running -> the job's last step
-  newer than that (stepping again);
+- restart: one rank fails -> the job Running as attempt 1 (every pod of it Running, and
+  released when it restarted in place) -> the job's last step newer than that (stepping
+  again); ``--restart-strategy`` picks the strategy (default: the operator's, InPlace on
+  hollow nodes);
 - stall: one rank hangs -> Stalled -> the culprit named in status.hangEvidence;
 - the operator's peak RSS (VmHWM) and longest event-loop lag (the loop-lag histogram's
   bucket) over the whole run.
@@ -74,14 +76,21 @@ BIG_NS, SMALL_NS, RAW_NS = "frontier-big", "frontier-small", "frontier-raw"
 INTERVAL = 5
 
 
-def job(name: str, pods: int, ranks: int, template_kb: int = 0) -> dict[str, Any]:
+def job(
+    name: str, pods: int, ranks: int, template_kb: int = 0, strategy: str = ""
+) -> dict[str, Any]:
+    """A hollow job; ``strategy`` its runPolicy.restartStrategy (empty: the operator's
+    choice, InPlace on hollow nodes, which declare the feature)."""
+    policy: dict[str, Any] = {"backoffLimit": 5}
+    if strategy:
+        policy["restartStrategy"] = strategy
     return hollow_job(
         name,
         pods,
         ranks,
         template_kb,
         monitoring={"scrapeIntervalSeconds": INTERVAL, "stallTimeoutSeconds": 15},
-        runPolicy={"backoffLimit": 5, "restartStrategy": "Recreate"},
+        runPolicy=policy,
     )
 
 
@@ -280,6 +289,10 @@ def main() -> int:
     p.add_argument("--gpus-per-node", type=int, default=8, help="per hollow node")
     p.add_argument("--endpoint-processes", type=int, default=4)
     p.add_argument("--steady-seconds", type=float, default=60)
+    p.add_argument(
+        "--restart-strategy", default="", choices=("", "InPlace", "Recreate"),
+        help="the wide job's runPolicy.restartStrategy (default: the operator's choice)",
+    )  # fmt: skip
     p.add_argument("--dir", default="")
     p.add_argument(
         "--raw-concurrency", type=int, default=16,
@@ -339,7 +352,7 @@ def main() -> int:
         )  # fmt: skip
         fig["small_running_s"] = round(time.monotonic() - t, 1)
         print(f"# {a.small_jobs} small jobs Running in {fig['small_running_s']}s")
-        wide_body = job("wide", a.big_pods, a.ranks, a.template_kb)
+        wide_body = job("wide", a.big_pods, a.ranks, a.template_kb, a.restart_strategy)
         if a.raw_concurrency > 0:
             raw = raw_create(pods, RAW_NS, job_pods(wide_body, RAW_NS), a.raw_concurrency)
             fig["apiserver_raw_create_s"] = round(raw, 1)
@@ -418,12 +431,16 @@ def main() -> int:
         culprit = a.big_pods * a.ranks - 3
         t3 = time.monotonic()
         lc.hollow_faults([RankFault(BIG_NS, "wide", culprit, "fail")])
-        sel1 = "gpujob.dev/job-name=wide,gpujob.dev/attempt=1"
+        # Running again: the job's own word (every pod of attempt 1 Running; in place, also
+        # released), not the pods' phase, which an in-place pod keeps while it restarts.
         wait_until(
-            lambda: sum(v == "Running" for v in pods.phases(BIG_NS, sel1).values()) >= a.big_pods,
+            lambda: (s := status(big, "wide")).get("phase") == "Running"
+            and (s.get("gang") or {}).get("attempt") == 1,
             1800, "attempt 1 Running", interval=1.0,
         )  # fmt: skip
         fig["restart_running_s"] = round(time.monotonic() - t3, 1)
+        gang = status(big, "wide").get("gang") or {}
+        fig["restart_strategy"] = (gang.get("restartStrategy") or {}).get("strategy", "?")
         since = time.time()
         wait_until(
             lambda: (s := (status(big, "wide").get("progress") or {}).get("lastStepTime")) and time.mktime(time.strptime(s, "%Y-%m-%dT%H:%M:%SZ")) - time.timezone >= since,
@@ -431,7 +448,8 @@ def main() -> int:
         )  # fmt: skip
         fig["restart_stepping_s"] = round(time.monotonic() - t3, 1)
         print(
-            f"# restart: Running {fig['restart_running_s']}s, stepping {fig['restart_stepping_s']}s"
+            f"# restart ({fig['restart_strategy']}): Running {fig['restart_running_s']}s, "
+            f"stepping {fig['restart_stepping_s']}s"
         )
         # Stall: a rank of attempt 1 hangs in its loader.
         stalled_rank = a.big_pods * a.ranks // 2 + 5

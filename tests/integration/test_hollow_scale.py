@@ -1,8 +1,9 @@
 """A wide job on hollow nodes: 128 pods x 8 ranks on the real API server and scheduler, each
 pod reported Running by the hollow kubelet and its 8 ranks served by light processes. The
-operator must create the gang, restart it when a rank fails (on other pods, all Running again),
-and name the stalled rank from 1,024 ranks' evidence. The frontier figures (2,048 pods beside
-a thousand jobs) are bench/frontier.py's; this is the same path, small enough for CI."""
+operator must create the gang, restart it in place when a rank fails (the same pods, all
+running the next attempt again), and name the stalled rank from 1,024 ranks' evidence. The
+frontier figures (2,048 pods beside a thousand jobs) are bench/frontier.py's; this is the
+same path, small enough for CI."""
 
 from __future__ import annotations
 
@@ -57,6 +58,14 @@ def running(kube: Kube, name: str, attempt: int) -> int:
     )
 
 
+def live(kube: Kube, name: str) -> list[dict]:
+    return [
+        p
+        for p in kube.list("pods", f"gpujob.dev/job-name={name}")
+        if not p["metadata"].get("deletionTimestamp")
+    ]
+
+
 def test_a_1024_rank_job_is_created_restarted_and_its_stalled_rank_named(
     hollow_cluster: LocalCluster, hkube: Kube, tmp_path: Path
 ) -> None:
@@ -82,13 +91,27 @@ def test_a_1024_rank_job_is_created_restarted_and_its_stalled_rank_named(
             "progress from the hollow ranks",
             interval=1.0,
         )
-        # Rank 1000 (pod 125) fails: the gang is recreated, every pod of attempt 1 Running.
+        # Rank 1000 (pod 125) fails: hollow nodes declare in-place restarts, so the gang
+        # restarts in place (the same pods, moved to attempt 1, released) and runs again.
+        uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in live(hkube, name)}
         hollow_cluster.hollow_faults([RankFault(hkube.namespace, name, 1000, "fail")])
         began = time.monotonic()
-        wait_until(lambda: running(hkube, name, 1) == PODS, 90, "attempt 1 Running", interval=1.0)
+        status = wait_until(
+            lambda: (
+                (s := job_status(hkube, name)).get("phase") == "Running"
+                and s["gang"]["attempt"] == 1
+                and s
+            ),
+            90,
+            "attempt 1 Running",
+            interval=1.0,
+        )
         restarted = time.monotonic() - began
-        status = job_status(hkube, name)
-        assert status["gang"]["restarts"] == 1, status["gang"]
+        assert running(hkube, name, 1) == PODS
+        gang = status["gang"]
+        assert gang["restarts"] == 1 and gang["restartStrategy"]["strategy"] == "InPlace", gang
+        assert gang.get("inPlaceRestarts") == 1, gang
+        assert {p["metadata"]["name"]: p["metadata"]["uid"] for p in live(hkube, name)} == uids
         failure = status["failure"]
         assert (failure["nodeRank"], failure["exitCode"], failure["attempt"]) == (125, 1, 0), (
             failure

@@ -44,6 +44,9 @@ class PodServe:
     culprit: int | None = None
     """The job's rank the fault is about (global rank)."""
     servers: list[asyncio.base_events.Server] = field(default_factory=list)
+    conns: set[asyncio.BaseTransport] = field(default_factory=set)
+    """Its open connections: closed with it, as a process's die with the process (a pod
+    restarted in place is served afresh, never by its old run's keep-alive connections)."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,8 @@ class Endpoints:
         if pod is not None:
             for server in pod.servers:
                 server.close()
+            for conn in list(pod.conns):
+                conn.close()
 
     def answer(self, pod: PodServe, local_rank: int, path: bytes) -> bytes | None:
         """The HTTP response to ``GET path`` on the rank, or None to stay silent."""
@@ -182,6 +187,11 @@ class RankProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.pod.conns.add(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.transport is not None:
+            self.pod.conns.discard(self.transport)
 
     def data_received(self, data: bytes) -> None:
         assert self.transport is not None

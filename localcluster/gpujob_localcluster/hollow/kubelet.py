@@ -12,8 +12,14 @@ answer: ``PET_NPROC_PER_NODE`` ranks from ``GPUJOB_METRICS_PORT``, ``PET_NODE_RA
 ``GPUJOB_TOTAL_STEPS`` (the pod Succeeds once its ranks reach it) and, hollow only,
 ``GPUJOB_HOLLOW_STEP_SECONDS`` (1 s unless set). A deleted pod is confirmed at once (grace 0).
 Faults (a failed, stalled, silent or straggling rank) come from the fault file
-(:mod:`faults`), polled twice a second. The nodes declare no in-place restart support, so the
-operator recreates a failed gang.
+(:mod:`faults`), polled twice a second.
+
+The nodes declare the in-place restart feature (``RestartAllContainersOnContainerExits``) and
+restart a pod in place as the kubelet does for a trainer whose ``restartPolicyRules`` say
+``RestartAllContainers``: its containers' restart count goes up, the last termination is the
+exit (1 for a failed rank, 87 when the operator's move of the pod to the next attempt stops
+the run), and the ranks answer again only once the operator releases the attempt
+(``gpujob.dev/released-attempt``), as the supervisor waits for it.
 
 The state kept per pod is a projection (names, address, ranks, clock), never its body.
 """
@@ -39,9 +45,10 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from gpujob_localcluster import restarts
 from gpujob_localcluster.hollow import faults as faultfile
 from gpujob_localcluster.hollow.endpoints import Add, EndpointPool, Fault, Remove
-from gpujob_localcluster.nodes import Nodes, NodeShape
+from gpujob_localcluster.nodes import DECLARED_FEATURES, Nodes, NodeShape
 from gpujob_localcluster.podrun import now_iso
 from gpujob_localcluster.podwatch import watch_pods
 from gpujob_trainer import contract
@@ -90,6 +97,38 @@ class HollowPod:
     """(name, image) of each container, for the status of its end."""
     done: bool = False
     fault: tuple[str | None, int | None] = (None, None)
+    rules: tuple[dict[str, Any], ...] = ()
+    """The trainer container's ``restartPolicyRules`` (in-place restarts)."""
+    restarts: int = 0
+    """How often its containers restarted in place."""
+    last: dict[str, Any] | None = None
+    """The last termination (exit code, reason, message, times) of a restart in place."""
+    base: int = 0
+    """``gpujob.dev/restarts-base``: the restart count the attempt's run begins at."""
+    released: str | None = None
+    hold: bool = False
+    waiting: bool = False
+    """Restarted in place (or created held): its ranks wait for the attempt's release."""
+
+    def restarts_all(self, code: int) -> bool:
+        """Whether an exit with ``code`` restarts every container of the pod in place."""
+        return restarts.rule_action({"restartPolicyRules": list(self.rules)}, code) == (
+            restarts.RESTART_ALL
+        )
+
+    def held(self) -> bool:
+        """Whether its run must wait for the operator's release of its attempt."""
+        return (self.base > 0 or self.hold) and self.released != self.attempt
+
+    def restart_in_place(self, code: int, message: str, ts: str) -> dict[str, Any]:
+        """Every container exited with ``code`` and started again: counted, the exit kept
+        as the last state, the ranks waiting for a release. The status patch that says so."""
+        self.restarts += 1
+        reason = "Completed" if code == 0 else "Error"
+        self.last = {"exitCode": code, "reason": reason, "message": message, "finishedAt": ts}
+        self.waiting = True
+        self.fault = (None, None)
+        return restarted_status(self, ts)
 
 
 def _env(pod: dict[str, Any]) -> dict[str, str]:
@@ -125,18 +164,46 @@ def _parse_time(text: str | None) -> float | None:
     return None
 
 
+def _trainer(pod: dict[str, Any]) -> dict[str, Any]:
+    """The trainer container: the one that sets the rank count, else the first."""
+    containers = pod.get("spec", {}).get("containers") or [{}]
+    for c in containers:
+        if any(e.get("name") == "PET_NPROC_PER_NODE" for e in c.get("env") or ()):
+            return dict(c)
+    return dict(containers[0])
+
+
+def marks(pod: dict[str, Any]) -> tuple[str, int, str | None, bool]:
+    """The operator's marks on a pod: its attempt label, the restart count its run begins
+    at, the attempt released, and whether it was created held (pure)."""
+    meta = pod["metadata"]
+    labels, notes = meta.get("labels") or {}, meta.get("annotations") or {}
+    return (
+        labels.get(ATTEMPT_LABEL, "0"),
+        _int(notes.get(contract.ANNOTATION_RESTARTS_BASE), 0),
+        notes.get(contract.ANNOTATION_RELEASED),
+        notes.get(contract.ANNOTATION_HOLD) == "true",
+    )
+
+
 def project(pod: dict[str, Any], ip: str) -> HollowPod:
     """The projection of a bound pod, from its body (pure)."""
     meta, spec, status = pod["metadata"], pod.get("spec", {}), pod.get("status") or {}
     env = _env(pod)
     labels = meta.get("labels") or {}
+    attempt, base, released, hold = marks(pod)
+    trainer = _trainer(pod)
+    main: dict[str, Any] = next(
+        (s for s in status.get("containerStatuses") or () if s.get("name") == trainer.get("name")),
+        {},
+    )
     return HollowPod(
         uid=meta["uid"],
         namespace=meta["namespace"],
         name=meta["name"],
         node=spec.get("nodeName", ""),
         job=labels.get(JOB_LABEL, meta["name"]),
-        attempt=labels.get(ATTEMPT_LABEL, "0"),
+        attempt=attempt,
         node_rank=_int(env.get("PET_NODE_RANK") or labels.get("gpujob.dev/node-rank"), 0),
         nproc=max(1, _int(env.get("PET_NPROC_PER_NODE"), 1)),
         ip=ip,
@@ -145,6 +212,12 @@ def project(pod: dict[str, Any], ip: str) -> HollowPod:
         total_steps=max(1, _int(env.get(contract.ENV_TOTAL_STEPS), 1_000_000)),
         port=_int(env.get(contract.ENV_METRICS_PORT), contract.DEFAULT_METRICS_PORT),
         containers=tuple((c["name"], c.get("image", "")) for c in spec.get("containers") or ()),
+        rules=tuple(trainer.get("restartPolicyRules") or ()),
+        restarts=_int(str(main.get("restartCount", "")), 0),
+        last=(main.get("lastState") or {}).get("terminated"),
+        base=base,
+        released=released,
+        hold=hold,
     )
 
 
@@ -220,6 +293,28 @@ def ended_status(hp: HollowPod, code: int, message: str) -> dict[str, Any]:
     }
 
 
+def restarted_status(hp: HollowPod, started: str) -> dict[str, Any]:
+    """The status patch of a pod whose containers all restarted in place: running again
+    (the supervisor, waiting for its release or running), the restart counted, the exit
+    that caused it as the last state (pure)."""
+    last = {"lastState": {"terminated": hp.last}} if hp.last else {}
+    return {
+        "status": {
+            "phase": "Running",
+            "containerStatuses": [
+                {
+                    **_container(
+                        {"name": n, "image": i}, {"running": {"startedAt": started}}, True
+                    ),
+                    "restartCount": hp.restarts,
+                    **last,
+                }
+                for n, i in hp.containers
+            ],
+        }
+    }
+
+
 def _container(c: dict[str, Any], state: dict[str, Any], ready: bool) -> dict[str, Any]:
     return {
         "name": c["name"],
@@ -253,7 +348,7 @@ class HollowKubelet:
             dict(zip(names, node_ips, strict=True)),
             {},
             ROLE_LABEL,
-            (),
+            DECLARED_FEATURES,
             (TAINT,),
         )
         self.node_set = set(names)
@@ -345,9 +440,18 @@ class HollowKubelet:
             return
         known = self.pods.get(uid)
         if known is not None:
-            attempt = (meta.get("labels") or {}).get(ATTEMPT_LABEL, known.attempt)
-            if attempt != known.attempt:
-                known.attempt = attempt
+            attempt, known.base, known.released, known.hold = marks(pod)
+            moved = attempt != known.attempt
+            known.attempt = attempt
+            if not known.done and known.restarts < known.base:
+                # Moved to the next attempt while its run goes on: the supervisor stops the
+                # run and exits 87, and the rule restarts the pod in place.
+                self.restart(known, contract.RESTART_EXIT_CODE, "restart requested")
+            elif known.waiting and not known.done and known.released == known.attempt:
+                # A restarted supervisor waits until its own attempt is released (one that
+                # failed waits for the operator's move to the next attempt first).
+                self.resume(known)
+            if moved:
                 self._apply_faults(known, pod)
             return
         if status.get("phase") in ("Succeeded", "Failed"):
@@ -355,14 +459,34 @@ class HollowKubelet:
         ip = status.get("podIP") or next(self._ips)
         hp = project(pod, ip)
         self.pods[uid] = hp
-        add = Add(uid, ip, hp.port, hp.nproc, hp.node_rank, hp.started, hp.step_seconds,
-                  hp.total_steps, self.nodes.shape.gpus)  # fmt: skip
-        self.pool.send(uid, add)
+        hp.waiting = hp.held() and bool(hp.rules)
+        if not hp.waiting:
+            self.pool.send(uid, self._add(hp))
         if status.get("phase") != "Running" or status.get("podIP") != ip:
             started = dt.datetime.fromtimestamp(hp.started, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             body = running_status(pod, ip, self.nodes.addresses[hp.node], started)
             self.writes.submit(self._quiet, self._patch_status, hp, body)
         self._apply_faults(hp, pod)
+
+    def _add(self, hp: HollowPod) -> Add:
+        return Add(hp.uid, hp.ip, hp.port, hp.nproc, hp.node_rank, hp.started, hp.step_seconds,
+                   hp.total_steps, self.nodes.shape.gpus)  # fmt: skip
+
+    def restart(self, hp: HollowPod, code: int, message: str) -> None:
+        """Every container of the pod exited and started again in place: its ranks stop
+        answering until the attempt is released."""
+        body = hp.restart_in_place(code, message, now_iso())
+        self.pool.send(hp.uid, Remove(hp.uid))
+        self.writes.submit(self._quiet, self._patch_status, hp, body)
+        log.info("pod %s/%s: restarted in place (exit %d, restart %d)", hp.namespace, hp.name,
+                 code, hp.restarts)  # fmt: skip
+
+    def resume(self, hp: HollowPod) -> None:
+        """The operator released the pod's attempt: its ranks run the new attempt."""
+        hp.waiting = False
+        hp.started = time.time()
+        self.pool.send(hp.uid, self._add(hp))
+        self._apply_faults(hp, None)
 
     def forget(self, uid: str) -> None:
         if self.pods.pop(uid, None) is not None:
@@ -399,7 +523,7 @@ class HollowKubelet:
         self._read_faults()
         now = time.time()
         for hp in list(self.pods.values()):
-            if hp.done:
+            if hp.done or hp.waiting:
                 continue
             if hp.fault[0] != "stall" and now >= hp.started + hp.total_steps * hp.step_seconds:
                 self.end(hp, 0, f"reached step {hp.total_steps}")
@@ -431,7 +555,7 @@ class HollowKubelet:
             self._apply_faults(hp, None)
 
     def _apply_faults(self, hp: HollowPod, pod: dict[str, Any] | None) -> None:
-        if hp.done:
+        if hp.done or hp.waiting:
             return
         for f in self.faults:  # a fault first met with this pod's attempt holds for it
             if (
@@ -448,7 +572,11 @@ class HollowKubelet:
             self.faults, self.bound, hp.namespace, hp.job, hp.attempt, hp.node_rank, hp.nproc
         )
         if failing is not None:
-            self.end(hp, 1, f"hollow fault: rank {failing.rank} failed")
+            message = f"hollow fault: rank {failing.rank} failed"
+            if hp.restarts_all(1):
+                self.restart(hp, 1, message)
+            else:
+                self.end(hp, 1, message)
 
     def stop(self) -> None:
         self.stopping.set()

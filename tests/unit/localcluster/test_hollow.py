@@ -15,6 +15,7 @@ from gpujob_localcluster.hollow.endpoints import Add, Endpoints, Fault, Remove
 from gpujob_localcluster.hollow.kubelet import (
     ended_status,
     hollow_addresses,
+    marks,
     project,
     running_status,
 )
@@ -174,6 +175,53 @@ def test_the_status_says_running_and_ready_then_how_it_ended() -> None:
     assert trainer["exitCode"] == 1 and "rank 13" in trainer["message"]
 
 
+def test_a_restart_in_place_reads_to_the_operator_as_the_kubelets_own_would() -> None:
+    """The contract of an in-place restart, through the operator's own reading of a pod: a
+    failed rank ends the attempt's run in place (not the pod); the operator's move holds the
+    pod at the barrier; its release lets the ranks run."""
+    from gpujob_operator.lifecycle.observations import observe_pod
+
+    p = pod(PET_NPROC_PER_NODE="8")
+    p["metadata"]["labels"][contract.LABEL_ATTEMPT] = "0"
+    p["spec"]["containers"][1]["restartPolicyRules"] = [
+        {"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0, 86]}}
+    ]
+    p["status"] = running_status(p, "127.201.0.9", "127.254.0.8", "2026-12-07T00:00:00Z")["status"]
+    hp = project(p, "127.201.0.9")
+    assert hp.restarts_all(1) and hp.restarts_all(87) and not hp.restarts_all(0)
+    assert not hp.held() and observe_pod(p).phase == "Running"
+
+    p["status"].update(
+        hp.restart_in_place(1, "hollow fault: rank 3 failed", "2026-12-07T00:01:00Z")["status"]
+    )
+    seen = observe_pod(p)
+    assert seen.ended_in_place and seen.phase == "Failed" and seen.exit_code == 1, seen
+    assert hp.waiting and hp.restarts == 1
+    assert hp.released != hp.attempt  # it waits: for its move, then for the release
+
+    # The operator moves it to attempt 1 (its run already ended: it begins at 1 restart).
+    p["metadata"]["labels"][contract.LABEL_ATTEMPT] = "1"
+    p["metadata"]["annotations"] = {contract.ANNOTATION_RESTARTS_BASE: "1"}
+    hp.attempt, hp.base, hp.released, hp.hold = marks(p)
+    assert hp.restarts == hp.base and hp.held()  # no second restart, waits for the release
+    seen = observe_pod(p)
+    assert seen.at_barrier and seen.phase == "Pending" and not seen.ended_in_place, seen
+    assert project(p, "127.201.0.9").restarts == 1  # a restarted kubelet reads it back
+
+    # A peer still running attempt 0 when moved: its supervisor exits 87, no failure.
+    peer = project(p, "127.201.0.10")
+    peer.restarts, peer.base = 0, 1
+    p["status"].update(
+        peer.restart_in_place(87, "restart requested", "2026-12-07T00:01:01Z")["status"]
+    )
+    seen = observe_pod(p)
+    assert seen.at_barrier and seen.phase == "Pending" and not seen.ended_in_place, seen
+
+    p["metadata"]["annotations"][contract.ANNOTATION_RELEASED] = "1"
+    hp.attempt, hp.base, hp.released, hp.hold = marks(p)
+    assert not hp.held() and not observe_pod(p).at_barrier
+
+
 def test_hollow_node_addresses_are_distinct_and_stay_in_127_254() -> None:
     ips = hollow_addresses(2048, 3)
     assert len(set(ips)) == 2048 and ips[0] == "127.254.3.1" and ips[254] == "127.254.4.1"
@@ -236,5 +284,33 @@ def test_one_process_serves_each_rank_where_the_pod_says_and_obeys_faults() -> N
         await asyncio.sleep(0)  # let the listeners close
         with pytest.raises(OSError):
             await get(ip, port, "/metrics")
+
+    asyncio.run(scenario())
+
+
+def test_a_pod_restarted_in_place_is_served_afresh_not_by_its_old_connections() -> None:
+    """A scraper's keep-alive connection to a pod's old run ends with it: the restarted run
+    (a new clock, its own faults) answers the next connection."""
+
+    async def scenario() -> None:
+        ep = Endpoints(asyncio.get_running_loop())
+        ip = "127.203.7.10"
+        port = free_loopback_port(ip)
+        await ep.apply(
+            Add("u1", ip, port, 1, 0, started=0.0, step_seconds=1.0, total_steps=10**9, gpus=0)
+        )
+        reader, writer = await asyncio.open_connection(ip, port)
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert b"200 OK" in await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        await ep.apply(Remove("u1"))
+        await ep.apply(
+            Add("u1", ip, port, 1, 0, started=1e12, step_seconds=1.0, total_steps=10, gpus=0)
+        )
+        assert await asyncio.wait_for(reader.read(), 5) is not None  # drained to EOF: closed
+        assert reader.at_eof()
+        writer.close()
+        fresh = (await get(ip, port, "/metrics")).decode()
+        assert one(fresh, contract.STEPS.name) == 0  # the new run, which starts in the future
+        await ep.apply(Remove("u1"))
 
     asyncio.run(scenario())
