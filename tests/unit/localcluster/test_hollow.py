@@ -253,14 +253,21 @@ def free_loopback_port(ip: str) -> int:
         return int(s.getsockname()[1])
 
 
+async def serving(
+    ip: str, nproc: int, node_rank: int, total_steps: int, gpus: int
+) -> tuple[Endpoints, int]:
+    """An endpoint process's state serving pod ``u1`` (started at the epoch) on ``ip``."""
+    ep = Endpoints(asyncio.get_running_loop())
+    port = free_loopback_port(ip)
+    add = Add("u1", ip, port, nproc, node_rank, 0.0, 1.0, total_steps, gpus)
+    await ep.apply(add)
+    return ep, port
+
+
 def test_one_process_serves_each_rank_where_the_pod_says_and_obeys_faults() -> None:
     async def scenario() -> None:
-        ep = Endpoints(asyncio.get_running_loop())
         ip = "127.203.7.9"
-        port = free_loopback_port(ip)
-        await ep.apply(
-            Add("u1", ip, port, 2, 3, started=0.0, step_seconds=1.0, total_steps=10**6, gpus=8)
-        )
+        ep, port = await serving(ip, nproc=2, node_rank=3, total_steps=10**6, gpus=8)
         zero = (await get(ip, port, "/metrics")).decode()
         first = (await get(ip, port + 1, "/metrics")).decode()
         assert one(first, contract.STEPS.name) > 1000  # started at the epoch
@@ -293,12 +300,8 @@ def test_a_pod_restarted_in_place_is_served_afresh_not_by_its_old_connections() 
     (a new clock, its own faults) answers the next connection."""
 
     async def scenario() -> None:
-        ep = Endpoints(asyncio.get_running_loop())
         ip = "127.203.7.10"
-        port = free_loopback_port(ip)
-        await ep.apply(
-            Add("u1", ip, port, 1, 0, started=0.0, step_seconds=1.0, total_steps=10**9, gpus=0)
-        )
+        ep, port = await serving(ip, nproc=1, node_rank=0, total_steps=10**9, gpus=0)
         reader, writer = await asyncio.open_connection(ip, port)
         writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
         assert b"200 OK" in await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)

@@ -14,6 +14,7 @@ from gpujob_operator.lifecycle import backoff
 from gpujob_operator.runtime import jobloop
 from gpujob_operator.runtime.jobloop import JobLoop
 from gpujob_operator.runtime.metricstask import next_tick
+from tests.support.fakekube import FakeKube
 
 
 def test_each_job_scrapes_on_its_own_phase_of_the_interval() -> None:
@@ -163,32 +164,33 @@ def test_the_endpoint_guards_exist_before_any_pod_and_the_pods_read_the_token() 
     )
 
 
+class Counting(FakeKube):
+    """A fake API server that counts the pod creates in flight (and refuses one by name)."""
+
+    def __init__(self, refuse_at: str = "") -> None:
+        super().__init__(answer_after=0.001)
+        self.flight = self.most = 0
+        self.refuse_at = refuse_at
+
+    async def create_pod(self, namespace: str, body: dict[str, Any], dry_run: bool = False) -> bool:
+        from kubernetes.client.rest import ApiException
+
+        self.flight += 1
+        self.most = max(self.most, self.flight)
+        try:
+            await asyncio.sleep(0.001)
+            if not dry_run and body["metadata"]["name"] == self.refuse_at:
+                raise ApiException(status=403, reason="Forbidden")
+            return await super().create_pod(namespace, body, dry_run)
+        finally:
+            self.flight -= 1
+
+
 def test_a_batch_is_created_a_few_at_a_time_and_a_refusal_stops_the_rest() -> None:
     """The first pod alone, then CREATE_CONCURRENCY in flight at most; a refused pod is the
     one the refusal names, and the pods not yet sent stay unsent."""
-    from kubernetes.client.rest import ApiException
 
-    from tests.support.fakekube import FakeKube
     from tests.unit.operator.lifecycle.test_planner import Sim, make_job
-
-    class Counting(FakeKube):
-        def __init__(self, refuse_at: str = "") -> None:
-            super().__init__(answer_after=0.001)
-            self.flight = self.most = 0
-            self.refuse_at = refuse_at
-
-        async def create_pod(
-            self, namespace: str, body: dict[str, Any], dry_run: bool = False
-        ) -> bool:
-            self.flight += 1
-            self.most = max(self.most, self.flight)
-            try:
-                await asyncio.sleep(0.001)
-                if not dry_run and body["metadata"]["name"] == self.refuse_at:
-                    raise ApiException(status=403, reason="Forbidden")
-                return await super().create_pod(namespace, body, dry_run)
-            finally:
-                self.flight -= 1
 
     plan = Sim(make_job(nodes=40)).plan()
     kube = Counting()
@@ -222,30 +224,13 @@ def test_a_gang_wider_than_a_batch_is_created_in_one_pass_a_few_bodies_at_a_time
     import gc
 
     from gpujob_operator.lifecycle import endpoints
-    from tests.support.fakekube import FakeKube
     from tests.unit.operator.lifecycle.test_planner import Sim, make_job
-
-    class Flight(FakeKube):
-        def __init__(self) -> None:
-            super().__init__(answer_after=0.001)
-            self.flight = self.most = 0
-
-        async def create_pod(
-            self, namespace: str, body: dict[str, Any], dry_run: bool = False
-        ) -> bool:
-            self.flight += 1
-            self.most = max(self.most, self.flight)
-            try:
-                await asyncio.sleep(0.001)
-                return await super().create_pod(namespace, body, dry_run)
-            finally:
-                self.flight -= 1
 
     sim = Sim(make_job(nodes=300))
     plan = sim.plan()
     batch = len(plan.create_pods)
     assert plan.more_pods == 300 - batch > 0 and plan.more_ranks[0] == batch
-    kube = Flight()
+    kube = Counting()
     loop = JobLoop(kube=cast(Any, kube), post_event=lambda *a: None, token_key=b"k" * 32)
     loop.body = sim.job
     assert not asyncio.run(loop._create("ml", "bert", plan, None, sim.job))
