@@ -109,6 +109,9 @@ class HollowPod:
     hold: bool = False
     waiting: bool = False
     """Restarted in place (or created held): its ranks wait for the attempt's release."""
+    ran: str | None = None
+    """The attempt its ranks last ran: a supervisor runs an attempt once, so one that failed
+    in place waits for the next attempt's release, not its own again."""
 
     def restarts_all(self, code: int) -> bool:
         """Whether an exit with ``code`` restarts every container of the pod in place."""
@@ -119,6 +122,11 @@ class HollowPod:
     def held(self) -> bool:
         """Whether its run must wait for the operator's release of its attempt."""
         return (self.base > 0 or self.hold) and self.released != self.attempt
+
+    def may_resume(self) -> bool:
+        """Whether its waiting supervisor starts the run: an attempt it has not run yet is
+        released (one whose run failed waits for the operator's move first)."""
+        return self.waiting and not self.done and self.released == self.attempt != self.ran
 
     def restart_in_place(self, code: int, message: str, ts: str) -> dict[str, Any]:
         """Every container exited with ``code`` and started again: counted, the exit kept
@@ -287,7 +295,11 @@ def ended_status(hp: HollowPod, code: int, message: str) -> dict[str, Any]:
                 for t in ("Ready", "ContainersReady")
             ],
             "containerStatuses": [
-                _container({"name": n, "image": i}, state, ready=False) for n, i in hp.containers
+                {
+                    **_container({"name": n, "image": i}, state, ready=False),
+                    "restartCount": hp.restarts,
+                }
+                for n, i in hp.containers
             ],
         }
     }
@@ -357,6 +369,10 @@ class HollowKubelet:
         self.lease_seconds = lease_seconds
         self.pool = EndpointPool(endpoint_processes)
         self.writes = ThreadPoolExecutor(8, thread_name_prefix="hollow-write")
+        self.lanes = [
+            ThreadPoolExecutor(1, thread_name_prefix=f"hollow-status-{i}") for i in range(8)
+        ]
+        """A pod's status patches, in order (its Running, then its restart, never swapped)."""
         self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.pods: dict[str, HollowPod] = {}
         self.stopping = threading.Event()
@@ -428,6 +444,8 @@ class HollowKubelet:
                 log.exception("hollow kubelet: handling %s failed", kind)
         self.pool.stop()
         self.writes.shutdown(wait=False, cancel_futures=True)
+        for lane in self.lanes:
+            lane.shutdown(wait=False, cancel_futures=True)
 
     def on_pod(self, pod: dict[str, Any]) -> None:
         meta, status = pod["metadata"], pod.get("status") or {}
@@ -447,9 +465,7 @@ class HollowKubelet:
                 # Moved to the next attempt while its run goes on: the supervisor stops the
                 # run and exits 87, and the rule restarts the pod in place.
                 self.restart(known, contract.RESTART_EXIT_CODE, "restart requested")
-            elif known.waiting and not known.done and known.released == known.attempt:
-                # A restarted supervisor waits until its own attempt is released (one that
-                # failed waits for the operator's move to the next attempt first).
+            elif known.may_resume():
                 self.resume(known)
             if moved:
                 self._apply_faults(known, pod)
@@ -459,13 +475,19 @@ class HollowKubelet:
         ip = status.get("podIP") or next(self._ips)
         hp = project(pod, ip)
         self.pods[uid] = hp
-        hp.waiting = hp.held() and bool(hp.rules)
+        # In place, a pod listed again (this kubelet restarted) resumes where it was: its run
+        # failed and waits for a move, or was moved and waits for the release.
+        failed = bool(hp.rules) and hp.restarts > hp.base
+        hp.waiting = bool(hp.rules) and (hp.held() or failed)
+        hp.ran = hp.attempt if failed or not hp.held() else None
         if not hp.waiting:
             self.pool.send(uid, self._add(hp))
         if status.get("phase") != "Running" or status.get("podIP") != ip:
             started = dt.datetime.fromtimestamp(hp.started, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             body = running_status(pod, ip, self.nodes.addresses[hp.node], started)
-            self.writes.submit(self._quiet, self._patch_status, hp, body)
+            self._status(hp, body)
+        if hp.rules and hp.restarts < hp.base:
+            self.restart(hp, contract.RESTART_EXIT_CODE, "restart requested")
         self._apply_faults(hp, pod)
 
     def _add(self, hp: HollowPod) -> Add:
@@ -477,13 +499,14 @@ class HollowKubelet:
         answering until the attempt is released."""
         body = hp.restart_in_place(code, message, now_iso())
         self.pool.send(hp.uid, Remove(hp.uid))
-        self.writes.submit(self._quiet, self._patch_status, hp, body)
+        self._status(hp, body)
         log.info("pod %s/%s: restarted in place (exit %d, restart %d)", hp.namespace, hp.name,
                  code, hp.restarts)  # fmt: skip
 
     def resume(self, hp: HollowPod) -> None:
         """The operator released the pod's attempt: its ranks run the new attempt."""
         hp.waiting = False
+        hp.ran = hp.attempt
         hp.started = time.time()
         self.pool.send(hp.uid, self._add(hp))
         self._apply_faults(hp, None)
@@ -491,6 +514,11 @@ class HollowKubelet:
     def forget(self, uid: str) -> None:
         if self.pods.pop(uid, None) is not None:
             self.pool.send(uid, Remove(uid))
+
+    def _status(self, hp: HollowPod, body: dict[str, Any]) -> None:
+        """Patch the pod's status in its lane (a pod's patches land in the order made)."""
+        lane = self.lanes[hash(hp.uid) % len(self.lanes)]
+        lane.submit(self._quiet, self._patch_status, hp, body)
 
     def _patch_status(self, hp: HollowPod, body: dict[str, Any]) -> None:
         try:
@@ -515,7 +543,7 @@ class HollowKubelet:
             return
         hp.done = True
         self.pool.send(hp.uid, Remove(hp.uid))
-        self.writes.submit(self._quiet, self._patch_status, hp, ended_status(hp, code, message))
+        self._status(hp, ended_status(hp, code, message))
         log.info("pod %s/%s: %s (exit %d)", hp.namespace, hp.name, message, code)
 
     # -- faults and completion -----------------------------------------------------------

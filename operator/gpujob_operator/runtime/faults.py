@@ -8,8 +8,8 @@ Unarmed (always, in production) a fault point costs one comparison.
 
 Boundaries of a gang restart, in the order the job loop writes:
 ``after-status-write`` (status written, pods not yet touched), ``between-pod-deletes``,
-``between-pod-creates``; of an in-place restart, ``between-pod-patches`` (the pods moved to
-the next attempt one by one). Apart from those, ``before-evidence-record``: a stall's hang evidence
+``between-pod-creates``; of an in-place restart, ``between-pod-patches`` (after the first pod
+moved to the next attempt, before the rest). Apart from those, ``before-evidence-record``: a stall's hang evidence
 taken and its ConfigMap written, its record not yet in the status.
 """
 

@@ -219,7 +219,21 @@ def test_a_restart_in_place_reads_to_the_operator_as_the_kubelets_own_would() ->
 
     p["metadata"]["annotations"][contract.ANNOTATION_RELEASED] = "1"
     hp.attempt, hp.base, hp.released, hp.hold = marks(p)
-    assert not hp.held() and not observe_pod(p).at_barrier
+    assert not hp.held() and not observe_pod(p).at_barrier and hp.may_resume()
+    hp.waiting, hp.ran = False, hp.attempt  # what the kubelet's resume does
+
+    # It fails again in attempt 1: it waits for attempt 2, not for attempt 1 once more.
+    p["status"].update(
+        hp.restart_in_place(1, "rank 3 failed again", "2026-12-07T00:02:00Z")["status"]
+    )
+    assert observe_pod(p).ended_in_place and not hp.may_resume()
+    p["metadata"]["labels"][contract.LABEL_ATTEMPT] = "2"
+    p["metadata"]["annotations"][contract.ANNOTATION_RESTARTS_BASE] = "2"
+    hp.attempt, hp.base, hp.released, hp.hold = marks(p)
+    assert not hp.may_resume()  # moved, not released
+    p["metadata"]["annotations"][contract.ANNOTATION_RELEASED] = "2"
+    hp.attempt, hp.base, hp.released, hp.hold = marks(p)
+    assert hp.may_resume()
 
 
 def test_hollow_node_addresses_are_distinct_and_stay_in_127_254() -> None:
