@@ -88,7 +88,7 @@ CREATE_CONCURRENCY: Final = 16
 """Pod creates, dry runs or deletes of one job in flight at once: a 2,048-pod gang is made
 and restarted at the API server's pace, not one round trip at a time, while no job takes
 every worker."""
-STREAM_SECONDS: Final = 15.0
+STREAM_SECONDS: Final = 30.0
 """How long one pass goes on creating a wide gang's pods beyond its first batch: the job's
 lock is held meanwhile (its status writes wait), and a change to the job (a suspend, an
 eviction) is planned for by the next pass."""
