@@ -92,6 +92,8 @@ STREAM_SECONDS: Final = 30.0
 """How long one pass goes on creating a wide gang's pods beyond its first batch: the job's
 lock is held meanwhile (its status writes wait), and a change to the job (a suspend, an
 eviction) is planned for by the next pass."""
+stream_clock: Callable[[], float] = time.monotonic
+"""The clock of a stream's time bound (a test's own, to bound it by sends, not by load)."""
 RECHECK_SECONDS = 120.0
 """A loop that wrote nothing for this long GETs its job: a missed DELETED must end it."""
 
@@ -595,12 +597,12 @@ class JobLoop:
         build = plan.build_more
         if build is None or not plan.more_ranks:
             return [], None
-        deadline = time.monotonic() + STREAM_SECONDS
+        deadline = stream_clock() + STREAM_SECONDS
         stop = False
 
         def ranks() -> Iterator[int]:
             for rank in plan.more_ranks:
-                if stop or time.monotonic() > deadline:
+                if stop or stream_clock() > deadline:
                     return
                 yield rank
 

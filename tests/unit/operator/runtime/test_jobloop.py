@@ -290,21 +290,16 @@ def test_a_pass_stops_creating_at_its_time_bound_or_at_a_pod_that_exists(
     assert len(kube.pods) < batch + 20 + jobloop.CREATE_CONCURRENCY
     assert len(loop.created_more) == len(kube.pods) - batch
 
-    class Slow(FakeKube):
-        async def create_pod(
-            self, namespace: str, body: dict[str, Any], dry_run: bool = False
-        ) -> bool:
-            await asyncio.sleep(0.02)  # 172 pods at 16 in flight: 0.22 s at the least
-            return await super().create_pod(namespace, body, dry_run)
-
-    monkeypatch.setattr(jobloop, "STREAM_SECONDS", 0.1)
-    slow = Slow()
-    loop = JobLoop(kube=cast(Any, slow), post_event=lambda *a: None)
+    # A clock that a second passes on each look: the bound, not the machine's load, ends it.
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(jobloop, "stream_clock", lambda: float(next(ticks)))
+    monkeypatch.setattr(jobloop, "STREAM_SECONDS", 30.0)
+    timed = FakeKube()
+    loop = JobLoop(kube=cast(Any, timed), post_event=lambda *a: None)
     loop.body = sim.job
     assert not asyncio.run(loop._create("ml", "bert", plan, None, sim.job))
-    streamed = len(loop.created_more)
-    assert 0 < streamed < 300 - batch, streamed
-    assert len(slow.pods) == batch + streamed
+    assert len(loop.created_more) == 30 < 300 - batch, loop.created_more
+    assert len(timed.pods) == batch + 30
 
 
 def test_the_between_creates_fault_fires_after_the_first_real_create(
