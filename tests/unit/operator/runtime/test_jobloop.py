@@ -255,7 +255,7 @@ def test_a_gang_wider_than_a_batch_is_created_in_one_pass_a_few_bodies_at_a_time
     gc.collect()
     kept = [
         o for o in gc.get_objects()
-        if isinstance(o, dict) and isinstance(meta := o.get("metadata"), dict)
+        if type(o) is dict and isinstance(meta := o.get("metadata"), dict)  # not subclasses
         and meta.get("name") == "bert-node-299"
     ]  # fmt: skip
     assert not kept, f"{len(kept)} bodies of a streamed pod are still held"
