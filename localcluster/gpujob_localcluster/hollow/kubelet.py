@@ -140,14 +140,8 @@ class HollowPod:
 
 
 def _env(pod: dict[str, Any]) -> dict[str, str]:
-    """The literal env of the pod's trainer container (the first one that sets the rank count)."""
-    containers = pod.get("spec", {}).get("containers", [])
-    for c in containers:
-        env = {e["name"]: e.get("value", "") for e in c.get("env") or () if "value" in e}
-        if "PET_NPROC_PER_NODE" in env:
-            return env
-    first = containers[0] if containers else {}
-    return {e["name"]: e.get("value", "") for e in first.get("env") or () if "value" in e}
+    """The literal env of the pod's trainer container."""
+    return {e["name"]: e.get("value", "") for e in _trainer(pod).get("env") or () if "value" in e}
 
 
 def _int(text: str | None, default: int) -> int:
@@ -295,10 +289,7 @@ def ended_status(hp: HollowPod, code: int, message: str) -> dict[str, Any]:
                 for t in ("Ready", "ContainersReady")
             ],
             "containerStatuses": [
-                {
-                    **_container({"name": n, "image": i}, state, ready=False),
-                    "restartCount": hp.restarts,
-                }
+                _container({"name": n, "image": i}, state, False, hp.restarts)
                 for n, i in hp.containers
             ],
         }
@@ -310,31 +301,28 @@ def restarted_status(hp: HollowPod, started: str) -> dict[str, Any]:
     (the supervisor, waiting for its release or running), the restart counted, the exit
     that caused it as the last state (pure)."""
     last = {"lastState": {"terminated": hp.last}} if hp.last else {}
+    running = {"running": {"startedAt": started}}
     return {
         "status": {
             "phase": "Running",
             "containerStatuses": [
-                {
-                    **_container(
-                        {"name": n, "image": i}, {"running": {"startedAt": started}}, True
-                    ),
-                    "restartCount": hp.restarts,
-                    **last,
-                }
+                {**_container({"name": n, "image": i}, running, True, hp.restarts), **last}
                 for n, i in hp.containers
             ],
         }
     }
 
 
-def _container(c: dict[str, Any], state: dict[str, Any], ready: bool) -> dict[str, Any]:
+def _container(
+    c: dict[str, Any], state: dict[str, Any], ready: bool, restarts: int = 0
+) -> dict[str, Any]:
     return {
         "name": c["name"],
         "image": c.get("image", ""),
         "imageID": "",
         "ready": ready,
         "started": "running" in state,
-        "restartCount": 0,
+        "restartCount": restarts,
         "state": state,
     }
 

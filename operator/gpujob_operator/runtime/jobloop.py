@@ -538,11 +538,11 @@ class JobLoop:
             kind = "pod"
             if await self._probe_gang(ns, pods, len(pods) + plan.more_pods):
                 return True
-            sample = podreview.representatives(pods)
-            if plan.build_more is not None and plan.more_ranks and pods:
+            gang_last: list[dict[str, Any]] = []
+            if plan.build_more is not None and plan.more_ranks:
                 # The gang's last rank, not the batch's: ranks differ in rank-derived values.
-                last = self._with_token([plan.build_more(plan.more_ranks[-1])], body)
-                sample = [pods[0], *last]
+                gang_last = self._with_token([plan.build_more(plan.more_ranks[-1])], body)
+            sample = podreview.representatives([*pods, *gang_last])
             for call, dry_run in (("dry_run_pod", True), ("create_pod", False)):
                 self.call = call
                 batch = sample if dry_run else pods
