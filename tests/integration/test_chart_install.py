@@ -27,6 +27,7 @@ import yaml
 
 from tests.integration.conftest import wait_job_phase
 from tests.support.chart import CHART
+from tests.support.events import wait_event
 from tests.support.incluster import ChartOperator
 from tests.support.jobs import python_job
 from tests.support.kube import Kube
@@ -94,16 +95,8 @@ def run_job_to_success(kube: Kube, jobs_ns: str, release: Release) -> None:
         status = wait_job_phase(admin, "hello", ("Succeeded", "Failed"), timeout=120)
         assert status["phase"] == "Succeeded", status
         assert status["gang"]["replicas"]["succeeded"] == 2
-        events = wait_until(
-            lambda: [
-                e["reason"]
-                for e in admin.list("events")
-                if e["involvedObject"].get("name") == "hello"
-            ],
-            30,
-            "job events",
-        )
-        assert "AllRanksSucceeded" in events  # Events need the chart's events permission
+        # Events need the chart's events permission.
+        wait_event(admin, "hello", "AllRanksSucceeded")
     except BaseException:
         print(release.logs())
         raise

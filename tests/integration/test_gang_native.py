@@ -25,6 +25,7 @@ import pytest
 from gpujob_localcluster.cluster import LocalCluster
 from tests.integration.conftest import fresh_namespace, job_status, own_cluster
 from tests.support import forecast
+from tests.support.events import wait_event
 from tests.support.jobs import python_job
 from tests.support.kube import Kube
 from tests.support.operator import OperatorProcess
@@ -228,12 +229,7 @@ def test_a_rank_preempted_by_the_scheduler_restarts_the_gang_as_preempted(
         )
         assert final["phase"] == "Succeeded" and final["gang"]["restarts"] == 0, final
         assert final["gang"]["preemptions"] >= 1, final
-        reasons = [
-            e["reason"]
-            for e in gkube.list("events")
-            if e["involvedObject"].get("name") == "victim"
-            and e["involvedObject"].get("kind") == "GPUTrainingJob"
-        ]
+        reasons = wait_event(gkube, "victim", "Preempted")
         assert "Preempted" in reasons and "GangRestart" not in reasons, reasons
         urgent_pod = gkube.get("pod", "urgent")
         assert urgent_pod is not None and urgent_pod["spec"].get("nodeName"), urgent_pod

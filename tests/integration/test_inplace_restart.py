@@ -92,7 +92,7 @@ def test_a_failed_rank_restarts_every_pod_in_place_and_the_job_finishes(
     # Rank 1 failed; rank 0's run was stopped by its supervisor once the pod was moved.
     assert last == {"inplace-node-0": 87, "inplace-node-1": 3}, last
     assert all((box / f"started-{r}-1").exists() for r in (0, 1))
-    assert warnings_of(kube, c.RESTARTED_IN_PLACE)
+    wait_until(lambda: warnings_of(kube, c.RESTARTED_IN_PLACE), 30, "the RestartedInPlace Event")
     assert not warnings_of(kube, c.IN_PLACE_FALLBACK)
 
 
@@ -112,5 +112,7 @@ def test_a_pod_lost_during_the_run_is_recreated_while_the_other_restarts_in_plac
     assert pods["lost-node-0"]["metadata"]["uid"] != uids["lost-node-0"]
     assert trainer_status(pods["lost-node-0"])["restartCount"] == 0
     assert done["gang"]["inPlaceRestarts"] == 1
-    fallback = warnings_of(kube, c.IN_PLACE_FALLBACK)
+    fallback = wait_until(
+        lambda: warnings_of(kube, c.IN_PLACE_FALLBACK), 30, "the InPlaceFallback Warning"
+    )
     assert fallback and "lost-node-0" in fallback[0]["message"], fallback

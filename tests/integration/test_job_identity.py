@@ -16,7 +16,8 @@ from kubernetes import config
 from gpujob_operator.runtime.jobloop import JobLoop
 from gpujob_operator.runtime.kube import Kube as ApiKube
 from tests.integration.conftest import job_status, wait_job_phase
-from tests.integration.test_operator_lifecycle import events, job_pods
+from tests.integration.test_operator_lifecycle import job_pods
+from tests.support.events import wait_event
 from tests.support.jobs import python_job as job
 from tests.support.kube import Kube
 from tests.support.operator import OperatorProcess
@@ -88,7 +89,7 @@ def test_a_pod_orphaned_by_the_old_job_is_never_adopted(
     )
     running = next(c for c in status["conditions"] if c["type"] == "Running")
     assert "orphans-node-0" in running["message"] and "orphaned" in running["message"]
-    assert "PodNameTaken" in wait_until(lambda: events(kube, "orphans"), 30, "events")
+    wait_event(kube, "orphans", "PodNameTaken")
     # The user removes the orphans; the job then runs pods of its own.
     kube.run("delete", "pods", "-l", "gpujob.dev/job-name=orphans", check=True)
     status = wait_job_phase(kube, "orphans", ("Succeeded", "Failed"), timeout=120)

@@ -10,20 +10,11 @@ import pytest
 
 from gpujob_operator.runtime import faults
 from tests.integration.conftest import job_status, wait_job_phase
+from tests.support.events import wait_event
 from tests.support.jobs import python_job as job
 from tests.support.kube import Kube
 from tests.support.operator import OperatorProcess
 from tests.support.waiting import wait_until
-
-
-def events(kube: Kube, name: str) -> list[str]:
-    items = kube.list("events")
-    return [
-        e["reason"]
-        for e in items
-        if e["involvedObject"].get("name") == name
-        and e["involvedObject"].get("kind") == "GPUTrainingJob"
-    ]
 
 
 def job_pods(kube: Kube, name: str) -> list[dict[str, Any]]:
@@ -56,7 +47,7 @@ def test_job_succeeds_with_the_torchrun_env_contract(kube: Kube, operator: Opera
         and env["WORLD_SIZE"] == "2"
         and env["PET_NNODES"] == "2"
     )
-    assert "AllRanksSucceeded" in wait_until(lambda: events(kube, "ok"), 30, "events")
+    wait_event(kube, "ok", "AllRanksSucceeded")
 
 
 def test_torchrun_gang_rendezvous_across_pods(kube: Kube, operator: OperatorProcess) -> None:
@@ -119,7 +110,7 @@ def test_failed_rank_restarts_the_whole_gang(
     assert status["gang"]["restarts"] == 1
     pods = job_pods(kube, "retry")
     assert {p["metadata"]["labels"]["gpujob.dev/attempt"] for p in pods} == {"1"}
-    assert "GangRestart" in events(kube, "retry")
+    wait_event(kube, "retry", "GangRestart")
 
 
 def test_an_evicted_pod_restarts_the_gang_as_a_disruption_not_a_failure(
@@ -169,7 +160,7 @@ def test_an_evicted_pod_restarts_the_gang_as_a_disruption_not_a_failure(
     status = wait_job_phase(kube, "evicted", ("Succeeded", "Failed"), timeout=120)
     assert status["phase"] == "Succeeded", status
     assert status["gang"]["restarts"] == 0 and status["gang"]["preemptions"] == 1, status
-    reasons = events(kube, "evicted")
+    reasons = wait_event(kube, "evicted", "Evicted")
     assert "Evicted" in reasons and "GangRestart" not in reasons, reasons
 
 
@@ -246,8 +237,7 @@ def test_suspend_stops_pods_and_resume_starts_them(kube: Kube, operator: Operato
     status = wait_job_phase(kube, "pausable", ("Running",), timeout=60)
     assert status["gang"]["restarts"] == 0
     assert len(job_pods(kube, "pausable")) == 2
-    reasons = events(kube, "pausable")
-    assert "Suspended" in reasons and "Resumed" in reasons
+    assert "Suspended" in wait_event(kube, "pausable", "Resumed")
 
 
 def test_active_deadline_fails_the_job(kube: Kube, operator: OperatorProcess) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from gpujob_operator.api.conditions import parse_time
 from tests.integration.conftest import job_status
+from tests.support.events import wait_event
 from tests.support.jobs import example_job
 from tests.support.kube import GET_COLUMNS, Kube
 from tests.support.operator import OperatorProcess
@@ -114,13 +115,7 @@ def test_slow_input_is_published_as_input_bound_with_its_evidence(
     assert bottleneck["severity"] in ("Warning", "Critical")
     assert "data" in bottleneck["summary"] and bottleneck["advice"]
     assert any("wait" in k.lower() or "ratio" in k.lower() for k in bottleneck["evidence"])
-    events = [
-        e["reason"]
-        for e in kube.list("events")
-        if e["involvedObject"].get("name") == "starved"
-        and e["involvedObject"].get("kind") == "GPUTrainingJob"
-    ]
-    assert "BottleneckChanged" in events
+    wait_event(kube, "starved", "BottleneckChanged")
     final = watch(kube, "starved", timeout=300)[-1]
     assert final["STATUS"] == "Succeeded" and final["PROGRESS"] == "100.0%"
 

@@ -247,7 +247,11 @@ def test_an_invalid_pod_that_slipped_past_admission_fails_with_the_message(
     assert status["failure"]["reason"] == c.INVALID_POD_TEMPLATE
     assert "configMap.defaultMode" in status["failure"]["message"]
     assert not job_pods(kube, "fat")
-    assert any(e["reason"] == c.INVALID_POD_TEMPLATE for e in warnings(kube, "fat"))
+    wait_until(
+        lambda: any(e["reason"] == c.INVALID_POD_TEMPLATE for e in warnings(kube, "fat")),
+        30,
+        "the InvalidPodTemplate Warning",
+    )
     no_tracebacks(fast_operator)
 
 
