@@ -99,7 +99,7 @@ UNOBSERVED_STATUS: Final = {
 
 
 def operator_metrics() -> str:
-    jm = opmetrics.JobMetrics(process=False)
+    jm = opmetrics.JobMetrics()  # with the process's own families, of which ours are listed
     jm.update("ns", "job", FULL_STATUS)
     jm.update("ns", "waiting", WAITING_STATUS)
     jm.update("ns", "deaf", UNOBSERVED_STATUS)
@@ -108,6 +108,8 @@ def operator_metrics() -> str:
     jm.observe_api_error("create_pod", "QuotaExceeded")
     rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
     for fam in jm.registry.collect():
+        if not fam.name.startswith("gpujob_"):
+            continue  # client_python's process_* and python_gc_*, documented by it
         name = fam.name + ("_total" if fam.type == "counter" else "")
         labels = sorted(
             {k for s in fam.samples for k in s.labels if k != "le"},

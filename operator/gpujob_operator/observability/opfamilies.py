@@ -190,6 +190,12 @@ LOOP_LAG = Family(
     "loop (parsing, building, decoding) that every job's handling waited behind.",
     "seconds",
 )
+GC_PAUSE = Family(
+    "gpujob_operator_gc_pause_seconds",
+    "How long each garbage collection held the operator, by generation: a full (2) one walks "
+    "every object the operator keeps, and the event loop waits it out.",
+    "seconds",
+)
 HANG_CAPTURES = Family(
     "gpujob_operator_hang_captures_total",
     "Stalls whose hang evidence was taken, by result: complete (every rank answered, "
@@ -254,6 +260,7 @@ HEALTH_FAMILIES: Final = (
     FORECAST_ERROR,
     FORECAST_DURATION,
     LOOP_LAG,
+    GC_PAUSE,
     HANG_CAPTURES,
     GHOST_PODS,
     WORKLOAD_READS,
@@ -266,6 +273,7 @@ HISTOGRAMS: Final = (
     FORECAST_ERROR,
     FORECAST_DURATION,
     LOOP_LAG,
+    GC_PAUSE,
 )
 
 

@@ -29,6 +29,7 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
+from gpujob_operator.observability.gcpause import GC_PAUSES, GENERATIONS
 from gpujob_operator.observability.jobsample import JobSample
 from gpujob_operator.observability.opfamilies import (
     API_ERRORS,
@@ -39,6 +40,7 @@ from gpujob_operator.observability.opfamilies import (
     ERRORS,
     FORECAST_DURATION,
     FORECAST_ERROR,
+    GC_PAUSE,
     GHOST_POD_PROOFS,
     GHOST_PODS,
     HANG_CAPTURE_RESULTS,
@@ -245,6 +247,17 @@ class _HealthCollector(Collector):
             hist = HistogramMetricFamily(m.name, m.help, unit=m.unit)
             hist.add_metric([], buckets, total)
             yield hist
+        if o.process:
+            gc_hist = HistogramMetricFamily(
+                GC_PAUSE.name, GC_PAUSE.help, labels=["generation"], unit=GC_PAUSE.unit
+            )
+            for generation in GENERATIONS:
+                gc_hist.add_metric(
+                    [str(generation)],
+                    GC_PAUSES.buckets(generation),
+                    GC_PAUSES.sums[generation],
+                )
+            yield gc_hist
         err = CounterMetricFamily(ERRORS.name, ERRORS.help, labels=["source", "reason"])
         for (source, reason), value in sorted(errors.items()):
             err.add_metric([source, reason], value)
@@ -296,6 +309,8 @@ class JobMetrics:
         self.loop_lag_max = 0.0
         """The longest event-loop lag seen since start (the bench reads it)."""
         self._server: Any = None
+        self.process = process
+        """Whether the process's own families (CPU, memory, collector pauses) are rendered."""
         self.registry.register(_JobCollector(self))
         self.registry.register(_HealthCollector(self))
         if process:  # process_* (CPU, memory, fds) and python_gc_* for the health dashboard

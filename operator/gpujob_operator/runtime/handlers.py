@@ -36,6 +36,7 @@ from gpujob_operator import api
 from gpujob_operator.api import children
 from gpujob_operator.lifecycle.gang import gang
 from gpujob_operator.monitoring.scrape.scraper import Scraper
+from gpujob_operator.observability.gcpause import GC_PAUSES
 from gpujob_operator.observability.opmetrics import METRICS
 from gpujob_operator.runtime import peers, standby, webhook
 from gpujob_operator.runtime.forecaster import Forecaster
@@ -447,7 +448,7 @@ async def start_pod_watch(memo: kopf.Memo, **_: Any) -> None:
 async def start_loop_lag_probe(memo: kopf.Memo, **_: Any) -> None:
     """The loop-lag probe, and the stall watch that logs where a stalled loop is."""
     own = _startup_state(memo)
-    own.stall_watch = StallWatch(threading.get_ident())
+    own.stall_watch = StallWatch(threading.get_ident(), gc_pauses=GC_PAUSES.install())
     own.stall_watch.start()
     own.lag_probe = asyncio.get_running_loop().create_task(
         probe_loop_lag(on_tick=own.stall_watch.tick), name="loop lag"

@@ -4,7 +4,9 @@ The loop-lag metric says that every job's handling waited, not on what. A watchd
 reads how long ago the loop last ticked (:meth:`StallWatch.tick`, called by the loop-lag
 probe); when that passes :data:`STALL_SECONDS` it takes the loop thread's innermost frames
 (``sys._current_frames``: no signal, nothing stops) and logs them once per stall, with how
-long the stall lasted once it ends. A stall's culprit is then in the operator's log.
+long the stall lasted once it ends. A stall's culprit is then in the operator's log; when a
+full garbage collection ended inside the stall, the log says how long it ran, since the
+stack then shows only where the collector happened to be set off.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import time
 import traceback
 from collections.abc import Callable
 from typing import Final
+
+from gpujob_operator.observability.gcpause import GcPauses
 
 log = logging.getLogger("gpujob.stall")
 
@@ -44,8 +48,10 @@ class StallWatch:
         thread_id: int,
         stall_seconds: float = STALL_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        gc_pauses: GcPauses | None = None,
     ) -> None:
         self.thread_id = thread_id
+        self.gc_pauses = gc_pauses
         self.stall_seconds = stall_seconds
         self.clock = clock
         self.last_tick = clock()
@@ -58,10 +64,12 @@ class StallWatch:
         """The loop ran: called by the loop-lag probe on each of its wake-ups."""
         now = self.clock()
         if self.reported is not None:
+            full = self.gc_pauses.full_within(self.last_tick, now) if self.gc_pauses else None
             log.warning(
-                "the event loop was stalled for %.2fs (every job's handling waited); it was in %s",
+                "the event loop was stalled for %.2fs (every job's handling waited); it was in %s%s",
                 now - self.last_tick,
                 self.reported[-1] if self.reported else "an unknown frame",
+                f"; a full garbage collection took {full.seconds:.2f}s of it" if full else "",
             )
             self.reported = None
         self.last_tick = now

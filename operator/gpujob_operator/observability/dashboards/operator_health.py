@@ -213,6 +213,21 @@ def build() -> dict[str, Any]:
                     w=6,
                 ),
                 Panel(
+                    "Garbage-collection pauses",
+                    "The longest pause (p99) of each collector generation: a full (2) one walks "
+                    "every object the operator holds, and the event loop waits it out. When "
+                    "the loop lag climbs with it, the operator holds too many objects.",
+                    [
+                        t(
+                            "histogram_quantile(0.99, sum by (le, generation) "
+                            f"(rate({opfamilies.GC_PAUSE.name}_bucket{{{OP}}}[{RATE}])))",
+                            "generation {{generation}}",
+                        )
+                    ],
+                    unit="s",
+                    w=6,
+                ),
+                Panel(
                     "Open file descriptors",
                     "Sockets and files the operator holds open.",
                     [t(f"process_open_fds{{{OP}}}", "{{instance}}")],

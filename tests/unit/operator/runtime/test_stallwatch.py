@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from gpujob_operator.observability.gcpause import GcPauses
 from gpujob_operator.runtime import stallwatch
 from gpujob_operator.runtime.stallwatch import StallWatch, stack_of
 
@@ -74,3 +75,25 @@ def test_a_stack_taken_after_the_loop_ran_again_is_not_reported(
     monkeypatch.setattr(stallwatch, "stack_of", ticked_meanwhile)
     watch.check()
     assert watch.stalls == 0 and watch.reported is None
+
+
+def test_a_stall_that_a_full_collection_ended_in_says_how_long_the_collector_ran(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock()
+    pauses = GcPauses(clock=clock)
+    watch = StallWatch(threading.get_ident(), stall_seconds=0.5, clock=clock, gc_pauses=pauses)
+    caplog.set_level(logging.WARNING, "gpujob.stall")
+    pauses.observe(2, 0.3, ended=clock.now - 1)  # before the stall: not its cause
+    clock.now += 1.0
+    watch.check()
+    pauses.observe(2, 0.9, ended=clock.now + 0.1)
+    clock.now += 0.2
+    watch.tick()
+    ended = caplog.records[-1].getMessage()
+    assert "stalled for 1.20s" in ended and "full garbage collection took 0.90s" in ended, ended
+    clock.now += 1.0
+    watch.check()
+    clock.now += 0.1
+    watch.tick()  # the next stall had no full collection in it
+    assert "garbage" not in caplog.records[-1].getMessage()
