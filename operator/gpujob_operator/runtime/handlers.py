@@ -38,7 +38,7 @@ from gpujob_operator.lifecycle.gang import gang
 from gpujob_operator.monitoring.scrape.scraper import Scraper
 from gpujob_operator.observability.gcpause import GC_PAUSES
 from gpujob_operator.observability.opmetrics import METRICS
-from gpujob_operator.runtime import peers, standby, webhook
+from gpujob_operator.runtime import gctune, peers, standby, webhook
 from gpujob_operator.runtime.forecaster import Forecaster
 from gpujob_operator.runtime.jobloop import JobLoop
 from gpujob_operator.runtime.kube import Kube, load_client
@@ -78,6 +78,7 @@ class OperatorState:
     forecaster: Forecaster | None = None
     forecast_task: asyncio.Task[None] | None = None
     lag_probe: asyncio.Task[None] | None = None
+    gc_tuner: asyncio.Task[None] | None = None
     stall_watch: StallWatch | None = None
     _kube: Kube | None = None
     _scraper: Scraper | None = None
@@ -114,7 +115,7 @@ class OperatorState:
         for stoppable in (self.pod_watch, self.stall_watch):
             if stoppable is not None:
                 stoppable.stop()
-        for task in (self.forecast_task, self.lag_probe):
+        for task in (self.forecast_task, self.lag_probe, self.gc_tuner):
             if task is not None:
                 task.cancel()
         self.stop_all_loops()
@@ -446,12 +447,17 @@ async def start_pod_watch(memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.on.startup()
 async def start_loop_lag_probe(memo: kopf.Memo, **_: Any) -> None:
-    """The loop-lag probe, and the stall watch that logs where a stalled loop is."""
+    """The loop-lag probe, the stall watch that logs where a stalled loop is, and the
+    collector tuning that keeps full collections from stalling it (``gctune``)."""
     own = _startup_state(memo)
     own.stall_watch = StallWatch(threading.get_ident(), gc_pauses=GC_PAUSES.install())
     own.stall_watch.start()
     own.lag_probe = asyncio.get_running_loop().create_task(
         probe_loop_lag(on_tick=own.stall_watch.tick), name="loop lag"
+    )
+    s = own.settings
+    own.gc_tuner = asyncio.get_running_loop().create_task(
+        gctune.tune_collector(s.gc_freeze_seconds, s.gc_thaw_seconds), name="gc tuner"
     )
 
 

@@ -37,6 +37,8 @@ before kopf starts. Nothing else in the operator reads the environment.
 | ``GPUJOB_JOB_NETWORK_POLICY`` | unset | JSON ``{"metricsFrom": [peers], "otherPortsOpen": bool}``: a NetworkPolicy per job (``lifecycle/endpoints.py``); unset: none |
 | ``GPUJOB_ENDPOINT_TOKEN_KEY_FILE`` | unset | a file holding the key of the jobs' endpoint tokens (>= 32 bytes); unset: no tokens |
 | ``GPUJOB_HOST_PORT_RANGE`` | ``20000-29999`` | node ports the operator may scrape for ``hostNetworkPorts: Spec`` jobs on the host network |
+| ``GPUJOB_GC_FREEZE_SECONDS`` | 60 | freeze the collector's objects this often, so a full collection walks only the newer ones (``runtime/gctune.py``; 0: CPython's own collector settings) |
+| ``GPUJOB_GC_THAW_SECONDS`` | 1800 | thaw them and collect everything this often (one full pause) |
 | ``GPUJOB_FAULT_EXIT_AT`` | unset | tests only: die at a named write boundary |
 """
 
@@ -54,7 +56,7 @@ from gpujob_operator.lifecycle import backoff
 from gpujob_operator.lifecycle.endpoints import PolicySettings
 from gpujob_operator.lifecycle.planner import GANG_GRACE_SECONDS
 from gpujob_operator.observability import opmetrics
-from gpujob_operator.runtime import faults, peers
+from gpujob_operator.runtime import faults, gctune, peers
 
 T = TypeVar("T")
 
@@ -99,6 +101,10 @@ class Settings:
     host_port_range: tuple[int, int] = hostports.RANGE
     """Node ports (half-open) a host-network job with ``hostNetworkPorts: Spec`` may have
     scraped (``GPUJOB_HOST_PORT_RANGE``, inclusive ``LOW-HIGH``): never a node daemon's."""
+    gc_freeze_seconds: float = gctune.FREEZE_SECONDS
+    """Seconds between freezes of the collector's objects; 0: the collector as CPython sets it."""
+    gc_thaw_seconds: float = gctune.THAW_SECONDS
+    """Seconds between thaws, each with one full collection."""
     forecast_interval: float = 30.0
     """Seconds between start-time forecasts of waiting jobs (``GPUJOB_FORECAST_INTERVAL``);
     0 turns forecasting off."""
@@ -284,6 +290,17 @@ def from_env(env: Mapping[str, str]) -> Settings:
             _seconds_or_zero,
         ),
         liveness=liveness or None,
+        gc_freeze_seconds=_read(
+            env,
+            "GPUJOB_GC_FREEZE_SECONDS",
+            d.gc_freeze_seconds,
+            float,
+            "a number of seconds >= 0 (0: off)",
+            _seconds_or_zero,
+        ),
+        gc_thaw_seconds=_read(
+            env, "GPUJOB_GC_THAW_SECONDS", d.gc_thaw_seconds, float, seconds, _positive_seconds
+        ),
         forecast_interval=_read(
             env,
             "GPUJOB_FORECAST_INTERVAL",
