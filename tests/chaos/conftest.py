@@ -6,6 +6,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Final
 
 import pytest
 
@@ -64,6 +65,14 @@ def ledger(request: pytest.FixtureRequest) -> Ledger:
     return LEDGER
 
 
+FAST_RESTARTS: Final = {
+    "GPUJOB_RESTART_BACKOFF_BASE_SECONDS": "1",
+    "GPUJOB_RESTART_BACKOFF_MAX_SECONDS": "2",
+}
+"""The chaos tier is about what survives a fault, not the back-off between restarts (10 s by
+default, which the refusal tests pin): each Recreate restart here waits 1 s."""
+
+
 @pytest.fixture
 def chaos_operator(
     kube: Kube,
@@ -72,7 +81,7 @@ def chaos_operator(
     ledger: Ledger,
 ) -> Iterator[ChaosOperator]:
     """An operator for this test's namespace, not yet started (tests start it with their env)."""
-    op = ChaosOperator(ledger, kube.kubeconfig, [kube.namespace], tmp_path)
+    op = ChaosOperator(ledger, kube.kubeconfig, [kube.namespace], tmp_path, FAST_RESTARTS)
     yield op
     op.stop()
 

@@ -118,6 +118,8 @@ def test_operator_killed_at_a_gang_restart_boundary(
     assert status["gang"]["restarts"] == 1 and status["gang"]["attempt"] == 1, status
     final = live_pods(kube, name)
     assert {p["metadata"]["labels"]["gpujob.dev/attempt"] for p in final} == {"1"}, final
+    names = sorted(p["metadata"]["name"] for p in final)
+    assert names == [f"{name}-node-0", f"{name}-node-1"], names
     wait_until(lambda: len(pods.created(name)) >= 4, 10, "the recorder to see 4 pods")
     created = sorted((p.attempt, p.rank) for p in pods.created(name))
     assert created == [(0, 0), (0, 1), (1, 0), (1, 1)], f"pods created: {created}"

@@ -117,6 +117,18 @@ def wait_job_phase(kube: Kube, name: str, phases: tuple[str, ...], timeout: floa
     )
 
 
+def delete_job(kube: Kube, name: str) -> None:
+    """Delete the job and wait for its pods to go (their processes hold ports and cores): a
+    test that has seen what it asserts need not pay for the rest of the run."""
+    kube.run("delete", "gputrainingjob", name, "--wait=false", check=True)
+    wait_until(
+        lambda: not [p for p in kube.list("pods") if p["metadata"]["name"].startswith(name)],
+        120,
+        f"{name}'s pods gone",
+        interval=1.0,
+    )
+
+
 def full_template_prerequisites(kube: Kube, tpl: dict[str, Any]) -> None:
     """What a real cluster would hold: the ServiceAccount, PriorityClass and RuntimeClass."""
     kube.run("create", "serviceaccount", tpl["serviceAccountName"], check=True)

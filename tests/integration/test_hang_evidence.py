@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import job_status
+from tests.integration.conftest import delete_job, job_status
 from tests.integration.test_progress_verdicts import job_events, trainer_job
 from tests.support.kube import Kube
 from tests.support.operator import OperatorProcess
@@ -37,17 +37,6 @@ def hung_job(name: str, how: str, rank: int = 1, **spec: Any) -> dict[str, Any]:
     body["spec"]["training"]["masterPort"] = PORTS[how]
     body["spec"].update(spec)
     return body
-
-
-def delete(kube: Kube, name: str) -> None:
-    """Delete the job and wait for its pods to go (their processes hold ports and cores)."""
-    kube.run("delete", "gputrainingjob", name, "--wait=false", check=True)
-    wait_until(
-        lambda: not [p for p in kube.list("pods") if p["metadata"]["name"].startswith(name)],
-        120,
-        f"{name}'s pods gone",
-        interval=1.0,
-    )
 
 
 def evidence(kube: Kube, name: str) -> dict[str, Any]:
@@ -102,7 +91,7 @@ def test_the_rank_that_is_not_where_the_others_are_is_named_with_its_place(
     said = [e for e in job_events(kube, name) if e["reason"] == "HangEvidence"]
     assert len(said) == 1 and f"kubectl get configmap {name}-hang-0" in said[0]["message"]
     assert captures(operator, "complete") == 1 and captures(operator, "partial") == 0
-    delete(kube, name)
+    delete_job(kube, name)
 
 
 def test_a_rank_whose_python_holds_the_gil_is_named_as_silent(
@@ -120,7 +109,7 @@ def test_a_rank_whose_python_holds_the_gil_is_named_as_silent(
         assert "did not answer" in configmap(kube, ev["configMap"])["rank-1.txt"]
         assert captures(operator, "partial") == 1
     finally:  # its rank spins a core until killed
-        delete(kube, "hung-gil")
+        delete_job(kube, "hung-gil")
 
 
 def test_four_ranks_one_asleep_and_restart_on_stall_restarts_only_after_the_evidence(
@@ -152,4 +141,4 @@ def test_four_ranks_one_asleep_and_restart_on_stall_restarts_only_after_the_evid
     names = [e["reason"] for e in job_events(kube, "hung-four")]
     assert names.index("HangEvidence") < names.index("GangRestart"), names
     assert names.count("GangRestart") == 1
-    delete(kube, "hung-four")
+    delete_job(kube, "hung-four")

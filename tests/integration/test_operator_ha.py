@@ -21,7 +21,17 @@ from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-HA = {"replicaCount": 2, "peering": {"enabled": True}}
+HA = {
+    "replicaCount": 2,
+    "peering": {"enabled": True},
+    # The hand-over is under test, not the 10 s back-off before each Recreate restart.
+    "operator": {
+        "extraEnv": [
+            {"name": "GPUJOB_RESTART_BACKOFF_BASE_SECONDS", "value": "1"},
+            {"name": "GPUJOB_RESTART_BACKOFF_MAX_SECONDS", "value": "2"},
+        ]
+    },
+}
 
 
 @pytest.fixture
@@ -89,7 +99,7 @@ def test_helm_upgrade_mid_job_rolls_the_replicas_without_a_restart(
     census = PodCensus(kube.cluster, kube.namespace, "ha-upgrade")
     wait_running(kube, "ha-upgrade")
     before = {p["metadata"]["name"] for p in ha.pods()}
-    ha.upgrade({**HA, "operator": {"verbose": True}}, "--skip-crds")
+    ha.upgrade({**HA, "operator": {**HA["operator"], "verbose": True}}, "--skip-crds")
     ha.wait_available()
     wait_until(
         lambda: not before & {p["metadata"]["name"] for p in ha.pods()}, 120, "old pods gone"

@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 from gpujob_operator.api.conditions import parse_time
-from tests.integration.conftest import job_status
+from tests.integration.conftest import delete_job, job_status
 from tests.support.events import wait_event
 from tests.support.jobs import example_job
 from tests.support.kube import GET_COLUMNS, Kube
@@ -116,8 +116,7 @@ def test_slow_input_is_published_as_input_bound_with_its_evidence(
     assert "data" in bottleneck["summary"] and bottleneck["advice"]
     assert any("wait" in k.lower() or "ratio" in k.lower() for k in bottleneck["evidence"])
     wait_event(kube, "starved", "BottleneckChanged")
-    final = watch(kube, "starved", timeout=300)[-1]
-    assert final["STATUS"] == "Succeeded" and final["PROGRESS"] == "100.0%"
+    delete_job(kube, "starved")  # a run to 100% is the healthy job's test
 
 
 def job_events(kube: Kube, name: str) -> list[dict[str, Any]]:
@@ -144,15 +143,15 @@ def test_long_first_step_checkpoints_and_evaluations_are_not_stalled(
     kube: Kube, operator: OperatorProcess
 ) -> None:
     # Each busy period lasts 25 s, 2.5x the stall timeout, and no step ends meanwhile: a
-    # first step (compilation), a checkpoint after the last step (as the README's loop saves
-    # its final checkpoint) and two evaluation loops (one mid-run, one at the end). One of
-    # each kind is the proof; more only made the test longer.
+    # first step (compilation), an evaluation loop mid-run (step 40) and a checkpoint after
+    # the last step (as the README's loop saves its final checkpoint). One of each kind is the
+    # proof; an evaluation at the end too (every 30) only made the test 25 s longer.
     body = trainer_job(
         "busy",
         60,
         "--startup-seconds", "25",
         "--checkpoint-every", "60", "--checkpoint-seconds", "25",
-        "--eval-every", "30", "--eval-seconds", "25",
+        "--eval-every", "40", "--eval-seconds", "25",
         stallTimeoutSeconds=10,
     )  # fmt: skip
     body["spec"]["runPolicy"] = {"backoffLimit": 0, "restartOnStall": True}

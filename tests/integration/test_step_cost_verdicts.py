@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tests.integration.conftest import job_status
-from tests.integration.test_progress_verdicts import get_row, trainer_job, watch
+from tests.integration.conftest import delete_job, job_status
+from tests.integration.test_progress_verdicts import get_row, trainer_job
 from tests.support.kube import Kube
 from tests.support.operator import OperatorProcess
 from tests.support.waiting import wait_until
@@ -45,8 +45,7 @@ def test_rank_slow_in_its_loss_is_published_as_the_straggler(
     rows = {r["rank"]: r for r in b["breakdown"]}
     assert rows[1]["role"] == "slowest" and rows[1]["otherSeconds"] > 0.3, rows
     assert rows[0]["commWaitSeconds"] > 0.3, rows  # the fast rank waits for it
-    final = watch(kube, "lossy", timeout=300)[-1]
-    assert final["STATUS"] == "Succeeded", final
+    delete_job(kube, "lossy")  # the verdict is what this test is about, not the job's end
 
 
 def test_slow_copies_are_transfer_bound_with_mfu_and_latency_in_kubectl_get(
@@ -79,5 +78,4 @@ def test_slow_copies_are_transfer_bound_with_mfu_and_latency_in_kubectl_get(
     header, row = seen["wide"].splitlines()[:2]
     assert "STEP" in header.split(), seen["wide"]
     assert re.search(r" \d+(\.\d+)?m?s/\d+(\.\d+)?m?s ", row), seen["wide"]
-    final = watch(kube, "copier", timeout=300)[-1]
-    assert final["STATUS"] == "Succeeded", final
+    delete_job(kube, "copier")

@@ -146,10 +146,24 @@ def test_hang_is_stalled_and_the_ranks_compared_name_the_hung_one(
         assert "hang  rank 1 (pod" in text and "rank 0 waits in all_reduce #" in text, text
 
 
-def test_healthy_run_gets_no_warning_through_the_cli(
+# hidden 512, 4 layers and a 10-class head: FlopCounterMode counts 2·in·out for each Linear's
+# forward and for its weight gradient, and 2·in·out for the input gradient of all but the
+# first layer (its input needs none).
+EXAMPLE_FLOPS_PER_SAMPLE = 4 * 512 * 512 + 3 * 6 * 512 * 512 + 6 * 512 * 10
+
+
+def test_a_healthy_run_gets_no_warning_and_is_compute_bound_with_a_plausible_mfu(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Its steps are nearly all compute: ComputeBound (Info) is as right as Healthy.
+    """One run of the healthy size, judged twice (one torchrun, not two: each costs a start-up
+    and a warm-up on two busy cores). First with the defaults, through the monitor and the
+    CLI: its steps are nearly all compute, so ComputeBound (Info) is as right as Healthy and
+    nothing warns. Then with a lower compute bound (two ranks on two busy cores wait a little
+    in gloo) and a peak given for the CPU, as `peakTFLOPSPerGPU` does for a GPU the table does
+    not know: ComputeBound with a plausible MFU."""
+    settings = replace(
+        SETTINGS, thresholds=api.Thresholds(compute_bound_ratio=0.5), peak_tflops=0.2
+    )
     with torchrun_example(HEALTHY_ARGS, tmp_path) as run:
         wait_warm(run)
         update, published = diagnose_until(run, "never")
@@ -178,22 +192,6 @@ def test_healthy_run_gets_no_warning_through_the_cli(
         assert report["gpus"]["telemetry"].startswith("Unavailable: no GPU telemetry")
         assert report["failures"] == []
 
-
-# hidden 512, 4 layers and a 10-class head: FlopCounterMode counts 2·in·out for each Linear's
-# forward and for its weight gradient, and 2·in·out for the input gradient of all but the
-# first layer (its input needs none).
-EXAMPLE_FLOPS_PER_SAMPLE = 4 * 512 * 512 + 3 * 6 * 512 * 512 + 6 * 512 * 10
-
-
-def test_compute_heavy_run_is_compute_bound_with_a_plausible_mfu(tmp_path: Path) -> None:
-    """The healthy size, judged with a lower compute bound (two ranks on two busy cores wait
-    a little in gloo) and a peak given for the CPU, as `peakTFLOPSPerGPU` does for a GPU the
-    table does not know."""
-    settings = replace(
-        SETTINGS, thresholds=api.Thresholds(compute_bound_ratio=0.5), peak_tflops=0.2
-    )
-    with torchrun_example(HEALTHY_ARGS, tmp_path) as run:
-        wait_warm(run)
         update, published = diagnose_until(run, COMPUTE_BOUND, settings)
         b = update.bottleneck
         assert b is not None and b["verdict"] == COMPUTE_BOUND, (published, update.analysis)
