@@ -88,7 +88,11 @@ def test_the_rank_that_is_not_where_the_others_are_is_named_with_its_place(
     assert stalled["status"] == "True" and "; evidence: rank 1 (pod " in stalled["message"]
     b = status["bottleneck"]
     assert b["verdict"] == "Stalled" and b["rank"] == 1 and b["pod"] == f"{name}-node-1", b
-    said = [e for e in job_events(kube, name) if e["reason"] == "HangEvidence"]
+    said = wait_until(  # posted after the status that holds the evidence
+        lambda: [e for e in job_events(kube, name) if e["reason"] == "HangEvidence"],
+        30,
+        "the HangEvidence Event",
+    )
     assert len(said) == 1 and f"kubectl get configmap {name}-hang-0" in said[0]["message"]
     assert captures(operator, "complete") == 1 and captures(operator, "partial") == 0
     delete_job(kube, name)
@@ -138,7 +142,13 @@ def test_four_ranks_one_asleep_and_restart_on_stall_restarts_only_after_the_evid
     assert "configmap/hung-four-hang-0" in message
     data = configmap(kube, "hung-four-hang-0")
     assert set(data) == {"summary.txt", *(f"rank-{r}.txt" for r in range(4))}
-    names = [e["reason"] for e in job_events(kube, "hung-four")]
+    names = wait_until(  # the restart's Event is posted after its status write
+        lambda: (lambda n: n if "GangRestart" in n else None)(
+            [e["reason"] for e in job_events(kube, "hung-four")]
+        ),
+        30,
+        "the GangRestart Event",
+    )
     assert names.index("HangEvidence") < names.index("GangRestart"), names
     assert names.count("GangRestart") == 1
     delete_job(kube, "hung-four")

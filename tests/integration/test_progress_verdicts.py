@@ -195,7 +195,13 @@ def test_hung_rank_is_stalled_and_restart_on_stall_restarts_the_gang(
     assert status["failure"]["reason"] == "Stalled", status["failure"]
     message = status["failure"]["message"]
     assert "no rank finished a step" in message and "consecutive scrapes" in message, message
-    events = job_events(kube, "hung")
+    events = wait_until(  # the restart's Event is posted after its status write
+        lambda: (lambda ev: ev if any(e["reason"] == "GangRestart" for e in ev) else None)(
+            job_events(kube, "hung")
+        ),
+        30,
+        "the GangRestart Event",
+    )
     gang = [e for e in events if e["reason"] == "GangRestart"]
     assert len(gang) == 1 and "failed: Stalled" in gang[0]["message"], gang
     assert "StallDetected" in [e["reason"] for e in events]

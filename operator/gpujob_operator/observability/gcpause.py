@@ -40,7 +40,9 @@ class GcPauses:
         self.sums = dict.fromkeys(GENERATIONS, 0.0)
         self.longest = 0.0
         self.last_full: FullCollection | None = None
-        self._started = 0.0
+        self._started: float | None = None
+        """When the collection under way began; None: none heard of (a callback installed
+        mid-collection hears its stop without its start)."""
 
     def callback(self, phase: str, info: dict[str, Any]) -> None:
         """``gc.callbacks``' signature: ``start`` then ``stop`` around each collection."""
@@ -48,9 +50,10 @@ class GcPauses:
         if phase == "start":
             self._started = now
             return
-        generation = int(info.get("generation", 2))
-        seconds = max(now - self._started, 0.0)
-        self.observe(generation, seconds, now)
+        started, self._started = self._started, None
+        if started is None:
+            return
+        self.observe(int(info.get("generation", 2)), max(now - started, 0.0), now)
 
     def observe(self, generation: int, seconds: float, ended: float) -> None:
         """One collection of ``generation`` ran ``seconds``, ending at ``ended``."""

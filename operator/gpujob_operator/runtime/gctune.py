@@ -13,9 +13,11 @@ collection runs whenever promotions reach a quarter of the old generation.
   object must outlive a few hundred milliseconds of scraping, not a few, to be promoted;
 - every ``freeze_seconds`` collects what is not frozen (a minute's worth of promotions:
   cheap) and moves every object left into the permanent generation (``gc.freeze``: a list
-  splice, no walk). Full collections then walk only what was promoted since. A frozen
-  object is still freed by reference counting; only a reference cycle that dies while
-  frozen waits for the next thaw;
+  splice, no walk). Full collections then walk only what was promoted since; the first
+  one walks the whole heap once. A frozen object is still freed by reference counting;
+  only a reference cycle that dies while frozen, and whatever it holds, waits for the next
+  thaw (as does garbage of a collection skipped because another thread was collecting:
+  ``gc.collect`` then returns 0 and does nothing);
 - every ``thaw_seconds`` puts them back (``gc.unfreeze``) and collects once: one full pause
   per thaw instead of dozens a minute, logged with what it found (cycles that died frozen).
 

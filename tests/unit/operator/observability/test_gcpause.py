@@ -40,9 +40,22 @@ def test_the_callback_hears_real_collections_and_goes_away_on_uninstall() -> Non
     assert pauses.buckets(2)[-1][1] == seen
 
 
+def test_a_stop_without_its_start_is_not_a_pause() -> None:
+    """Installed while a collection runs, the callback hears only its stop."""
+    pauses = GcPauses(clock=lambda: 5_000_000.0)  # the clock's zero is long ago
+    pauses.callback("stop", {"generation": 2})
+    assert pauses.last_full is None and pauses.sums[2] == 0.0
+    pauses.callback("start", {"generation": 2})
+    pauses.callback("stop", {"generation": 2})
+    assert pauses.last_full is not None and pauses.last_full.seconds == 0.0
+
+
 def test_the_operator_s_metrics_render_the_pauses_by_generation() -> None:
+    was_installed = GC_PAUSES.callback in gc.callbacks
     GC_PAUSES.install()
     gc.collect()
+    if not was_installed:
+        GC_PAUSES.uninstall()
     text = generate_latest(opmetrics.JobMetrics().registry).decode()
     assert 'gpujob_operator_gc_pause_seconds_count{generation="2"}' in text, text[-2000:]
     bare = generate_latest(opmetrics.JobMetrics(process=False).registry).decode()
