@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from gpujob_operator.observability.histogram import Histogram
+
 PAUSE_BUCKETS: Final = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 GENERATIONS: Final = (0, 1, 2)
 
@@ -36,8 +38,7 @@ class GcPauses:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
-        self.counts = {g: [0] * (len(PAUSE_BUCKETS) + 1) for g in GENERATIONS}
-        self.sums = dict.fromkeys(GENERATIONS, 0.0)
+        self.histograms = {g: Histogram(PAUSE_BUCKETS) for g in GENERATIONS}
         self.longest = 0.0
         self.last_full: FullCollection | None = None
         self._started: float | None = None
@@ -57,14 +58,10 @@ class GcPauses:
 
     def observe(self, generation: int, seconds: float, ended: float) -> None:
         """One collection of ``generation`` ran ``seconds``, ending at ``ended``."""
-        counts = self.counts.get(generation)
-        if counts is None:
+        histogram = self.histograms.get(generation)
+        if histogram is None:
             return
-        i = 0
-        while i < len(PAUSE_BUCKETS) and seconds > PAUSE_BUCKETS[i]:
-            i += 1
-        counts[i] += 1
-        self.sums[generation] += seconds
+        histogram.observe(seconds)
         self.longest = max(self.longest, seconds)
         if generation == 2:
             self.last_full = FullCollection(ended, seconds)
@@ -74,16 +71,14 @@ class GcPauses:
         full = self.last_full
         return full if full is not None and start <= full.ended <= end else None
 
+    @property
+    def sums(self) -> dict[int, float]:
+        """Seconds spent in each generation's collections."""
+        return {g: h.sum for g, h in self.histograms.items()}
+
     def buckets(self, generation: int) -> list[tuple[str, float]]:
         """Cumulative ``(le, count)`` pairs, as a Prometheus histogram renders them."""
-        out, running = [], 0
-        counts = list(self.counts[generation])
-        for bound, count in zip(
-            [*(repr(float(b)) for b in PAUSE_BUCKETS), "+Inf"], counts, strict=True
-        ):
-            running += count
-            out.append((bound, float(running)))
-        return out
+        return self.histograms[generation].buckets()
 
     def install(self) -> GcPauses:
         """Start hearing of collections (idempotent)."""

@@ -30,6 +30,7 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector
 
 from gpujob_operator.observability.gcpause import GC_PAUSES, GENERATIONS
+from gpujob_operator.observability.histogram import Histogram as _Histogram
 from gpujob_operator.observability.jobsample import JobSample
 from gpujob_operator.observability.opfamilies import (
     API_ERRORS,
@@ -174,30 +175,6 @@ class _JobCollector(Collector):
             restarts.add_metric(key, s.restarts)
         yield from fams.values()
         yield from (phase, verdict, replicas, restarts, forecast, lost)
-
-
-class _Histogram:
-    """Cumulative buckets, sum and count; rendered by the health collector."""
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.sum += value
-        for i, b in enumerate(self.bounds):
-            if value <= b:
-                self.counts[i] += 1
-                return
-        self.counts[-1] += 1
-
-    def buckets(self) -> list[tuple[str, float]]:
-        out, running = [], 0
-        for b, c in zip([*(repr(float(b)) for b in self.bounds), "+Inf"], self.counts, strict=True):
-            running += c
-            out.append((b, float(running)))
-        return out
 
 
 class _HealthCollector(Collector):
