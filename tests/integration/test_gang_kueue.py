@@ -8,6 +8,7 @@ the quota back when Kueue evicts it. Two nodes of 4 GPUs, a ClusterQueue of 8 GP
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -251,12 +252,41 @@ def test_the_charts_gang_rbac_is_enough_for_kueue_and_native_jobs(
         release.uninstall()
 
 
-def test_a_queued_job_is_forecast_to_start_when_the_first_holder_ends_and_does(
-    kkube: Kube, kop: OperatorProcess
+def test_queued_jobs_and_waiting_native_gangs_are_forecast_to_start_when_a_holder_ends(
+    kkube: Kube, kop: OperatorProcess, tmp_path: Path
 ) -> None:
-    """8 GPUs of quota held by two 4-GPU jobs with different ETAs; two more wait in the
-    ClusterQueue (tests/support/forecast.py says what each forecast must be)."""
-    forecast.run(kkube, kop, labels={QUEUE_LABEL: queues(kkube)})
+    """The forecast scenario (tests/support/forecast.py) on both admission paths at once:
+    8 GPUs of ClusterQueue quota here, and two 4-GPU nodes behind native gang scheduling on
+    a control plane of their own. Each scenario waits on its holders' ETAs (about 130 s) and
+    needs little CPU, so the two share that wait instead of taking it one after the other."""
+    failures: list[BaseException] = []
+
+    def kueue_path() -> None:
+        try:
+            forecast.run(kkube, kop, labels={QUEUE_LABEL: queues(kkube)})
+        except BaseException as e:  # re-raised by the test's own thread
+            failures.append(e)
+
+    with own_cluster(tmp_path / "gang", "with gang scheduling", gang_scheduling=True) as lc:
+        kueue = threading.Thread(target=kueue_path, name="kueue-forecast")
+        kueue.start()
+        try:
+            with fresh_namespace(lc, "gang") as gkube:
+                gop = OperatorProcess(
+                    gkube.kubeconfig,
+                    [gkube.namespace],
+                    tmp_path / "gang-operator.log",
+                    extra_env=forecast.ENV,
+                ).start()
+                try:
+                    forecast.run(gkube, gop, scheduling={"gang": "Native"})
+                finally:
+                    gop.stop()
+        finally:
+            kueue.join(timeout=600)
+    if failures:
+        raise failures[0]
+    assert not kueue.is_alive(), "the Kueue scenario did not end"
     assert kop.rbac_denials() == []
 
 

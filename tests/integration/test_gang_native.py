@@ -279,11 +279,3 @@ def test_native_gang_without_rbac_for_podgroups_creates_no_pod_and_says_why(
     finally:
         op.stop()
         gkube.run("delete", f"clusterrolebinding/op-{ns}", f"clusterrole/op-{ns}", ns=False)
-
-
-def test_a_waiting_gang_is_forecast_to_start_when_a_node_frees_and_does(
-    gkube: Kube, gop: OperatorProcess
-) -> None:
-    """Two 4-GPU nodes held by two 1-node jobs with different ETAs; two more native gangs
-    wait for a node (tests/support/forecast.py says what each forecast must be)."""
-    forecast.run(gkube, gop, scheduling={"gang": "Native"})
