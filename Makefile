@@ -34,9 +34,10 @@ unit: venv ## run only the unit tests (no cluster)
 chaos: venv tools ## the chaos tier (~4 min, after make test in CI): operator kills, control-plane restarts, node loss, hostile endpoints; ends with its ledger
 	@$(PY) -m pytest tests/chaos -m chaos $(PYTEST_ARGS)
 
-lint: venv ## ruff, mypy, the import contracts (the operator's layers) and generated artefacts
+lint: venv ## ruff, mypy (its cache kept beside the venv's), the import contracts (the operator's layers) and generated artefacts
 	@V=$$($(VENV_CMD)); $$V/bin/ruff check . && $$V/bin/ruff format --check . && \
-	  $$V/bin/mypy operator/gpujob_operator trainer_image/gpujob_trainer localcluster/gpujob_localcluster && \
+	  $$V/bin/mypy --cache-dir "$${XDG_CACHE_HOME:-$$HOME/.cache}/gpujob/mypy" \
+	    operator/gpujob_operator trainer_image/gpujob_trainer localcluster/gpujob_localcluster && \
 	  $$V/bin/lint-imports --no-cache && \
 	  $$V/bin/python -m gpujob_operator.generate --check
 
