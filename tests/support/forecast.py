@@ -34,7 +34,7 @@ WARMUP_STEPS = 4
 """Steps before a holder's ETA is measured (the default, 20, is 10 s: it comes sooner)."""
 ENV = {"GPUJOB_FORECAST_INTERVAL": "1"}
 POLL = 1.0
-"""Seconds between polls: each is a kubectl process, and two cores run the whole cluster."""
+"""Seconds between polls: two cores run the whole cluster (two, when both paths play at once)."""
 
 
 def job_status(kube: Kube, name: str) -> dict[str, Any]:

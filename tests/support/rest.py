@@ -6,7 +6,8 @@ wait took close to half a core from the two that the cluster, the operator and t
 under test share. One GET here costs a few milliseconds. Only plain reads of the kinds
 tests poll come this way, and only with the admin kubeconfig (client certificate files);
 anything else still goes through kubectl, whose behaviour is the reference: a failed read
-is ``None`` (kubectl's non-zero exit), a failed list raises.
+is ``None`` (kubectl's non-zero exit), a failed list raises, a hung server raises, and 429s
+are waited out.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import http.client
 import json
 import ssl
 import threading
+import time
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,20 +92,31 @@ def _target(kubeconfig: Path) -> _Target | None:
     with _targets_lock:
         if key in _targets:
             return _targets[key]
+    try:
+        target = _parse_kubeconfig(kubeconfig)
+    except Exception:  # half written, another shape, unreadable: kubectl says why
+        target = None
+    with _targets_lock:
+        _targets[key] = target
+    return target
+
+
+def _parse_kubeconfig(kubeconfig: Path) -> _Target | None:
     cfg = yaml.safe_load(kubeconfig.read_text())
     current = next(c["context"] for c in cfg["contexts"] if c["name"] == cfg["current-context"])
     cluster = next(c["cluster"] for c in cfg["clusters"] if c["name"] == current["cluster"])
     user = next(u["user"] for u in cfg["users"] if u["name"] == current["user"])
-    target: _Target | None = None
-    if {"client-certificate", "client-key"} <= user.keys() and "certificate-authority" in cluster:
-        url = urllib.parse.urlsplit(cluster["server"])
-        ctx = ssl.create_default_context(cafile=cluster["certificate-authority"])
-        ctx.load_cert_chain(user["client-certificate"], user["client-key"])
-        if url.scheme == "https" and url.hostname and url.port:
-            target = _Target(url.hostname, url.port, ctx)
-    with _targets_lock:
-        _targets[key] = target
-    return target
+    if not (
+        {"client-certificate", "client-key"} <= user.keys() and "certificate-authority" in cluster
+    ):
+        return None
+    url = urllib.parse.urlsplit(cluster["server"])
+    if url.scheme != "https" or not url.hostname or not url.port:
+        return None
+    here = kubeconfig.parent  # kubectl reads relative paths from the kubeconfig's folder
+    ctx = ssl.create_default_context(cafile=here / cluster["certificate-authority"])
+    ctx.load_cert_chain(here / user["client-certificate"], here / user["client-key"])
+    return _Target(url.hostname, url.port, ctx)
 
 
 def _connection(target: _Target) -> http.client.HTTPSConnection:
@@ -119,23 +132,42 @@ def _connection(target: _Target) -> http.client.HTTPSConnection:
     return conn
 
 
+THROTTLE_TRIES = 5
+"""Answers of 429 (the API server's priority and fairness) waited out, as kubectl does."""
+
+
 def _get(target: _Target, path: str) -> dict[str, Any]:
-    for attempt in (1, 2):  # a kept-alive connection the server closed is opened once more
+    throttled = 0
+    fresh = False
+    while True:
         conn = _connection(target)
         try:
             conn.request("GET", path, headers={"Accept": "application/json"})
             resp = conn.getresponse()
             body = resp.read()
+        except TimeoutError:
+            conn.close()
+            raise  # a hung server is an error, as kubectl's timeout was; never "not found"
         except (OSError, http.client.HTTPException) as e:
             conn.close()
-            if attempt == 2:
+            if fresh:
                 raise ReadFailed(f"GET {path}: {e}") from e
+            fresh = True  # a kept-alive connection the server closed: once more, afresh
+            continue
+        if resp.status == 429 and throttled < THROTTLE_TRIES:
+            throttled += 1
+            time.sleep(min(float(resp.headers.get("Retry-After") or 1), 5.0))
             continue
         if resp.status != 200:
             raise ReadFailed(f"GET {path}: {resp.status} {body[:300]!r}")
         result: dict[str, Any] = json.loads(body)
         return result
-    raise AssertionError("unreachable")
+
+
+def _as_kubectl_prints(obj: dict[str, Any]) -> dict[str, Any]:
+    """kubectl leaves out managedFields unless asked for them."""
+    (obj.get("metadata") or {}).pop("managedFields", None)
+    return obj
 
 
 def _path(res: Resource, namespace: str, name: str = "") -> str:
@@ -155,8 +187,10 @@ def get(kubeconfig: Path, kind: str, namespace: str, name: str) -> dict[str, Any
     how = reader(kubeconfig, kind)
     assert how, f"{kind} is not read over REST"
     target, res = how
+    if not name:  # kubectl needs a name here; an empty one would read the whole list
+        return None
     try:
-        return _get(target, _path(res, namespace, name))
+        return _as_kubectl_prints(_get(target, _path(res, namespace, name)))
     except ReadFailed:
         return None
 
@@ -177,6 +211,7 @@ def list_items(
     except ReadFailed as e:
         raise AssertionError(f"kubectl get {kind} failed: {e}") from e
     for item in items:
+        _as_kubectl_prints(item)
         item.setdefault("apiVersion", res.api_version)
         item.setdefault("kind", res.kind)
     return list(items)
