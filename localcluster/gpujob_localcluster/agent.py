@@ -16,6 +16,7 @@ kubelet API for ``kubectl logs`` (:mod:`kubeletapi`).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import json
 import logging
@@ -23,10 +24,11 @@ import os
 import queue
 import random
 import signal
+import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -60,6 +62,26 @@ log = logging.getLogger("gpujob.nodeagent")
 MOUNT_RETRY_SECONDS = 2.0
 
 
+POD_NETWORKS = Path(tempfile.gettempdir()) / "gpujob-pod-networks"
+"""Lock files, one per second octet of 127/8 an agent hands its pods' addresses from."""
+
+
+def claim_pod_network() -> tuple[int, IO[bytes]]:
+    """A second octet (1-200) no other live agent on this machine holds, and the open lock
+    file that holds it: the lock goes with the process, however it ends. Tried in a random
+    order, so that few tries are needed with many clusters up."""
+    POD_NETWORKS.mkdir(parents=True, exist_ok=True)
+    for first in random.sample(range(1, 201), 200):
+        f = open(POD_NETWORKS / f"{first}.lock", "ab")  # noqa: SIM115 - kept open: the claim
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            continue
+        return first, f
+    raise RuntimeError(f"every pod network 127.1-200.x.x is held by another agent ({POD_NETWORKS})")
+
+
 class NodeAgent:
     """Registers nodes, heartbeats them, and runs the pods bound to them."""
 
@@ -84,8 +106,9 @@ class NodeAgent:
         self.waiting_mounts: dict[str, tuple[dict[str, Any], float]] = {}
         """Pods whose volumes could not be filled yet: uid -> (pod, retry at)."""
         self.stopping = threading.Event()
-        # A random second octet keeps two clusters on one machine (parallel test runs) apart.
-        first = random.randint(1, 200)
+        # A second octet of its own keeps two clusters on one machine apart (their pods would
+        # otherwise bind the same address and metrics port).
+        first, self._pod_network = claim_pod_network()
         self._ips = (
             f"127.{a}.{b}.{c}"
             for a, b, c in itertools.product(range(first, 255), range(256), range(1, 255))
