@@ -16,8 +16,9 @@ whose trainer failed, keeping the pod's UID, IP, volumes, devices and node. The 
    restarted since its move, none restarting now, every rank present): annotation
    ``gpujob.dev/released-attempt``; each restarted supervisor waits for it, so no restarted
    rank meets a rank of the old attempt.
-3. **falls back** for a pod that did not restart within ``inPlaceTimeoutSeconds``: it is
-   deleted and created again (Event ``InPlaceFallback``).
+3. **falls back** for a pod that did not restart within ``inPlaceTimeoutSeconds``, or that
+   ended (Succeeded or Failed) before it restarted: it is deleted and created again (Event
+   ``InPlaceFallback``).
 
 A successor operator finishes a move its predecessor began (``operatorState.inPlace``): an
 old attempt's pod that can stay is moved, not deleted. The strategy of an attempt is decided
@@ -294,6 +295,18 @@ def converge(pp: PlanningPass) -> None:
     waiting = [
         p for p in current if p.in_place and p.restarts < p.restarts_base and not p.terminating
     ]
+    ended = [p for p in waiting if p.terminal]
+    if run is not None and ended:
+        # Its old run ended on its own (its last steps, its own exit) before the move could
+        # stop it: a pod that ended never restarts, so there is nothing to wait out.
+        pp.event(
+            "Warning",
+            c.IN_PLACE_FALLBACK,
+            f"{', '.join(f'{p.name} ({p.phase})' for p in ended)} ended before restarting "
+            f"in place; recreating {'it' if len(ended) == 1 else 'them'} for attempt {pp.attempt}",
+        )
+        pp.delete(ended)
+        return
     if run is not None and waiting:
         since = c.time_or_none(run.get("since")) or pp.now
         timeout = pp.spec.run_policy.in_place_timeout_seconds

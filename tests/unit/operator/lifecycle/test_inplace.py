@@ -192,6 +192,29 @@ def test_a_pod_that_does_not_restart_in_time_is_recreated() -> None:
     assert sim.status["phase"] == "Running"
 
 
+def test_a_moved_pod_whose_old_run_ends_on_its_own_is_recreated_without_the_wait() -> None:
+    # Its run finished (exit 0) after the move asked it to stop and before it did: the pod
+    # is Succeeded and will never restart; before, the gang waited out the whole timeout.
+    sim = running(runPolicy={"inPlaceTimeoutSeconds": 300, "backoffLimit": 3})
+    sim.exit_in_place("bert-node-1", 1)
+    sim.reconcile()
+    assert sim.labels("bert-node-0")[contract.LABEL_ATTEMPT] == "1"
+    sim.pods["bert-node-0"]["status"]["phase"] = "Succeeded"
+    p = sim.reconcile()
+    assert p.delete_pods == ["bert-node-0"]
+    said = [e.message for e in sim.events if e.reason == c.IN_PLACE_FALLBACK]
+    assert any("bert-node-0 (Succeeded) ended before restarting in place" in m for m in said)
+    sim.gc()
+    p = sim.reconcile()
+    assert [b["metadata"]["name"] for b in p.create_pods] == ["bert-node-0"]
+    assert sim.status["gang"]["restarts"] == 1 and sim.status["phase"] != "Succeeded"
+    sim.bind("n2")
+    sim.run_in_place()
+    sim.reconcile()
+    sim.reconcile()
+    assert sim.status["phase"] == "Running" and sim.status["gang"]["restarts"] == 1
+
+
 def test_a_pod_on_a_blamed_node_is_recreated_and_the_others_stay() -> None:
     sim = running()
     bad = sim.node_of("bert-node-1")
