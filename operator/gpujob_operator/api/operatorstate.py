@@ -134,7 +134,10 @@ class InPlaceRestart(StatusModel):
     (its inPlaceTimeoutSeconds counts from it)."""
 
     attempt: int = Field(ge=0, description="The attempt the pods restart for.")
-    since: Time = Field(description="When the restart began.")
+    since: Time = Field(
+        description="When the restart began, or pods were last moved to the attempt (a wide "
+        "gang's moves take several passes): inPlaceTimeoutSeconds counts from it."
+    )
 
 
 class OperatorState(StatusModel):

@@ -242,8 +242,8 @@ class RunPolicy(_Model):
         ge=5,
         le=3600,
         description="How long an in-place restart may take to bring every pod to the new "
-        "attempt (the old run stopped, the pod restarted); a pod that has not by then is "
-        "deleted and created again (Recreate for that pod).",
+        "attempt (the old run stopped, the pod restarted), counted from the last pods' move to "
+        "it; a pod that has not by then is deleted and created again (Recreate for that pod).",
     )
 
 

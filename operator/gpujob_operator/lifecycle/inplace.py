@@ -16,7 +16,8 @@ whose trainer failed, keeping the pod's UID, IP, volumes, devices and node. The 
    restarted since its move, none restarting now, every rank present): annotation
    ``gpujob.dev/released-attempt``; each restarted supervisor waits for it, so no restarted
    rank meets a rank of the old attempt.
-3. **falls back** for a pod that did not restart within ``inPlaceTimeoutSeconds``, or that
+3. **falls back** for a pod that did not restart within ``inPlaceTimeoutSeconds`` of the last
+   pass that moved pods (a wide gang's moves take several passes), or that
    ended (Succeeded or Failed) before it restarted: it is deleted and created again (Event
    ``InPlaceFallback``).
 
@@ -271,12 +272,19 @@ def rejoin_stale(pp: PlanningPass, stale: Sequence[ObservedPod]) -> list[Observe
         return list(stale)
     have = {p.node_rank for p in pp.current}
     out = []
+    moved = False
     for p in stale:
         if p.attempt < pp.attempt and can_stay(pp, p) and p.node_rank not in have:
             move(pp, p)
             have.add(p.node_rank)
+            moved = True
         else:
             out.append(p)
+    if moved:
+        # A wide gang's moves take several passes (512 pods: about a minute of patches on
+        # a busy API server): a pod's inPlaceTimeoutSeconds counts from its move, not from
+        # the restart's first pass, or the last pods moved get a fraction of it.
+        pp.in_place_run = {**run, "since": c.format_time(pp.now)}
     return out
 
 

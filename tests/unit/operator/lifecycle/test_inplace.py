@@ -215,6 +215,23 @@ def test_a_moved_pod_whose_old_run_ends_on_its_own_is_recreated_without_the_wait
     assert sim.status["phase"] == "Running" and sim.status["gang"]["restarts"] == 1
 
 
+def test_the_timeout_counts_from_the_last_move_not_from_the_restarts_first_pass() -> None:
+    # A wide gang's moves take several passes; the pods moved last still get the whole
+    # timeout to restart (at 512 pods, 60 s from the first pass left the last ones 16 s).
+    sim = running(runPolicy={"inPlaceTimeoutSeconds": 30})
+    sim.exit_in_place("bert-node-1", 1)
+    sim.reconcile(patch=False)  # the first pass's moves did not land
+    sim.now += timedelta(seconds=25)
+    p = sim.reconcile()
+    assert sorted(n for n, _, _ in p.patch_pods) == ["bert-node-0", "bert-node-1"]
+    sim.now += timedelta(seconds=20)  # 45 s after the restart began, 20 s after the move
+    p = sim.reconcile()
+    assert not p.delete_pods and p.requeue_after is not None and p.requeue_after <= 10
+    sim.now += timedelta(seconds=11)
+    p = sim.reconcile()
+    assert p.delete_pods == ["bert-node-0"], "node-1 restarted when it failed; node-0 did not"
+
+
 def test_a_pod_on_a_blamed_node_is_recreated_and_the_others_stay() -> None:
     sim = running()
     bad = sim.node_of("bert-node-1")
