@@ -492,12 +492,58 @@ def main() -> int:
         for seconds, frame in stalls[:5]:
             print(f"# loop stall {seconds:.2f}s in {frame}")
         fig["operator_peak_rss_mib"] = rss_mib(op.proc.pid, "VmHWM")
+    except Exception as e:
+        # A phase that timed out: say so in the figures, and whether the cluster, not the
+        # operator, took the pods away (hollow nodes marked Unknown and their pods evicted).
+        fig["failed"] = re.sub(r"\s+", "_", str(e))[:120]
+        print(f"# failed: {e}")
+        with contextlib.suppress(Exception):
+            for line in cluster_health(Pods(lc.kubeconfig), (BIG_NS, SMALL_NS)):
+                print(f"# cluster: {line}")
+        if op is not None and op.proc is not None:
+            with contextlib.suppress(OSError):
+                fig["operator_peak_rss_mib"] = rss_mib(op.proc.pid, "VmHWM")
     finally:
         if op is not None:
             op.stop()
         lc.stop()
+    if "failed" in fig:
+        print(f"# the cluster's folder (logs) is kept: {folder}")
     print(" ".join(f"{k}={v}" for k, v in fig.items()))
-    return 0
+    return 1 if "failed" in fig else 0
+
+
+def cluster_health(pods: Pods, namespaces: tuple[str, ...]) -> list[str]:
+    """What the cluster itself did to the bench's pods: nodes not Ready or tainted by the
+    node lifecycle controller, and the pods it evicted (their Events)."""
+    nodes = json.loads(pods.get("/api/v1/nodes", [], "application/json"))["items"]
+    not_ready = [
+        n["metadata"]["name"]
+        for n in nodes
+        if not any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in (n.get("status") or {}).get("conditions") or ()
+        )
+    ]
+    tainted: dict[str, int] = {}
+    for n in nodes:
+        for taint in (n.get("spec") or {}).get("taints") or ():
+            if taint["key"].startswith("node.kubernetes.io/"):
+                tainted[taint["key"]] = tainted.get(taint["key"], 0) + 1
+    lines = [
+        f"{len(nodes)} nodes, {len(not_ready)} not Ready {not_ready[:5]}",
+        f"lifecycle taints: {tainted or 'none'}",
+    ]
+    for ns in namespaces:
+        events = json.loads(
+            pods.get(
+                f"/api/v1/namespaces/{ns}/events",
+                [("fieldSelector", "reason=TaintManagerEviction")],
+                "application/json",
+            )
+        )["items"]
+        lines.append(f"{ns}: {len(events)} pods evicted by the taint manager")
+    return lines
 
 
 if __name__ == "__main__":

@@ -48,6 +48,10 @@ HOLLOW_CLIENT_QPS = 200
 and pods: the defaults, 20 and 50 a second, are the bottleneck there)."""
 
 
+HOLLOW_NODE_GRACE_SECONDS = 180.0
+"""The least node grace of a cluster with hollow nodes (`HollowConfig.node_grace_seconds`)."""
+
+
 @dataclass
 class HollowConfig:
     """Hollow nodes beside the real ones (:mod:`gpujob_localcluster.hollow`): registered and
@@ -58,6 +62,19 @@ class HollowConfig:
     prefix: str = "hollow-node"
     endpoint_processes: int = 2
     lease_seconds: float = 10.0
+
+    @property
+    def node_grace_seconds(self) -> float:
+        """The controller-manager's node grace with hollow nodes: several lease intervals.
+
+        The hollow kubelet renews every node's Lease from one process on a machine the whole
+        control plane shares; in a burst (hundreds of 400 KB pods created) the renewals and
+        the controller-manager's lease informer fall tens of seconds behind. At the default
+        grace (under a minute) the node lifecycle controller then marks live hollow nodes Unknown and,
+        five minutes later, evicts their pods one node every 10 s: a bench artefact, not
+        what the operator does.
+        """
+        return max(HOLLOW_NODE_GRACE_SECONDS, 4 * self.lease_seconds)
 
     @property
     def names(self) -> list[str]:
@@ -96,6 +113,7 @@ class LocalCluster:
             self.folder,
             gang_scheduling=self.gang_scheduling,
             client_qps=HOLLOW_CLIENT_QPS if self.hollow.count else 0,
+            node_grace_seconds=self.hollow.node_grace_seconds if self.hollow.count else 0,
         ).start(timeout)
         try:
             if self.kueue:

@@ -75,6 +75,9 @@ class ControlPlane:
     """The controller-manager's and scheduler's API client rate (0: their defaults, 20 and
     50 per second). A cluster of thousands of (hollow) nodes needs more: at 20 the node
     lifecycle controller lifts new nodes' not-ready taints at about 5 a second."""
+    node_grace_seconds: float = 0
+    """The node lifecycle controller's grace before a node whose Lease is not renewed turns
+    Unknown, tainted and (5 minutes later) evicted (0: its default, under a minute)."""
 
     def gates(self) -> list[str]:
         """Feature-gate flags every component gets."""
@@ -90,6 +93,12 @@ class ControlPlane:
             "--kube-api-burst",
             str(2 * self.client_qps),
         ]
+
+    def node_grace(self) -> list[str]:
+        """The controller-manager's node grace flag, when set."""
+        if not self.node_grace_seconds:
+            return []
+        return ["--node-monitor-grace-period", f"{self.node_grace_seconds:g}s"]
 
     @property
     def admin_kubeconfig(self) -> Path:
@@ -428,6 +437,7 @@ class ControlPlane:
                 "--concurrent-gc-syncs",
                 "5",
                 *self.qps(),
+                *self.node_grace(),
                 *self.gates(),
                 "--v",
                 "1",

@@ -357,6 +357,10 @@ class HollowKubelet:
         self.lease_seconds = lease_seconds
         self.pool = EndpointPool(endpoint_processes)
         self.writes = ThreadPoolExecutor(8, thread_name_prefix="hollow-write")
+        self.renewals = ThreadPoolExecutor(4, thread_name_prefix="hollow-lease")
+        """The Leases' own threads: never queued behind a burst of pod deletions."""
+        self._renewing: set[str] = set()
+        self._renewing_lock = threading.Lock()
         self.lanes = [
             ThreadPoolExecutor(1, thread_name_prefix=f"hollow-status-{i}") for i in range(8)
         ]
@@ -387,11 +391,28 @@ class HollowKubelet:
             for i, name in enumerate(names):
                 if self.stopping.is_set():
                     return
-                self.writes.submit(self._quiet, self.nodes.renew_lease, name)
+                self._renew(name)
                 due = began + self.lease_seconds * (i + 1) / len(names)
                 pause = due - time.monotonic()
                 if pause > 0:
                     self.stopping.wait(pause)
+
+    def _renew(self, name: str) -> None:
+        """Renew a node's Lease unless its last renewal is still waiting for a thread (a
+        backlog of stale renewals would only delay the fresh ones)."""
+        with self._renewing_lock:
+            if name in self._renewing:
+                return
+            self._renewing.add(name)
+
+        def renew() -> None:
+            try:
+                self._quiet(self.nodes.renew_lease, name)
+            finally:
+                with self._renewing_lock:
+                    self._renewing.discard(name)
+
+        self.renewals.submit(renew)
 
     @staticmethod
     def _quiet(fn: Any, *args: Any) -> None:
@@ -432,6 +453,7 @@ class HollowKubelet:
                 log.exception("hollow kubelet: handling %s failed", kind)
         self.pool.stop()
         self.writes.shutdown(wait=False, cancel_futures=True)
+        self.renewals.shutdown(wait=False, cancel_futures=True)
         for lane in self.lanes:
             lane.shutdown(wait=False, cancel_futures=True)
 

@@ -6,19 +6,26 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpujob_localcluster.cluster import HOLLOW_NODE_GRACE_SECONDS, HollowConfig
+from gpujob_localcluster.controlplane import ControlPlane
 from gpujob_localcluster.hollow import faults, payloads
 from gpujob_localcluster.hollow.endpoints import Add, Endpoints, Fault, Remove
 from gpujob_localcluster.hollow.kubelet import (
+    HollowKubelet,
     ended_status,
     hollow_addresses,
     marks,
     project,
     running_status,
 )
+from gpujob_localcluster.processes import wait_for
 from gpujob_operator.monitoring.hang import hangdump
 from gpujob_operator.monitoring.hang.hang import RankAnswer, reduce
 from gpujob_operator.monitoring.scrape import expfmt
@@ -331,3 +338,46 @@ def test_a_pod_restarted_in_place_is_served_afresh_not_by_its_old_connections() 
         await ep.apply(Remove("u1"))
 
     asyncio.run(scenario())
+
+
+# ---- node liveness ------------------------------------------------------------------------------
+
+
+def test_a_hollow_cluster_gives_its_nodes_several_lease_intervals_of_grace() -> None:
+    assert ControlPlane(Path("/x")).node_grace() == []  # a plain cluster keeps the default
+    assert HollowConfig(count=8, lease_seconds=15).node_grace_seconds == HOLLOW_NODE_GRACE_SECONDS
+    assert HollowConfig(count=8, lease_seconds=60).node_grace_seconds == 240
+    assert ControlPlane(Path("/x"), node_grace_seconds=180).node_grace() == [
+        "--node-monitor-grace-period",
+        "180s",
+    ]
+
+
+class _SlowLeases:
+    """Lease renewals that wait until released, counted per node."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.renewed: list[str] = []
+
+    def renew_lease(self, name: str) -> None:
+        assert self.release.wait(10)
+        self.renewed.append(name)
+
+
+def test_a_nodes_renewal_still_waiting_is_not_queued_again() -> None:
+    kubelet = object.__new__(HollowKubelet)
+    leases = _SlowLeases()
+    kubelet.nodes = leases  # type: ignore[assignment]
+    kubelet.renewals = ThreadPoolExecutor(1)
+    kubelet._renewing, kubelet._renewing_lock = set(), threading.Lock()
+    try:
+        for name in ("a", "a", "b", "a", "b"):
+            kubelet._renew(name)  # "a" waits in the one thread, "b" in the queue
+        leases.release.set()
+        wait_for(lambda: not kubelet._renewing, 10, "the renewals")
+        assert sorted(leases.renewed) == ["a", "b"]  # stale repeats were never queued
+        kubelet._renew("a")  # renewed: the next round renews it again
+        wait_for(lambda: leases.renewed.count("a") == 2, 10, "the next renewal")
+    finally:
+        kubelet.renewals.shutdown(wait=True)
