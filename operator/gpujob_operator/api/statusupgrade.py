@@ -17,6 +17,8 @@ import copy
 from collections.abc import Mapping
 from typing import Any, Final
 
+from gpujob_operator.api.jsoncopy import json_copy
+
 Path = tuple[str, ...]
 
 _LEDGER: Final = (
@@ -65,7 +67,7 @@ move never overwrites an earlier one (``gpus`` before ``totalGPUs``)."""
 def upgrade(status: Mapping[str, Any] | None) -> dict[str, Any]:
     """``status`` in this version's shape, old fields left as ``None`` tombstones (pure;
     a status already in this shape comes back equal)."""
-    out: dict[str, Any] = copy.deepcopy(dict(status or {}))
+    out: dict[str, Any] = json_copy(dict(status or {}))
     for old, new in MOVES:
         parent = _at(out, old[:-1])
         if not isinstance(parent, dict) or parent.get(old[-1]) is None:

@@ -11,7 +11,6 @@ is :func:`~gpujob_operator.lifecycle.planner.run`.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
@@ -23,6 +22,7 @@ from gpujob_operator.api import conditions as c
 from gpujob_operator.api.conditions import parse_time
 from gpujob_operator.api.display import render_display
 from gpujob_operator.api.events import Event, EventType
+from gpujob_operator.api.jsoncopy import json_copy
 from gpujob_operator.api.status import furthest_step
 from gpujob_operator.api.statusupgrade import upgrade, without_nulls
 from gpujob_operator.lifecycle import backoff, blame, goodput
@@ -384,7 +384,7 @@ class PlanningPass:
         current = self.current
         # Only schema fields: anything else (e.g. kopf's status.kopf, the tombstones of a
         # status of the previous shape) is left out, so the patch deletes it.
-        status = {k: v for k, v in copy.deepcopy(self.old_status).items() if k in _STATUS_KEYS}
+        status = {k: v for k, v in json_copy(self.old_status).items() if k in _STATUS_KEYS}
         if self.retire_verdicts():
             # The verdict described an attempt that is over; the record of what ended it is
             # status.failure and status.hangEvidence, both tagged with their attempt.

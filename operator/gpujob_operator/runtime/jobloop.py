@@ -26,7 +26,6 @@ failed call backs the whole pass off exponentially with jitter. Both log one lin
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import random
 import time
@@ -39,6 +38,7 @@ from gpujob_operator import api
 from gpujob_operator.api import children, hostports, podbytes
 from gpujob_operator.api import conditions as c
 from gpujob_operator.api.children import job_uid, uid_of
+from gpujob_operator.api.jsoncopy import json_copy
 from gpujob_operator.api.patches import json_safe, minimal_patch
 from gpujob_operator.api.status import attempt_of
 from gpujob_operator.lifecycle import backoff, converge, endpoints, observations, planner
@@ -252,9 +252,9 @@ class JobLoop:
 
         The caller's own copy, except the spec, which every reader only reads: a 400 KB
         template deep-copied on each call held the event loop half a second."""
-        live = {k: v if k == "spec" else copy.deepcopy(v) for k, v in body.items()}
+        live = {k: v if k == "spec" else json_copy(v) for k, v in body.items()}
         if self.last_written is not None and _rv(self.last_written) > _rv(live):
-            live["status"] = copy.deepcopy(self.last_written.get("status", {}))
+            live["status"] = json_copy(self.last_written.get("status", {}))
         return live
 
     async def reconcile(

@@ -22,11 +22,12 @@ Lives on the event loop (the kopf handler that feeds it is a coroutine). Bounded
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
+
+from gpujob_operator.api.jsoncopy import json_copy
 
 TRUST_SECONDS: Final = 60.0
 MAX_ENTRIES: Final = 20_000
@@ -102,7 +103,7 @@ class WatchedObjects:
             self.misses += 1
             return None
         self.hits += 1
-        return copy.deepcopy(entry.body)
+        return json_copy(entry.body)
 
     def _keep(self, key: Key, body: Mapping[str, Any]) -> None:
         version = _version(body)
@@ -119,4 +120,4 @@ class WatchedObjects:
         if old is None and len(self._entries) >= MAX_ENTRIES:
             return
         self._floors.pop(key, None)
-        self._entries[key] = _Entry(copy.deepcopy(dict(body)), version, self.clock())
+        self._entries[key] = _Entry(json_copy(dict(body)), version, self.clock())
