@@ -71,6 +71,7 @@ from gpujob_localcluster.hollow.faults import RankFault
 from gpujob_localcluster.ports import free_port
 from gpujob_operator import api
 from gpujob_operator.lifecycle.builders import build_pod
+from gpujob_operator.observability.looplag import LAG_CAUSES, SAYS
 
 BIG_NS, SMALL_NS, RAW_NS = "frontier-big", "frontier-small", "frontier-raw"
 INTERVAL = 5
@@ -183,17 +184,17 @@ def top_bucket(text: str, name: str, labels: str = "") -> str:
     return top
 
 
-STALL_LINE = re.compile(r"the event loop was stalled for ([0-9.]+)s .*; it was in (.*)$")
+STALL_LINE = re.compile(r"the event loop was stalled for ([0-9.]+)s .*?; it was in (.*)$")
 
 
-def loop_stalls(log_text: str) -> list[tuple[float, str]]:
-    """The stalls over 0.5 s the operator's stall watch logged: (seconds, innermost frame),
-    longest first."""
-    found = [
-        (float(m.group(1)), m.group(2))
-        for m in (STALL_LINE.search(line) for line in log_text.splitlines())
-        if m
-    ]
+def loop_stalls(log_text: str) -> list[tuple[float, str, str]]:
+    """The stalls over 0.5 s the operator's stall watch logged: (seconds, innermost frame and
+    what else the line says, what held the loop: a `looplag` cause or "?"), longest first."""
+    found = []
+    for m in (STALL_LINE.search(line) for line in log_text.splitlines()):
+        if m:
+            cause = next((c for c, says in SAYS.items() if m.group(2).endswith(says)), "?")
+            found.append((float(m.group(1)), m.group(2), cause))
     return sorted(found, reverse=True)
 
 
@@ -479,6 +480,10 @@ def main() -> int:
         fig["loop_lags_over_0_1s"] = int(
             op_value(end, f"{lag}_count") - op_value(end, f"{lag}_bucket", '{le="0.1"}')
         )
+        for cause in LAG_CAUSES:  # what held the loop: its own work, the GIL, or no CPU
+            fig[f"loop_lags_over_0_1s_{cause}"] = int(
+                op_value(end, "gpujob_operator_event_loop_lags_total", f'{{cause="{cause}"}}')
+            )
         gc_pause = "gpujob_operator_gc_pause_seconds"
         full = 'generation="2",'
         fig["gc_full_collections"] = int(op_value(end, f"{gc_pause}_count", "{" + full[:-1] + "}"))
@@ -488,8 +493,10 @@ def main() -> int:
         )
         stalls = loop_stalls(op.log_path.read_text(errors="replace"))
         fig["loop_stalls_over_0_5s"] = len(stalls)
+        for cause in LAG_CAUSES:
+            fig[f"loop_stalls_over_0_5s_{cause}"] = sum(c == cause for _, _, c in stalls)
         fig["loop_stall_max_s"] = stalls[0][0] if stalls else 0.0
-        for seconds, frame in stalls[:5]:
+        for seconds, frame, _ in stalls[:5]:
             print(f"# loop stall {seconds:.2f}s in {frame}")
         fig["operator_peak_rss_mib"] = rss_mib(op.proc.pid, "VmHWM")
     except Exception as e:

@@ -190,6 +190,12 @@ LOOP_LAG = Family(
     "loop (parsing, building, decoding) that every job's handling waited behind.",
     "seconds",
 )
+LOOP_LAGS = Family(
+    "gpujob_operator_event_loop_lags_total",
+    "Times the event loop woke its 100 ms timer over 100 ms late, by what held it: loop (its "
+    "own work, the operator's to move off the loop), gil (the loop thread waited while the "
+    "operator's other threads ran), cpu (the process got no CPU: the machine is busy).",
+)
 GC_PAUSE = Family(
     "gpujob_operator_gc_pause_seconds",
     "How long each garbage collection held the operator, by generation: a full (2) one walks "
@@ -260,6 +266,7 @@ HEALTH_FAMILIES: Final = (
     FORECAST_ERROR,
     FORECAST_DURATION,
     LOOP_LAG,
+    LOOP_LAGS,
     GC_PAUSE,
     HANG_CAPTURES,
     GHOST_PODS,

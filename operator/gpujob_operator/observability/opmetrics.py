@@ -32,6 +32,7 @@ from prometheus_client.registry import Collector
 from gpujob_operator.observability.gcpause import GC_PAUSES, GENERATIONS
 from gpujob_operator.observability.histogram import Histogram as _Histogram
 from gpujob_operator.observability.jobsample import JobSample
+from gpujob_operator.observability.looplag import COUNTED_LAG, LAG_CAUSES
 from gpujob_operator.observability.opfamilies import (
     API_ERRORS,
     BUILD_INFO,
@@ -75,6 +76,7 @@ from gpujob_operator.observability.opfamilies import (
     JOB_VERDICT,
     JOBS,
     LOOP_LAG,
+    LOOP_LAGS,
     PHASES,
     RECONCILE_DURATION,
     RECONCILES,
@@ -189,6 +191,7 @@ class _HealthCollector(Collector):
             hangs = dict(o._hang_captures)
             ghosts = dict(o._ghost_pods)
             workload_reads = dict(o._workload_reads)
+            lags = dict(o._loop_lags)
             errors = dict(o._errors)
             dropped = dict(o._dropped)
             api_errors = dict(o._api_errors)
@@ -219,6 +222,10 @@ class _HealthCollector(Collector):
         fam = CounterMetricFamily(WORKLOAD_READS.name, WORKLOAD_READS.help, labels=["source"])
         for source in WORKLOAD_READ_SOURCES:
             fam.add_metric([source], workload_reads.get(source, 0.0))
+        yield fam
+        fam = CounterMetricFamily(LOOP_LAGS.name, LOOP_LAGS.help, labels=["cause"])
+        for cause in LAG_CAUSES:
+            fam.add_metric([cause], lags.get(cause, 0.0))
         yield fam
         for m, buckets, total in hists:
             hist = HistogramMetricFamily(m.name, m.help, unit=m.unit)
@@ -273,6 +280,7 @@ class JobMetrics:
         self._hang_captures: dict[str, float] = {}
         self._ghost_pods: dict[str, float] = {}
         self._workload_reads: dict[str, float] = {}
+        self._loop_lags: dict[str, float] = {}
         self._scrapes: dict[str, float] = {}
         self._errors: dict[tuple[str, str], float] = {}
         self._dropped: dict[str, float] = {}
@@ -344,11 +352,14 @@ class JobMetrics:
         with self._lock:
             self._forecast_hist.observe(max(seconds, 0.0))
 
-    def observe_loop_lag(self, seconds: float) -> None:
-        """The event loop woke a timer ``seconds`` late."""
+    def observe_loop_lag(self, seconds: float, cause: str | None = None) -> None:
+        """The event loop woke a timer ``seconds`` late; ``cause`` (`looplag`) what held it,
+        counted when the lag is over `looplag.COUNTED_LAG`."""
         with self._lock:
             self._loop_lag_hist.observe(max(seconds, 0.0))
             self.loop_lag_max = max(self.loop_lag_max, seconds)
+            if cause is not None and seconds > COUNTED_LAG:
+                self._loop_lags[cause] = self._loop_lags.get(cause, 0.0) + 1
 
     def observe_forecast_error(self, seconds: float) -> None:
         """A job started ``seconds`` after (negative: before) its last forecast."""

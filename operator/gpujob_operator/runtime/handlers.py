@@ -37,6 +37,7 @@ from gpujob_operator.api import children
 from gpujob_operator.lifecycle.gang import gang
 from gpujob_operator.monitoring.scrape.scraper import Scraper
 from gpujob_operator.observability.gcpause import GC_PAUSES
+from gpujob_operator.observability.looplag import COUNTED_LAG, lag_cause
 from gpujob_operator.observability.opmetrics import METRICS
 from gpujob_operator.runtime import gctune, peers, standby, webhook
 from gpujob_operator.runtime.forecaster import Forecaster
@@ -431,9 +432,15 @@ async def probe_loop_lag(
     ``on_tick`` (the stall watch) hears of every wake-up."""
     loop = asyncio.get_running_loop()
     while True:
-        before = loop.time()
+        before, loop_cpu, process_cpu = loop.time(), time.thread_time(), time.process_time()
         await asyncio.sleep(interval)
-        METRICS.observe_loop_lag(loop.time() - before - interval)
+        wall = loop.time() - before
+        lag = wall - interval
+        cause = None
+        if lag > COUNTED_LAG:  # what held it: this (the loop's) thread's CPU, the process's
+            loop_cpu, process_cpu = time.thread_time() - loop_cpu, time.process_time() - process_cpu
+            cause = lag_cause(wall, loop_cpu, process_cpu)
+        METRICS.observe_loop_lag(lag, cause)
         if on_tick is not None:
             on_tick()
 

@@ -6,7 +6,9 @@ probe); when that passes :data:`STALL_SECONDS` it takes the loop thread's innerm
 (``sys._current_frames``: no signal, nothing stops) and logs them once per stall, with how
 long the stall lasted once it ends. A stall's culprit is then in the operator's log; when a
 full garbage collection ended inside the stall, the log says how long it ran, since the
-stack then shows only where the collector happened to be set off.
+stack then shows only where the collector happened to be set off. It also says what held
+the loop (`looplag`): its own work, the GIL, or a machine that gave the process no CPU, from
+the CPU the loop thread and the process used over the stall.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable
 from typing import Final
 
 from gpujob_operator.observability.gcpause import GcPauses
+from gpujob_operator.observability.looplag import SAYS, lag_cause
 
 log = logging.getLogger("gpujob.stall")
 
@@ -28,6 +31,11 @@ STALL_SECONDS: Final = 0.5
 CHECK_SECONDS: Final = 0.1
 FRAMES: Final = 12
 """The innermost frames logged of a stalled loop's stack."""
+
+
+def cpu_times() -> tuple[float, float]:
+    """CPU seconds of the calling thread and of the whole process."""
+    return time.thread_time(), time.process_time()
 
 
 def stack_of(thread_id: int, frames: int = FRAMES) -> list[str]:
@@ -49,8 +57,12 @@ class StallWatch:
         stall_seconds: float = STALL_SECONDS,
         clock: Callable[[], float] = time.monotonic,
         gc_pauses: GcPauses | None = None,
+        cpu: Callable[[], tuple[float, float]] = cpu_times,
     ) -> None:
         self.thread_id = thread_id
+        self.cpu = cpu
+        """CPU seconds of the loop thread and of the process, read on the loop (in tick)."""
+        self.last_cpu = cpu()
         self.gc_pauses = gc_pauses
         self.stall_seconds = stall_seconds
         self.clock = clock
@@ -63,16 +75,24 @@ class StallWatch:
     def tick(self) -> None:
         """The loop ran: called by the loop-lag probe on each of its wake-ups."""
         now = self.clock()
+        cpu = self.cpu()
         if self.reported is not None:
             full = self.gc_pauses.full_within(self.last_tick, now) if self.gc_pauses else None
+            wall = now - self.last_tick
+            loop_cpu, process_cpu = cpu[0] - self.last_cpu[0], cpu[1] - self.last_cpu[1]
             log.warning(
-                "the event loop was stalled for %.2fs (every job's handling waited); it was in %s%s",
-                now - self.last_tick,
+                "the event loop was stalled for %.2fs (every job's handling waited); it was in "
+                "%s%s; the loop thread ran %.2fs of it, the operator's other threads %.2fs: %s",
+                wall,
                 self.reported[-1] if self.reported else "an unknown frame",
                 f"; a full garbage collection took {full.seconds:.2f}s of it" if full else "",
+                loop_cpu,
+                max(0.0, process_cpu - loop_cpu),
+                SAYS[lag_cause(wall, loop_cpu, process_cpu)],
             )
             self.reported = None
         self.last_tick = now
+        self.last_cpu = cpu
 
     def check(self) -> None:
         """One look (the thread calls it every :data:`CHECK_SECONDS`)."""

@@ -213,6 +213,20 @@ def build() -> dict[str, Any]:
                     w=6,
                 ),
                 Panel(
+                    "What held the event loop",
+                    "Wake-ups over 100 ms late per second, by cause: loop (the operator's own "
+                    "work on the loop), gil (its other threads held the GIL), cpu (the "
+                    "process got no CPU: the node is busy, or the CPU limit throttles it).",
+                    [
+                        t(
+                            f"sum by (cause) (rate({opfamilies.LOOP_LAGS.name}{{{OP}}}[{RATE}]))",
+                            "{{cause}}",
+                        )
+                    ],
+                    unit="short",
+                    w=6,
+                ),
+                Panel(
                     "Garbage-collection pauses",
                     "The longest pause (p99) of each collector generation: a full (2) one walks "
                     "every object the operator holds, and the event loop waits it out. When "
