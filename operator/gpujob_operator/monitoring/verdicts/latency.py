@@ -8,9 +8,12 @@ bucket, as Prometheus' `histogram_quantile` does, so the figures agree with the 
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from array import array
 from collections.abc import Iterable, Sequence
+from typing import Final
 
 from gpujob_operator.monitoring.rows import N_BUCKETS, R_BUCKET0, increase
 from gpujob_trainer import contract
@@ -18,10 +21,26 @@ from gpujob_trainer import contract
 BOUNDS: tuple[float, ...] = tuple(float(b) for b in contract.STEP_DURATION_BUCKETS)
 
 
+_LAST: Final = R_BUCKET0 + N_BUCKETS
+
+
 def window_counts(rank_rows: Iterable[Sequence[array[float]]]) -> list[float]:
-    """Steps per bucket (cumulative, then +Inf) added over the rows, summed over ranks."""
+    """Steps per bucket (cumulative, then +Inf) added over the rows, summed over ranks.
+
+    Every bucket's `increase` for every rank, every round: 57,000 calls a round at 4,096
+    ranks. A rank whose buckets all carry values and never drop from row to row (no restart
+    in the window: the common case) has last minus first for each, compared and subtracted
+    slice by slice in C; any other rank takes `increase` bucket by bucket.
+    """
     total = [0.0] * N_BUCKETS
     for rows in rank_rows:
+        if len(rows) < 2:
+            continue  # no increase without two rows
+        slices = [row[R_BUCKET0:_LAST] for row in rows]
+        # NaN compares false, so a missing value takes the general path too.
+        if all(all(map(operator.le, a, b)) for a, b in itertools.pairwise(slices)):
+            total = list(map(operator.add, total, map(operator.sub, slices[-1], slices[0])))
+            continue
         for i in range(N_BUCKETS):
             v = increase(rows, R_BUCKET0 + i)
             if not math.isnan(v) and v > 0:

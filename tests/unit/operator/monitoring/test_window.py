@@ -32,6 +32,7 @@ from gpujob_operator.monitoring.rows import (
 from gpujob_operator.monitoring.scrape import expfmt
 from gpujob_operator.monitoring.scrape import frame as fm
 from gpujob_operator.monitoring.scrape.frame import NEEDED, frame, frame_payload
+from gpujob_operator.monitoring.verdicts.latency import window_counts
 from gpujob_operator.monitoring.window import Window
 from gpujob_trainer import contract
 
@@ -393,3 +394,41 @@ def test_parse_caches_stay_small_whatever_the_labels() -> None:
     retained = sum(s.size_diff for s in after.compare_to(before, "filename"))
     assert retained < 4 * 2**20, f"{retained / 2**20:.1f} MiB retained by the parse caches"
     assert ef.label_cache_size()[1] <= 8 * 2**20 + 3 * 512
+
+
+_BUCKET_ROW = st.lists(st.floats(0, 1e6, allow_nan=False), min_size=N_BUCKETS, max_size=N_BUCKETS)
+_RANK = st.tuples(
+    st.lists(_BUCKET_ROW, max_size=6),  # each row's increments (a counter only grows)
+    st.one_of(st.none(), st.integers(0, 5)),  # a restart before this row (counts from 0)
+    st.one_of(st.none(), st.tuples(st.integers(0, 5), st.integers(0, N_BUCKETS - 1))),  # a gap
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_RANK, max_size=4))
+def test_window_counts_equal_each_buckets_increase_summed_over_ranks(
+    ranks: list[tuple[list[list[float]], int | None, tuple[int, int] | None]],
+) -> None:
+    """The slice-by-slice path for ranks without a drop agrees with `increase` per bucket,
+    and so does every rank with a restart or a missing value."""
+    rank_rows = []
+    for increments, restart, gap in ranks:
+        rows_here, counts = [], [0.0] * N_BUCKETS
+        for t, inc in enumerate(increments):
+            if t == restart:
+                counts = [0.0] * N_BUCKETS
+            counts = [c + d for c, d in zip(counts, inc, strict=True)]
+            row = array("d", [math.nan]) * R_WIDTH
+            row[0] = float(t)
+            row[R_BUCKET0 : R_BUCKET0 + N_BUCKETS] = array("d", counts)
+            if gap is not None and gap[0] == t:
+                row[R_BUCKET0 + gap[1]] = math.nan
+            rows_here.append(row)
+        rank_rows.append(rows_here)
+    want = [0.0] * N_BUCKETS
+    for rows_here in rank_rows:
+        for i in range(N_BUCKETS):
+            v = increase(rows_here, R_BUCKET0 + i)
+            if not math.isnan(v) and v > 0:
+                want[i] += v
+    assert window_counts(rank_rows) == pytest.approx(want, rel=1e-9, abs=1e-6)
