@@ -24,7 +24,6 @@ import pytest
 
 from gpujob_localcluster.cluster import LocalCluster
 from tests.integration.conftest import fresh_namespace, job_status, own_cluster
-from tests.support import forecast
 from tests.support.events import wait_event
 from tests.support.jobs import python_job
 from tests.support.kube import Kube
@@ -52,9 +51,7 @@ def gkube(gang_cluster: LocalCluster) -> Iterator[Kube]:
 
 @pytest.fixture
 def gop(gkube: Kube, tmp_path: Path) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(
-        gkube.kubeconfig, [gkube.namespace], tmp_path / "operator.log", extra_env=forecast.ENV
-    ).start()
+    op = OperatorProcess(gkube.kubeconfig, [gkube.namespace], tmp_path / "operator.log").start()
     yield op
     op.stop()
 

@@ -51,14 +51,14 @@ class Kube:
         return self.run("apply", "-f", "-", input=text, check=True)
 
     def get(self, kind: str, name: str) -> dict[str, Any] | None:
-        if rest.reader(self.kubeconfig, kind):
-            return rest.get(self.kubeconfig, kind, self.namespace, name)
+        if how := rest.reader(self.kubeconfig, kind):
+            return rest.get(how, self.namespace, name)
         res = self.run("get", kind, name, "-o", "json")
         return json.loads(res.stdout) if res.returncode == 0 else None
 
     def list(self, kind: str, selector: str | None = None) -> list[dict[str, Any]]:
-        if rest.reader(self.kubeconfig, kind):
-            return rest.list_items(self.kubeconfig, kind, self.namespace, selector)
+        if how := rest.reader(self.kubeconfig, kind):
+            return rest.list_items(how, self.namespace, selector)
         args = ["get", kind, "-o", "json"] + (["-l", selector] if selector else [])
         return list(json.loads(self.run(*args, check=True).stdout)["items"])
 

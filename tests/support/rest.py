@@ -182,10 +182,9 @@ def reader(kubeconfig: Path, kind: str) -> tuple[_Target, Resource] | None:
     return (target, res) if target and res else None
 
 
-def get(kubeconfig: Path, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-    """One object as ``kubectl get -o json`` prints it; ``None`` when it cannot be read."""
-    how = reader(kubeconfig, kind)
-    assert how, f"{kind} is not read over REST"
+def get(how: tuple[_Target, Resource], namespace: str, name: str) -> dict[str, Any] | None:
+    """One object as ``kubectl get -o json`` prints it (``how``: `reader`'s answer);
+    ``None`` when it cannot be read."""
     target, res = how
     if not name:  # kubectl needs a name here; an empty one would read the whole list
         return None
@@ -196,12 +195,10 @@ def get(kubeconfig: Path, kind: str, namespace: str, name: str) -> dict[str, Any
 
 
 def list_items(
-    kubeconfig: Path, kind: str, namespace: str, selector: str | None
+    how: tuple[_Target, Resource], namespace: str, selector: str | None
 ) -> list[dict[str, Any]]:
     """The items as ``kubectl get -o json`` lists them (each with its kind and apiVersion,
-    which the API server leaves out of a list's items)."""
-    how = reader(kubeconfig, kind)
-    assert how, f"{kind} is not read over REST"
+    which the API server leaves out of a list's items; ``how``: `reader`'s answer)."""
     target, res = how
     path = _path(res, namespace)
     if selector:
@@ -209,7 +206,7 @@ def list_items(
     try:
         items = _get(target, path).get("items") or []
     except ReadFailed as e:
-        raise AssertionError(f"kubectl get {kind} failed: {e}") from e
+        raise AssertionError(f"kubectl get {res.plural} failed: {e}") from e
     for item in items:
         _as_kubectl_prints(item)
         item.setdefault("apiVersion", res.api_version)

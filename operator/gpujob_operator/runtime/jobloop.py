@@ -257,6 +257,13 @@ class JobLoop:
             live["status"] = json_copy(self.last_written.get("status", {}))
         return live
 
+    def peek_status(self) -> Mapping[str, Any]:
+        """The status `freshest` would give, not copied: for a reader that only reads it
+        now (bodies are replaced on each event or write, never changed in place)."""
+        if self.last_written is not None and _rv(self.last_written) > _rv(self.body):
+            return self.last_written.get("status") or {}
+        return self.body.get("status") or {}
+
     async def reconcile(
         self,
         body: Mapping[str, Any],

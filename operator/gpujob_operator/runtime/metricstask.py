@@ -153,12 +153,11 @@ class MetricsTask:
                 )
             if patch:
                 await loop.write_status(meta["namespace"], meta["name"], patch)
-                METRICS.update(
-                    meta["namespace"], meta["name"], loop.freshest(loop.body).get("status")
-                )
+                METRICS.update(meta["namespace"], meta["name"], loop.peek_status())
                 loop.wake.set()  # the lifecycle acts on what was observed (restartOnStall)
-            job = loop.freshest(loop.body)
-            since = hangcapture.due(job.get("status") or {})
+            since = hangcapture.due(loop.peek_status())
+            if since is not None and since != self.captured:
+                job = loop.freshest(loop.body)  # the evidence's copy of the job
         if since is not None and since != self.captured:
             self.captured = since  # once per stall: a failed capture is recorded, not retried
             try:

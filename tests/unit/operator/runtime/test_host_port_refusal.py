@@ -21,6 +21,9 @@ class Loop(SimpleNamespace):
     def freshest(self, body: dict[str, Any]) -> dict[str, Any]:
         return body
 
+    def peek_status(self) -> dict[str, Any]:
+        return dict(self.body.get("status") or {})
+
     async def write_status(self, ns: str, name: str, patch: dict[str, Any]) -> None:
         self.writes.append(patch)
         self.body["status"].update(patch)

@@ -435,3 +435,17 @@ def test_after_deleting_a_gang_the_loop_waits_for_the_index_to_show_the_deletes(
     shown, was_delivered, never = asyncio.run(run())
     assert shown and was_delivered, "returned before the index showed the deletes"
     assert not never, "a pod the index still shows alive is not waited for past the bound"
+
+
+def test_the_status_read_is_the_newer_of_the_watch_and_the_last_write() -> None:
+    loop = JobLoop(kube=cast(Any, object()), post_event=lambda *a: None)
+    watched = {"phase": "Running", "progress": {"step": 10}}
+    written = {"phase": "Running", "progress": {"step": 12}}
+    loop.body = {"metadata": {"resourceVersion": "7"}, "status": watched}
+    assert loop.peek_status() is watched  # nothing written yet
+    loop.last_written = {"metadata": {"resourceVersion": "9"}, "status": written}
+    assert loop.peek_status() is written  # the watch has not delivered our write yet
+    assert loop.freshest(loop.body)["status"] == written
+    assert loop.freshest(loop.body)["status"] is not written  # freshest copies, peek reads
+    loop.body = {"metadata": {"resourceVersion": "11"}, "status": watched}
+    assert loop.peek_status() is watched
