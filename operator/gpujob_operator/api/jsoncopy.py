@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import marshal
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 T = TypeVar("T")
 
@@ -19,6 +19,6 @@ T = TypeVar("T")
 def json_copy(value: T) -> T:
     """A deep copy of ``value``: its containers new, nothing mutable shared."""
     try:
-        return cast(T, marshal.loads(marshal.dumps(value)))
+        return cast(T, marshal.loads(marshal.dumps(cast(Any, value))))
     except ValueError:  # a type marshal refuses (or nesting deeper than it goes)
         return copy.deepcopy(value)

@@ -78,6 +78,10 @@ class JobHandle(Protocol):
         """The live body, or the loop's own last write when the watch has not caught up."""
         ...
 
+    def peek_status(self) -> Mapping[str, Any]:
+        """The status `freshest` would give, not copied: only to be read, and at once."""
+        ...
+
     def pods(self) -> list[Mapping[str, Any]]:
         """The job's pods from the index, less those proved gone."""
         ...
