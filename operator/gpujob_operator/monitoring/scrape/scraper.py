@@ -43,6 +43,9 @@ from gpujob_operator.monitoring.scrape.result import (
 )
 from gpujob_trainer import contract
 
+Fetch = Callable[[ScrapeTarget, float], Awaitable[ScrapeResult]]
+"""What a slot does with a target before its deadline (default: `Scraper._fetch`)."""
+
 DEFAULT_CONCURRENCY: Final = 256
 DEFAULT_TIMEOUT: Final = 5.0
 DEFAULT_MAX_BYTES: Final = 4 * 2**20
@@ -154,13 +157,11 @@ class Scraper:
         at most `per_call` of the shared slots: a job whose endpoints never answer neither
         waits longer than that nor takes every slot from the other jobs.
         """
-        deadline = time.monotonic() + self.timeout
-        share = asyncio.Semaphore(self.per_call) if len(targets) > self.per_call else None
-        return list(await asyncio.gather(*(self._scrape(t, deadline, share) for t in targets)))
+        return await self._each(targets, time.monotonic() + self.timeout)
 
     async def scrape(self, target: ScrapeTarget) -> ScrapeResult:
         """Scrape one endpoint within `timeout`; never raises (except cancellation)."""
-        return await self._scrape(target, time.monotonic() + self.timeout, None)
+        return await self._scrape(target, time.monotonic() + self.timeout)
 
     def fetch_seconds(self, targets: int) -> float:
         """How long :meth:`fetch_all` may take for ``targets`` endpoints: the timeout, and
@@ -191,7 +192,6 @@ class Scraper:
         if digest is not None:
             seconds += DIGEST_SECONDS_PER_TARGET * len(targets)
         deadline = time.monotonic() + seconds
-        share = asyncio.Semaphore(self.per_call) if len(targets) > self.per_call else None
 
         async def one(position: int, target: ScrapeTarget, deadline: float) -> ScrapeResult:
             try:
@@ -203,48 +203,77 @@ class Scraper:
                 return ScrapeResult(target, self._clock(), kept=kept, size=len(body))
             return ScrapeResult(target, self._clock(), raw=body, size=len(body))
 
-        results = await asyncio.gather(
-            *(self._scrape(t, deadline, share, partial(one, i)) for i, t in enumerate(targets))
-        )
+        results = await self._each(targets, deadline, lambda i: partial(one, i))
         return [
             (r.raw if digest is None else r.kept, None if r.ok else str(r.error), r.message)
             for r in results
         ]
 
-    async def _scrape(
+    async def _each(
         self,
-        target: ScrapeTarget,
+        targets: Sequence[ScrapeTarget],
         deadline: float,
-        share: asyncio.Semaphore | None,
-        fetch: Callable[[ScrapeTarget, float], Awaitable[ScrapeResult]] | None = None,
+        fetch_of: Callable[[int], Fetch] | None = None,
+    ) -> list[ScrapeResult]:
+        """Each target's result, in order, within ``deadline``, at most `per_call` at once.
+
+        A wide job's round goes through `per_call` workers that take the targets in turn,
+        not a task per target: 4,096 tasks a round, each with its timer while it waited for
+        the call's share, were megabytes of short-lived objects every 5 s that the young
+        collections promoted. A target whose turn comes after the deadline never got a
+        slot, and says so.
+        """
+        if len(targets) <= self.per_call:
+            return list(
+                await asyncio.gather(
+                    *(
+                        self._scrape(t, deadline, None if fetch_of is None else fetch_of(i))
+                        for i, t in enumerate(targets)
+                    )
+                )
+            )
+        start = time.monotonic()
+        results: list[ScrapeResult | None] = [None] * len(targets)
+        turns = iter(range(len(targets)))
+
+        async def worker() -> None:
+            for i in turns:
+                if time.monotonic() >= deadline:
+                    results[i] = self._no_slot(targets[i], time.monotonic() - start)
+                    continue
+                fetch = None if fetch_of is None else fetch_of(i)
+                results[i] = await self._scrape(targets[i], deadline, fetch)
+
+        await asyncio.gather(*(worker() for _ in range(self.per_call)))
+        return [r for r in results if r is not None]
+
+    def _no_slot(self, target: ScrapeTarget, waited: float) -> ScrapeResult:
+        return ScrapeResult(
+            target,
+            self._clock(),
+            error=ErrorKind.NO_SLOT,
+            message=f"no free scrape slot within {waited:.3g}s: all "
+            f"{self.concurrency} slots are busy with slow endpoints",
+            seconds=waited,
+        )
+
+    async def _scrape(
+        self, target: ScrapeTarget, deadline: float, fetch: Fetch | None = None
     ) -> ScrapeResult:
         sem = self._ensure()
         loop = asyncio.get_running_loop()
         start = time.monotonic()
-        held: list[asyncio.Semaphore] = []
+        held = False
         try:
             try:
-                if (share is None or not share.locked()) and not sem.locked():
-                    for s in (share, sem):  # free slots: taken at once, no timer needed
-                        if s is not None:
-                            await s.acquire()
-                            held.append(s)
+                if not sem.locked():
+                    await sem.acquire()  # a free slot: taken at once, no timer needed
                 else:
                     async with asyncio.timeout_at(loop.time() + (deadline - start)):
-                        for s in (share, sem):
-                            if s is not None:
-                                await s.acquire()
-                                held.append(s)
+                        await sem.acquire()
+                held = True
             except TimeoutError:
-                waited = time.monotonic() - start
-                return ScrapeResult(
-                    target,
-                    self._clock(),
-                    error=ErrorKind.NO_SLOT,
-                    message=f"no free scrape slot within {waited:.3g}s: all "
-                    f"{self.concurrency} slots are busy with slow endpoints",
-                    seconds=waited,
-                )
+                return self._no_slot(target, time.monotonic() - start)
             begun = time.monotonic()
             # An endpoint gets the timeout from when its slot came, within the call's deadline.
             own = min(deadline, begun + self.timeout)
@@ -252,8 +281,8 @@ class Scraper:
             result.seconds = time.monotonic() - begun
             return result
         finally:
-            for s in held:
-                s.release()
+            if held:
+                sem.release()
 
     # ---- the connection pool -----------------------------------------------------------------
 

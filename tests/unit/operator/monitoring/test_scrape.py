@@ -719,3 +719,37 @@ def test_diagnose_presents_the_token_it_is_given_to_the_ranks_evidence() -> None
         exporter.stop()
     assert refused.unusable == [0] or refused.silent == [0], refused
     assert not answered.unusable and not answered.silent, answered
+
+
+def test_a_wide_round_runs_through_its_share_of_workers_not_a_task_per_rank() -> None:
+    """A 4,096-rank job's round made 4,096 tasks, each with a timer while it waited for the
+    call's share of the slots; now `per_call` workers take the ranks in turn, in order."""
+
+    async def main() -> None:
+        srv, base = await raw_server({b"/good": send(ok(PAYLOAD))})
+        try:
+            async with Scraper(concurrency=8, per_call=3, timeout=5.0) as scraper:
+                targets = [ScrapeTarget(f"{base}/good", f"p-{i}") for i in range(60)]
+                most = 0
+
+                async def count() -> None:
+                    nonlocal most
+                    while True:
+                        ours = [
+                            t
+                            for t in asyncio.all_tasks()
+                            if t.get_coro().__qualname__.startswith("Scraper.")  # type: ignore[union-attr]
+                        ]
+                        most = max(most, len(ours))
+                        await asyncio.sleep(0)
+
+                counter = asyncio.create_task(count())
+                results = await scraper.scrape_all(targets)
+                counter.cancel()
+            assert [r.target.pod for r in results] == [t.pod for t in targets]
+            assert all(r.ok for r in results), {str(r.error) for r in results}
+            assert most == 3, most  # the call's share of the slots, never a task a rank
+        finally:
+            srv.close()
+
+    run(main)
