@@ -155,6 +155,27 @@ _KEPT_ANNOTATIONS: Final = (
 _KEPT_SPEC: Final = ("nodeName", "hostNetwork")
 
 
+def shows_patch(projected: Mapping[str, Any], patch: Mapping[str, Any]) -> bool:
+    """Whether a projected pod carries a metadata merge patch, as far as the projection keeps
+    the patch's keys (the operator's own labels and annotations; a null deletes the key)."""
+    meta = patch.get("metadata") or {}
+    have = projected.get("metadata") or {}
+    for kind, kept in (("labels", _kept_label), ("annotations", _kept_annotation)):
+        mine = have.get(kind) or {}
+        for k, v in (meta.get(kind) or {}).items():
+            if kept(k) and mine.get(k) != v:
+                return False
+    return True
+
+
+def _kept_label(key: str) -> bool:
+    return str(key).startswith(children.LABEL_PREFIX)
+
+
+def _kept_annotation(key: str) -> bool:
+    return key in _KEPT_ANNOTATIONS
+
+
 def project_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     """What the operator reads of one of its pods, in dicts of its own (never the body's).
 
@@ -170,9 +191,7 @@ def project_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     labels = meta.get("labels") or {}
     annotations = meta.get("annotations") or {}
     out_meta: dict[str, Any] = {k: meta[k] for k in _KEPT_METADATA if k in meta}
-    out_meta["labels"] = {
-        k: v for k, v in labels.items() if str(k).startswith(children.LABEL_PREFIX)
-    }
+    out_meta["labels"] = {k: v for k, v in labels.items() if _kept_label(k)}
     kept = {k: annotations[k] for k in _KEPT_ANNOTATIONS if k in annotations}
     if kept:
         out_meta["annotations"] = kept

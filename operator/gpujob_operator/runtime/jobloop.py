@@ -83,6 +83,9 @@ FENCED_RETRY_SECONDS = 2.0
 INDEX_WAIT_SECONDS: Final = 5.0
 """How long a batch of creates (or deletes) waits for the index to show it before the next
 pass is planned."""
+PATCH_WAIT_MAX_SECONDS: Final = 30.0
+"""The longest wait for the index to show a pass's pod patches (it waits as long as the
+patches took, INDEX_WAIT_SECONDS at least)."""
 INDEX_POLL_SECONDS: Final = 0.05
 CREATE_CONCURRENCY: Final = 16
 """Pod creates, dry runs or deletes of one job in flight at once: a 2,048-pod gang is made
@@ -363,18 +366,31 @@ class JobLoop:
         self.call = "patch_pod"
         # The first alone (a crash between patches leaves the rest), then a few at a time:
         # a 2,048-pod gang is moved, and released, at the API server's pace.
+        patching = time.monotonic()
+        shown: list[tuple[str, str | None, dict[str, Any]]] = []
         for i, moves in enumerate((plan.patch_pods[:1], plan.patch_pods[1:])):
             if i and moves:
                 fault_point(self.fault_at, BETWEEN_POD_PATCHES)
             patched, failed = await each_bounded(
                 moves, lambda p: self.kube.patch_pod(ns, p[0], p[1], p[2])
             )
-            for (pod_name, _, _), applied in patched:
-                if not applied:
-                    log.info("pod %s/%s is gone or replaced; not moved in place", ns, pod_name)
+            for move, applied in patched:
+                if applied:
+                    shown.append(move)
+                else:
+                    log.info("pod %s/%s is gone or replaced; not moved in place", ns, move[0])
                     self.wake.set()
             if failed is not None:
                 raise failed[1]
+        # As after deletes: the next pass plans from the index, and a 512-pod move patched
+        # 314, 113 and 29 pods again in three more passes (each a write of the whole pod),
+        # the watch trailing the writes by as long as they took.
+        wait = min(PATCH_WAIT_MAX_SECONDS, max(INDEX_WAIT_SECONDS, time.monotonic() - patching))
+        if len(shown) > 1 and not await self._until_patched(shown, wait):
+            log.info(
+                "%s: the index does not show %d pod patches after %.0fs; planning on",
+                self.key, len(shown), wait,
+            )  # fmt: skip
         self.call = "delete_gang_object"
         for ref in plan.delete_objects:
             self._wrote(ns, ref.name)
@@ -642,6 +658,21 @@ class JobLoop:
             ),
             timeout,
         )
+
+    async def _until_patched(
+        self, patched: list[tuple[str, str | None, dict[str, Any]]], timeout: float
+    ) -> bool:
+        """Wait (at most ``timeout`` seconds) until every pod the index still holds of
+        ``patched`` (name, uid, metadata patch) shows its patch."""
+
+        def done() -> bool:
+            by_uid = {uid_of(p): p for p in self.pods()}
+            return all(
+                uid not in by_uid or observations.shows_patch(by_uid[uid], patch)
+                for _, uid, patch in patched
+            )
+
+        return await self._until(done, timeout)
 
     async def _until_indexed(self, names: set[str], timeout: float) -> bool:
         """Wait (at most ``timeout`` seconds) until the pod index holds pods of ``names``."""
