@@ -5,6 +5,8 @@ shares a mutable part with the index or with another job. `copy.deepcopy` walks 
 Python: ~300 us for a status of a few KB, 201 jobs every 5 s. `marshal` round-trips the same
 built-in types in C, about five times faster. Anything marshal does not take (a dict
 subclass, an enum member) goes through `copy.deepcopy`, so the result is always a deep copy.
+Not for bytes-like values: marshal takes a bytearray or an array and gives back bytes (JSON
+has neither).
 """
 
 from __future__ import annotations

@@ -192,9 +192,10 @@ LOOP_LAG = Family(
 )
 LOOP_LAGS = Family(
     "gpujob_operator_event_loop_lags_total",
-    "Times the event loop woke its 100 ms timer over 100 ms late, by what held it: loop (its "
-    "own work, the operator's to move off the loop), gil (the loop thread waited while the "
-    "operator's other threads ran), cpu (the process got no CPU: the machine is busy).",
+    "Times the event loop woke its 100 ms timer over 100 ms late, by what took most of the "
+    "stretch: loop (its own work, the operator's to move off the loop), gil (the operator's "
+    "other threads ran while it waited), cpu (it waited on a run queue: a busy machine or a "
+    "CPU limit), blocked (none of these: a system call, a lock, paging).",
 )
 GC_PAUSE = Family(
     "gpujob_operator_gc_pause_seconds",

@@ -46,7 +46,7 @@ from gpujob_operator.runtime.kube import Kube, load_client
 from gpujob_operator.runtime.nodecache import NodeCache
 from gpujob_operator.runtime.podwatch import JobKey, PodIndex, PodWatch
 from gpujob_operator.runtime.settings import Settings
-from gpujob_operator.runtime.stallwatch import StallWatch
+from gpujob_operator.runtime.stallwatch import StallWatch, cpu_times, spent
 from gpujob_operator.runtime.watched import WatchedObjects
 
 log = logging.getLogger("gpujob.handlers")
@@ -432,14 +432,13 @@ async def probe_loop_lag(
     ``on_tick`` (the stall watch) hears of every wake-up."""
     loop = asyncio.get_running_loop()
     while True:
-        before, loop_cpu, process_cpu = loop.time(), time.thread_time(), time.process_time()
+        before, cpu = loop.time(), cpu_times()
         await asyncio.sleep(interval)
         wall = loop.time() - before
         lag = wall - interval
         cause = None
-        if lag > COUNTED_LAG:  # what held it: this (the loop's) thread's CPU, the process's
-            loop_cpu, process_cpu = time.thread_time() - loop_cpu, time.process_time() - process_cpu
-            cause = lag_cause(wall, loop_cpu, process_cpu)
+        if lag > COUNTED_LAG:  # what held it: this (the loop's) thread, the others, the CPU
+            cause = lag_cause(wall, *spent(cpu, cpu_times()))
         METRICS.observe_loop_lag(lag, cause)
         if on_tick is not None:
             on_tick()

@@ -212,6 +212,9 @@ class JobLoop:
     checked_at: float = field(default_factory=time.monotonic)
     """When the API server last confirmed the job exists (a write or a GET)."""
     ended: bool = False
+    unshown: tuple[list[tuple[str, str | None, dict[str, Any]]], float] | None = None
+    """The last pass's pod patches, and how long the loop waits for the index to show them
+    before its next pass."""
     gone: dict[str, observations.ObservedPod] = field(default_factory=dict, repr=False)
     """Pods seen marked for disruption (DisruptionTarget), by name, kept for the planner in
     case they vanish before a pass sees them; pruned once their attempt is over."""
@@ -384,13 +387,11 @@ class JobLoop:
                 raise failed[1]
         # As after deletes: the next pass plans from the index, and a 512-pod move patched
         # 314, 113 and 29 pods again in three more passes (each a write of the whole pod),
-        # the watch trailing the writes by as long as they took.
-        wait = min(PATCH_WAIT_MAX_SECONDS, max(INDEX_WAIT_SECONDS, time.monotonic() - patching))
-        if len(shown) > 1 and not await self._until_patched(shown, wait):
-            log.info(
-                "%s: the index does not show %d pod patches after %.0fs; planning on",
-                self.key, len(shown), wait,
-            )  # fmt: skip
+        # the watch trailing the writes by as long as they took. The loop waits for them
+        # before its next pass, outside the job's lock (`_run`: the metrics task goes on).
+        if len(shown) > 1:
+            wait = time.monotonic() - patching
+            self.unshown = (shown, min(PATCH_WAIT_MAX_SECONDS, max(INDEX_WAIT_SECONDS, wait)))
         self.call = "delete_gang_object"
         for ref in plan.delete_objects:
             self._wrote(ns, ref.name)
@@ -659,6 +660,18 @@ class JobLoop:
             timeout,
         )
 
+    async def _patches_shown(self) -> None:
+        """Wait until the index shows the last pass's pod patches (`unshown`), bounded."""
+        if self.unshown is None:
+            return
+        shown, wait = self.unshown
+        self.unshown = None
+        if not await self._until_patched(shown, wait):
+            log.info(
+                "%s: the index does not show %d pod patches after %.0fs; planning on",
+                self.key, len(shown), wait,
+            )  # fmt: skip
+
     async def _until_patched(
         self, patched: list[tuple[str, str | None, dict[str, Any]]], timeout: float
     ) -> bool:
@@ -833,6 +846,7 @@ class JobLoop:
                 # Wake-ups (pod events, job updates) must not cut an API backoff short.
                 await asyncio.sleep(self._failed(e))
                 continue
+            await self._patches_shown()
             woken = await self.sleep(max(timeout, 0.0))
             if not woken:
                 try:

@@ -7,8 +7,8 @@ probe); when that passes :data:`STALL_SECONDS` it takes the loop thread's innerm
 long the stall lasted once it ends. A stall's culprit is then in the operator's log; when a
 full garbage collection ended inside the stall, the log says how long it ran, since the
 stack then shows only where the collector happened to be set off. It also says what held
-the loop (`looplag`): its own work, the GIL, or a machine that gave the process no CPU, from
-the CPU the loop thread and the process used over the stall.
+the loop (`looplag`): its own work, the GIL, a machine that left the loop thread waiting for
+CPU, or a block, from what the loop thread and the process did over the stall.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Final
 
 from gpujob_operator.observability.gcpause import GcPauses
-from gpujob_operator.observability.looplag import SAYS, lag_cause
+from gpujob_operator.observability.looplag import SAYS, lag_cause, read_queued
 
 log = logging.getLogger("gpujob.stall")
 
@@ -33,9 +33,20 @@ FRAMES: Final = 12
 """The innermost frames logged of a stalled loop's stack."""
 
 
-def cpu_times() -> tuple[float, float]:
-    """CPU seconds of the calling thread and of the whole process."""
-    return time.thread_time(), time.process_time()
+CpuTimes = tuple[float, float, float | None]
+"""CPU seconds of a thread and of its process, and the thread's run-queue wait (None: unknown)."""
+
+
+def cpu_times() -> CpuTimes:
+    """`CpuTimes` of the calling thread (read on the loop, for the loop thread)."""
+    return time.thread_time(), time.process_time(), read_queued()
+
+
+def spent(before: CpuTimes, after: CpuTimes) -> tuple[float, float, float | None]:
+    """What a stretch between two readings cost: the thread's CPU, the process's, and the
+    thread's run-queue wait (None when either reading lacks it)."""
+    queued = None if before[2] is None or after[2] is None else after[2] - before[2]
+    return after[0] - before[0], after[1] - before[1], queued
 
 
 def stack_of(thread_id: int, frames: int = FRAMES) -> list[str]:
@@ -57,11 +68,11 @@ class StallWatch:
         stall_seconds: float = STALL_SECONDS,
         clock: Callable[[], float] = time.monotonic,
         gc_pauses: GcPauses | None = None,
-        cpu: Callable[[], tuple[float, float]] = cpu_times,
+        cpu: Callable[[], CpuTimes] = cpu_times,
     ) -> None:
         self.thread_id = thread_id
         self.cpu = cpu
-        """CPU seconds of the loop thread and of the process, read on the loop (in tick)."""
+        """The loop thread's `CpuTimes`, read on the loop (in tick)."""
         self.last_cpu = cpu()
         self.gc_pauses = gc_pauses
         self.stall_seconds = stall_seconds
@@ -79,16 +90,18 @@ class StallWatch:
         if self.reported is not None:
             full = self.gc_pauses.full_within(self.last_tick, now) if self.gc_pauses else None
             wall = now - self.last_tick
-            loop_cpu, process_cpu = cpu[0] - self.last_cpu[0], cpu[1] - self.last_cpu[1]
+            loop_cpu, process_cpu, queued = spent(self.last_cpu, cpu)
+            waited = "" if queued is None else f", it waited {queued:.2f}s for a CPU"
             log.warning(
                 "the event loop was stalled for %.2fs (every job's handling waited); it was in "
-                "%s%s; the loop thread ran %.2fs of it, the operator's other threads %.2fs: %s",
+                "%s%s; the loop thread ran %.2fs of it%s, the operator's other threads %.2fs: %s",
                 wall,
                 self.reported[-1] if self.reported else "an unknown frame",
                 f"; a full garbage collection took {full.seconds:.2f}s of it" if full else "",
                 loop_cpu,
+                waited,
                 max(0.0, process_cpu - loop_cpu),
-                SAYS[lag_cause(wall, loop_cpu, process_cpu)],
+                SAYS[lag_cause(wall, loop_cpu, process_cpu, queued)],
             )
             self.reported = None
         self.last_tick = now

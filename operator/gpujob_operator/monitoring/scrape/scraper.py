@@ -245,7 +245,9 @@ class Scraper:
                 results[i] = await self._scrape(targets[i], deadline, fetch)
 
         await asyncio.gather(*(worker() for _ in range(self.per_call)))
-        return [r for r in results if r is not None]
+        done = [r for r in results if r is not None]
+        assert len(done) == len(targets), "every target has its result, in order"
+        return done
 
     def _no_slot(self, target: ScrapeTarget, waited: float) -> ScrapeResult:
         return ScrapeResult(

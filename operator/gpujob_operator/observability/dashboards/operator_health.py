@@ -215,8 +215,9 @@ def build() -> dict[str, Any]:
                 Panel(
                     "What held the event loop",
                     "Wake-ups over 100 ms late per second, by cause: loop (the operator's own "
-                    "work on the loop), gil (its other threads held the GIL), cpu (the "
-                    "process got no CPU: the node is busy, or the CPU limit throttles it).",
+                    "work on the loop), gil (its other threads held the GIL), cpu (the loop "
+                    "thread waited for a CPU: the node is busy, or the CPU limit throttles "
+                    "it), blocked (a system call or a lock on the loop).",
                     [
                         t(
                             f"sum by (cause) (rate({opfamilies.LOOP_LAGS.name}{{{OP}}}[{RATE}]))",

@@ -470,6 +470,9 @@ def test_a_pass_that_patched_pods_waits_until_the_index_shows_the_patches() -> N
 
     async def main() -> tuple[bool, bool]:
         late = await loop._until_patched(patched, 0.2)  # the watch has shown nothing yet
+        loop.unshown = (patched, 0.1)  # what a pass leaves for the loop to wait on, unlocked
+        await loop._patches_shown()
+        assert loop.unshown is None
 
         async def watch_catches_up() -> None:
             for i, p in enumerate(pods):

@@ -100,24 +100,24 @@ def test_a_stall_that_a_full_collection_ended_in_says_how_long_the_collector_ran
 
 
 @pytest.mark.parametrize(
-    ("loop_cpu", "process_cpu", "says"),
+    ("loop_cpu", "process_cpu", "queued", "says"),
     [
-        (0.9, 1.0, "the loop's own work"),
-        (0.1, 1.4, "waiting for the GIL"),
-        (0.05, 0.2, "waiting for CPU (the machine is busy)"),
+        (0.9, 1.0, 0.1, "the loop's own work"),
+        (0.1, 1.4, 0.0, "waiting for the GIL"),
+        (0.05, 0.2, 1.0, "runnable but not run (the machine is busy, or a CPU limit)"),
     ],
 )
-def test_a_stall_says_whether_the_loop_worked_waited_for_the_gil_or_got_no_cpu(
-    caplog: pytest.LogCaptureFixture, loop_cpu: float, process_cpu: float, says: str
+def test_a_stall_says_whether_the_loop_worked_waited_for_the_gil_or_for_a_cpu(
+    caplog: pytest.LogCaptureFixture, loop_cpu: float, process_cpu: float, queued: float, says: str
 ) -> None:
     clock = Clock()
-    cpu = [(5.0, 20.0)]
+    cpu: list[tuple[float, float, float | None]] = [(5.0, 20.0, 3.0)]
     watch = StallWatch(threading.get_ident(), stall_seconds=0.5, clock=clock, cpu=lambda: cpu[-1])
     caplog.set_level(logging.WARNING, "gpujob.stall")
     clock.now += 1.2
     watch.check()
-    cpu.append((5.0 + loop_cpu, 20.0 + process_cpu))
+    cpu.append((5.0 + loop_cpu, 20.0 + process_cpu, 3.0 + queued))
     watch.tick()
     ended = caplog.records[-1].getMessage()
-    assert f"the loop thread ran {loop_cpu:.2f}s" in ended, ended
+    assert f"the loop thread ran {loop_cpu:.2f}s of it, it waited {queued:.2f}s for a CPU" in ended
     assert f"other threads {process_cpu - loop_cpu:.2f}s" in ended and says in ended, ended
