@@ -1,4 +1,4 @@
-"""What held the event loop when it woke late: its own work, the GIL, the CPU, or a block (pure).
+"""What held the event loop when it woke late: its own work, the GIL, the CPU, or a block.
 
 A late loop is the operator's latency for every job, but not always the operator's doing.
 On a busy machine the loop thread may sit runnable on a run queue; with busy API or parsing
@@ -7,10 +7,12 @@ work the loop itself ran, is fixed by moving that work off the loop. Over the st
 spans, three figures tell them apart: the loop thread's CPU time (``time.thread_time`` on
 it), the CPU time of the process's other threads (``time.process_time`` less that), and how
 long the loop thread waited on a run queue (Linux's ``/proc/thread-self/schedstat``).
+`cpu_times` reads them (on the loop, for the loop thread); `spent` and `lag_cause` are pure.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Final
 
 COUNTED_LAG: Final = 0.1
@@ -23,6 +25,22 @@ SAYS: Final = {
     CPU: "the loop thread runnable but not run (the machine is busy, or a CPU limit)",
     BLOCKED: "the loop thread blocked (a system call, a lock, paging) or unaccounted",
 }
+
+
+CpuTimes = tuple[float, float, float | None]
+"""CPU seconds of a thread and of its process, and the thread's run-queue wait (None: unknown)."""
+
+
+def cpu_times() -> CpuTimes:
+    """`CpuTimes` of the calling thread."""
+    return time.thread_time(), time.process_time(), read_queued()
+
+
+def spent(before: CpuTimes, after: CpuTimes) -> tuple[float, float, float | None]:
+    """What a stretch between two readings cost: the thread's CPU, the process's, and the
+    thread's run-queue wait (None when either reading lacks it)."""
+    queued = None if before[2] is None or after[2] is None else after[2] - before[2]
+    return after[0] - before[0], after[1] - before[1], queued
 
 
 def lag_cause(

@@ -37,7 +37,13 @@ from gpujob_operator.api import children
 from gpujob_operator.lifecycle.gang import gang
 from gpujob_operator.monitoring.scrape.scraper import Scraper
 from gpujob_operator.observability.gcpause import GC_PAUSES
-from gpujob_operator.observability.looplag import COUNTED_LAG, lag_cause
+from gpujob_operator.observability.looplag import (
+    COUNTED_LAG,
+    CpuTimes,
+    cpu_times,
+    lag_cause,
+    spent,
+)
 from gpujob_operator.observability.opmetrics import METRICS
 from gpujob_operator.runtime import gctune, peers, standby, webhook
 from gpujob_operator.runtime.forecaster import Forecaster
@@ -46,7 +52,7 @@ from gpujob_operator.runtime.kube import Kube, load_client
 from gpujob_operator.runtime.nodecache import NodeCache
 from gpujob_operator.runtime.podwatch import JobKey, PodIndex, PodWatch
 from gpujob_operator.runtime.settings import Settings
-from gpujob_operator.runtime.stallwatch import StallWatch, cpu_times, spent
+from gpujob_operator.runtime.stallwatch import StallWatch
 from gpujob_operator.runtime.watched import WatchedObjects
 
 log = logging.getLogger("gpujob.handlers")
@@ -425,23 +431,27 @@ LOOP_LAG_INTERVAL: Final = 0.1
 
 
 async def probe_loop_lag(
-    interval: float = LOOP_LAG_INTERVAL, on_tick: Callable[[], None] | None = None
+    interval: float = LOOP_LAG_INTERVAL, on_tick: Callable[[CpuTimes], None] | None = None
 ) -> None:
     """For ever: how late the loop wakes a timer, into the loop-lag metric. Every job's
     handling waits behind whatever holds the loop, so this is the operator's own latency.
-    ``on_tick`` (the stall watch) hears of every wake-up."""
+    ``on_tick`` (the stall watch) hears of every wake-up, with the loop thread's CPU
+    readings of that moment (one reading serves both)."""
     loop = asyncio.get_running_loop()
+    cpu = cpu_times()
     while True:
-        before, cpu = loop.time(), cpu_times()
+        before = loop.time()
         await asyncio.sleep(interval)
         wall = loop.time() - before
         lag = wall - interval
+        woke = cpu_times()
         cause = None
         if lag > COUNTED_LAG:  # what held it: this (the loop's) thread, the others, the CPU
-            cause = lag_cause(wall, *spent(cpu, cpu_times()))
+            cause = lag_cause(wall, *spent(cpu, woke))
         METRICS.observe_loop_lag(lag, cause)
+        cpu = woke
         if on_tick is not None:
-            on_tick()
+            on_tick(woke)
 
 
 @kopf.on.startup()

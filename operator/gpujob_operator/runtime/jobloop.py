@@ -370,16 +370,16 @@ class JobLoop:
         # The first alone (a crash between patches leaves the rest), then a few at a time:
         # a 2,048-pod gang is moved, and released, at the API server's pace.
         patching = time.monotonic()
-        shown: list[tuple[str, str | None, dict[str, Any]]] = []
+        applied: list[tuple[str, str | None, dict[str, Any]]] = []
         for i, moves in enumerate((plan.patch_pods[:1], plan.patch_pods[1:])):
             if i and moves:
                 fault_point(self.fault_at, BETWEEN_POD_PATCHES)
             patched, failed = await each_bounded(
                 moves, lambda p: self.kube.patch_pod(ns, p[0], p[1], p[2])
             )
-            for move, applied in patched:
-                if applied:
-                    shown.append(move)
+            for move, done in patched:
+                if done:
+                    applied.append(move)
                 else:
                     log.info("pod %s/%s is gone or replaced; not moved in place", ns, move[0])
                     self.wake.set()
@@ -389,9 +389,9 @@ class JobLoop:
         # 314, 113 and 29 pods again in three more passes (each a write of the whole pod),
         # the watch trailing the writes by as long as they took. The loop waits for them
         # before its next pass, outside the job's lock (`_run`: the metrics task goes on).
-        if len(shown) > 1:
+        if len(applied) > 1:
             wait = time.monotonic() - patching
-            self.unshown = (shown, min(PATCH_WAIT_MAX_SECONDS, max(INDEX_WAIT_SECONDS, wait)))
+            self.unshown = (applied, min(PATCH_WAIT_MAX_SECONDS, max(INDEX_WAIT_SECONDS, wait)))
         self.call = "delete_gang_object"
         for ref in plan.delete_objects:
             self._wrote(ns, ref.name)

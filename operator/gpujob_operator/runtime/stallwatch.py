@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Final
 
 from gpujob_operator.observability.gcpause import GcPauses
-from gpujob_operator.observability.looplag import SAYS, lag_cause, read_queued
+from gpujob_operator.observability.looplag import SAYS, CpuTimes, cpu_times, lag_cause, spent
 
 log = logging.getLogger("gpujob.stall")
 
@@ -31,22 +31,6 @@ STALL_SECONDS: Final = 0.5
 CHECK_SECONDS: Final = 0.1
 FRAMES: Final = 12
 """The innermost frames logged of a stalled loop's stack."""
-
-
-CpuTimes = tuple[float, float, float | None]
-"""CPU seconds of a thread and of its process, and the thread's run-queue wait (None: unknown)."""
-
-
-def cpu_times() -> CpuTimes:
-    """`CpuTimes` of the calling thread (read on the loop, for the loop thread)."""
-    return time.thread_time(), time.process_time(), read_queued()
-
-
-def spent(before: CpuTimes, after: CpuTimes) -> tuple[float, float, float | None]:
-    """What a stretch between two readings cost: the thread's CPU, the process's, and the
-    thread's run-queue wait (None when either reading lacks it)."""
-    queued = None if before[2] is None or after[2] is None else after[2] - before[2]
-    return after[0] - before[0], after[1] - before[1], queued
 
 
 def stack_of(thread_id: int, frames: int = FRAMES) -> list[str]:
@@ -83,10 +67,11 @@ class StallWatch:
         """The stack of the stall being reported (None: the loop is ticking)."""
         self._stop = threading.Event()
 
-    def tick(self) -> None:
-        """The loop ran: called by the loop-lag probe on each of its wake-ups."""
+    def tick(self, cpu: CpuTimes | None = None) -> None:
+        """The loop ran: called by the loop-lag probe on each of its wake-ups, with the loop
+        thread's `CpuTimes` it read then (None: read them here)."""
         now = self.clock()
-        cpu = self.cpu()
+        cpu = self.cpu() if cpu is None else cpu
         if self.reported is not None:
             full = self.gc_pauses.full_within(self.last_tick, now) if self.gc_pauses else None
             wall = now - self.last_tick

@@ -221,17 +221,8 @@ class Scraper:
         not a task per target: 4,096 tasks a round, each with its timer while it waited for
         the call's share, were megabytes of short-lived objects every 5 s that the young
         collections promoted. A target whose turn comes after the deadline never got a
-        slot, and says so.
+        slot, and says so. A call of at most `per_call` targets has a worker for each.
         """
-        if len(targets) <= self.per_call:
-            return list(
-                await asyncio.gather(
-                    *(
-                        self._scrape(t, deadline, None if fetch_of is None else fetch_of(i))
-                        for i, t in enumerate(targets)
-                    )
-                )
-            )
         start = time.monotonic()
         results: list[ScrapeResult | None] = [None] * len(targets)
         turns = iter(range(len(targets)))
@@ -244,7 +235,7 @@ class Scraper:
                 fetch = None if fetch_of is None else fetch_of(i)
                 results[i] = await self._scrape(targets[i], deadline, fetch)
 
-        await asyncio.gather(*(worker() for _ in range(self.per_call)))
+        await asyncio.gather(*(worker() for _ in range(min(self.per_call, len(targets)))))
         done = [r for r in results if r is not None]
         assert len(done) == len(targets), "every target has its result, in order"
         return done
